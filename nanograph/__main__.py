@@ -1,0 +1,3 @@
+from nanograph.cli import main
+
+raise SystemExit(main())

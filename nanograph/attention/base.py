@@ -1,0 +1,60 @@
+"""The attention-backend interface: metadata for one forward, and the per-layer call.
+
+Invariants:
+- The new k/v of a forward are already in the paged cache when ``forward`` runs (the layer's
+  fused rope+store op writes them), so a backend only reads the cache.
+- ``AttentionMetadata`` tensors live on the model's device and have static shapes for a given
+  (tokens, request slots) pair; a graph runner owns one instance sized at its maximum and
+  rewrites it in place before every replay.
+- A request slot with ``seq_len == query_len == 0`` is a zero-length sentinel: it produces no
+  output rows and reads no KV. Its ``query_start_loc`` is parked at the real token count.
+- ``graph_safe`` backends never read the host copies; host-planned backends read them, so under
+  a breakable graph their forward runs as an eager break and full-graph prefill refuses them.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class AttentionMetadata:
+    page_table: torch.Tensor  # int32 [S, max_pages]
+    seq_lens: torch.Tensor  # int32 [S], KV length after this forward
+    query_lens: torch.Tensor  # int32 [S], new tokens this forward
+    query_start_loc: torch.Tensor  # int32 [S + 1]
+    slot_mapping: torch.Tensor  # int64 [N], -1 = padded token (no KV write)
+    num_tokens: torch.Tensor  # int32 [1], true token count (rows past it are padding)
+    page_size: int
+    max_query_len: int  # static upper bound: 1 for decode, N for extend
+    # Host copies of the live lengths, read only by host-planned backends. A runner updates
+    # these lists in place, so an eager break reading them sees the current batch.
+    seq_lens_cpu: list[int] = field(default_factory=list)
+    query_lens_cpu: list[int] = field(default_factory=list)
+
+    @property
+    def num_slots(self) -> int:
+        return self.seq_lens.shape[0]
+
+
+class AttentionBackend(ABC):
+    """Per-layer paged attention over the KV cache."""
+
+    name: str
+    #: metadata can be prepared outside a graph into static buffers and ``forward`` launches
+    #: the same kernels with the same grid for any batch that fits them (no host reads).
+    graph_safe: bool
+
+    @abstractmethod
+    def forward(
+        self,
+        q: torch.Tensor,  # [N, num_q_heads, head_dim], rotated
+        k_cache: torch.Tensor,  # [num_cache_slots, num_kv_heads, head_dim]
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:  # [N, num_q_heads, head_dim]
+        ...

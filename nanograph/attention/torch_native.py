@@ -1,0 +1,50 @@
+"""Host-planned attention in plain PyTorch: gathers each request's paged KV and runs SDPA.
+
+Works on CPU and GPU and is the reference for the Triton backend. It loops over requests with
+Python ints taken from the metadata's host copies, so it is not graph-safe: under a breakable
+graph its forward is an eager break (``@eager_on_graph``), and full-graph prefill refuses it.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from nanograph.attention.base import AttentionBackend, AttentionMetadata
+from nanograph.graph import eager_on_graph
+
+
+class TorchNativeAttention(AttentionBackend):
+    name = "torch_native"
+    graph_safe = False
+
+    @eager_on_graph
+    def forward(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        out = torch.zeros_like(q)  # padded rows stay zero
+        page_size = meta.page_size
+        start = 0
+        for slot, (seq_len, q_len) in enumerate(zip(meta.seq_lens_cpu, meta.query_lens_cpu)):
+            if q_len == 0:
+                continue
+            positions = torch.arange(seq_len, device=q.device)
+            pages = meta.page_table[slot, positions // page_size].to(torch.long)
+            cache_slots = pages * page_size + positions % page_size
+            k = k_cache[cache_slots].transpose(0, 1)  # [Hkv, L, D]
+            v = v_cache[cache_slots].transpose(0, 1)
+            qr = q[start : start + q_len].transpose(0, 1)  # [Hq, q_len, D]
+            # query i sits at position seq_len - q_len + i and sees keys at positions <= it
+            q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)
+            mask = positions[None, :] <= q_pos[:, None]
+            o = F.scaled_dot_product_attention(
+                qr, k, v, attn_mask=mask, scale=scale, enable_gqa=True
+            )
+            out[start : start + q_len] = o.transpose(0, 1)
+            start += q_len
+        return out

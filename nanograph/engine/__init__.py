@@ -1,0 +1,1 @@
+"""The engine: requests, scheduler, KV pool, sampler, and the offline ``LLM`` facade."""

@@ -1,0 +1,57 @@
+"""One generation request and its life cycle inside the engine.
+
+Invariant: the first ``num_computed`` tokens of ``token_ids`` have their KV in the cache;
+the next forward computes ``token_ids[num_computed:]`` (or a chunk of it). When a forward
+reaches the end of ``token_ids``, its last row is sampled and one token is appended.
+Preemption frees the pages and sets ``num_computed = 0``: recompute rebuilds the same KV.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+from nanograph.engine.sampling_params import SamplingParams
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class Request:
+    request_id: int
+    prompt_ids: list[int]
+    params: SamplingParams
+    output_ids: list[int] = field(default_factory=list)
+    status: Status = Status.WAITING
+    num_computed: int = 0
+    pages: list[int] = field(default_factory=list)
+    finish_reason: str | None = None  # "stop" | "length" | "error"
+    error: str | None = None
+    text: str = ""
+    arrival_time: float = field(default_factory=time.perf_counter)
+    first_token_time: float | None = None
+    finish_time: float | None = None
+    num_preemptions: int = 0
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def num_pending(self) -> int:
+        return self.num_tokens - self.num_computed
+
+    def finish(self, reason: str, error: str | None = None) -> None:
+        self.status = Status.FINISHED
+        self.finish_reason = reason
+        self.error = error
+        self.finish_time = time.perf_counter()

@@ -1,0 +1,114 @@
+"""Continuous batching with chunked prefill and preemption by recompute.
+
+Each step builds one forward under a token budget (``chunked_prefill_size``):
+1. running requests in arrival order: a decoding request takes one token, a request still
+   prefilling takes the next chunk of its prompt;
+2. waiting requests are admitted while the budget, ``max_num_seqs`` and the KV pool allow.
+When the pool cannot give a running request its next page, the most recently admitted running
+request is preempted (pages freed, ``num_computed = 0``) and put back at the head of the
+queue; it recomputes later and produces the same tokens. A request that cannot fit even alone
+fails with an error instead of stalling the batch.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from nanograph.engine.kv_cache import KVCache
+from nanograph.engine.request import Request, Status
+
+
+@dataclass(frozen=True)
+class ScheduledStep:
+    requests: list[Request]
+    num_new: list[int]  # tokens computed for each request this step
+
+    def samples(self, i: int) -> bool:
+        """Whether request i reaches its last pending token (so its last row is sampled)."""
+        return self.num_new[i] == self.requests[i].num_pending
+
+
+class Scheduler:
+    def __init__(self, kv_cache: KVCache, chunked_prefill_size: int, max_num_seqs: int) -> None:
+        self.kv = kv_cache
+        self.chunk = chunked_prefill_size
+        self.max_num_seqs = max_num_seqs
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+
+    def add(self, request: Request) -> None:
+        self.waiting.append(request)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def _grow(self, request: Request, num_tokens: int) -> bool:
+        """Gives ``request`` pages for ``num_tokens`` cached tokens; False if the pool is short."""
+        need = self.kv.pages_needed(num_tokens) - len(request.pages)
+        if need <= 0:
+            return True
+        if need > self.kv.allocator.num_free:
+            return False
+        request.pages += self.kv.allocator.allocate(need)
+        return True
+
+    def release(self, request: Request) -> None:
+        self.kv.allocator.free(request.pages)
+        request.pages = []
+
+    def _preempt(self, request: Request) -> None:
+        self.release(request)
+        request.num_computed = 0
+        request.num_preemptions += 1
+        request.status = Status.WAITING
+        self.running.remove(request)
+        self.waiting.appendleft(request)
+
+    def _fits_alone(self, request: Request) -> bool:
+        total = len(request.prompt_ids) + request.params.max_tokens
+        return self.kv.pages_needed(total) <= self.kv.allocator.num_usable
+
+    def schedule(self) -> tuple[ScheduledStep, list[Request]]:
+        """Returns the step to run and the requests that failed while scheduling."""
+        budget = self.chunk
+        chosen: list[Request] = []
+        num_new: list[int] = []
+        failed: list[Request] = []
+        for request in list(self.running):
+            if request not in self.running or budget == 0:
+                continue  # preempted by an earlier request of this loop
+            n = min(request.num_pending, budget)
+            while not self._grow(request, request.num_computed + n):
+                victims = [r for r in self.running if r not in chosen and r is not request]
+                if not victims:
+                    break
+                self._preempt(victims[-1])
+            else:
+                chosen.append(request)
+                num_new.append(n)
+                budget -= n
+                continue
+            # nobody left to preempt: this one waits until pages come back
+            self._preempt(request)
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            request = self.waiting[0]
+            if not self._fits_alone(request):
+                self.waiting.popleft()
+                failed.append(request)
+                continue
+            n = min(request.num_pending, budget)
+            if not self._grow(request, request.num_computed + n):
+                break  # wait for running requests to free pages
+            self.waiting.popleft()
+            request.status = Status.RUNNING
+            self.running.append(request)
+            chosen.append(request)
+            num_new.append(n)
+            budget -= n
+        return ScheduledStep(chosen, num_new), failed
+
+    def finish(self, request: Request) -> None:
+        if request in self.running:
+            self.running.remove(request)
+        self.release(request)

@@ -1,0 +1,1 @@
+"""Model building blocks: norms, rotary embeddings, activations and the attention layer."""

@@ -1,0 +1,219 @@
+"""Decoder-only transformer for the Llama family: Llama 2/3.x, SmolLM2, Qwen2, Qwen3.
+
+Invariants:
+- Parameter names follow Hugging Face's except for two packed projections (``qkv_proj`` holds
+  q/k/v, ``gate_up_proj`` holds gate/up, for one GEMM each); ``hf_weight_target`` maps a
+  Hugging Face name to (parameter, row slice), so loaders stream HF/GGUF tensors straight in.
+- ``forward`` sees only tokens, positions and attention metadata: the same code runs eagerly,
+  in any graph backend, and on CPU or GPU. It never asks which graph backend is active.
+- The KV cache is bound once (``bind_kv_cache``); k/v are written by the rope+store op.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from nanograph.attention.base import AttentionBackend, AttentionMetadata
+from nanograph.layers import ops
+from nanograph.layers.rotary import build_cos_sin_cache
+from nanograph.models.config import ModelConfig
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            return ops.rmsnorm(x, self.weight, self.eps)
+        return ops.add_rmsnorm(x, residual, self.weight, self.eps)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig, backend: AttentionBackend) -> None:
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.scale = self.head_dim**-0.5
+        self.eps = config.rms_norm_eps
+        self.qkv_proj = nn.Linear(
+            config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias
+        )
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
+        if config.qk_norm:
+            self.q_norm = nn.Parameter(torch.ones(self.head_dim))
+            self.k_norm = nn.Parameter(torch.ones(self.head_dim))
+        else:
+            self.q_norm = self.k_norm = None
+        self.backend = backend
+        self.k_cache: torch.Tensor | None = None
+        self.v_cache: torch.Tensor | None = None
+
+    def forward(
+        self,
+        positions: torch.Tensor,
+        hidden: torch.Tensor,
+        cos_sin_cache: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        n = hidden.shape[0]
+        qkv = self.qkv_proj(hidden)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.reshape(n, self.num_heads, self.head_dim)
+        k = k.reshape(n, self.num_kv_heads, self.head_dim)
+        v = v.reshape(n, self.num_kv_heads, self.head_dim)
+        ops.rope_store_kv(
+            q,
+            k,
+            v,
+            positions,
+            cos_sin_cache,
+            self.k_cache,
+            self.v_cache,
+            meta.slot_mapping,
+            q_norm_weight=self.q_norm,
+            k_norm_weight=self.k_norm,
+            eps=self.eps,
+        )
+        out = self.backend.forward(q, self.k_cache, self.v_cache, meta, self.scale)
+        return self.o_proj(out.reshape(n, self.q_size))
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
+        super().__init__()
+        self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=False)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, backend: AttentionBackend) -> None:
+        super().__init__()
+        self.self_attn = Attention(config, backend)
+        self.mlp = MLP(config.hidden_size, config.intermediate_size)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(
+        self,
+        positions: torch.Tensor,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        cos_sin_cache: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual = hidden.clone()  # the fused add+norm updates the residual in place
+            hidden = self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(positions, hidden, cos_sin_cache, meta)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
+
+
+class Backbone(nn.Module):
+    def __init__(self, config: ModelConfig, backend: AttentionBackend) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, backend) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class CausalLM(nn.Module):
+    """Llama/Qwen2/Qwen3 causal LM over a paged KV cache."""
+
+    def __init__(self, config: ModelConfig, backend: AttentionBackend) -> None:
+        super().__init__()
+        self.config = config
+        self.model = Backbone(config, backend)
+        self.lm_head = (
+            None
+            if config.tie_word_embeddings
+            else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        )
+        # filled by ``build_rotary`` once the model is materialised on its device
+        self.register_buffer("cos_sin_cache", torch.empty(0), persistent=False)
+
+    def build_rotary(self) -> None:
+        cfg = self.config
+        self.cos_sin_cache = build_cos_sin_cache(
+            cfg.head_dim,
+            cfg.max_position_embeddings,
+            cfg.rope_theta,
+            cfg.rope_scaling,
+            self.model.norm.weight.device,
+        )
+
+    def bind_kv_cache(self, k_caches: list[torch.Tensor], v_caches: list[torch.Tensor]) -> None:
+        for layer, k, v in zip(self.model.layers, k_caches, v_caches, strict=True):
+            layer.self_attn.k_cache, layer.self_attn.v_cache = k, v
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        """Returns final hidden states [N, hidden] (normed); see ``compute_logits``."""
+        hidden = self.model.embed_tokens(input_ids)
+        residual = None
+        for layer in self.model.layers:
+            hidden, residual = layer(positions, hidden, residual, self.cos_sin_cache, meta)
+        hidden, _ = self.model.norm(hidden, residual)
+        return hidden
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return torch.matmul(hidden, weight.t()).float()
+
+    def hf_weight_target(self, name: str) -> tuple[nn.Parameter, slice | None]:
+        """Maps a Hugging Face tensor name to (our parameter, rows it fills or None for all)."""
+        cfg = self.config
+        q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+        i = cfg.intermediate_size
+        packed = {
+            "self_attn.q_proj": ("self_attn.qkv_proj", slice(0, q)),
+            "self_attn.k_proj": ("self_attn.qkv_proj", slice(q, q + kv)),
+            "self_attn.v_proj": ("self_attn.qkv_proj", slice(q + kv, q + 2 * kv)),
+            "mlp.gate_proj": ("mlp.gate_up_proj", slice(0, i)),
+            "mlp.up_proj": ("mlp.gate_up_proj", slice(i, 2 * i)),
+        }
+        rows = None
+        for hf, (ours, sl) in packed.items():
+            if f".{hf}." in name:
+                name, rows = name.replace(f".{hf}.", f".{ours}."), sl
+                break
+        name = name.replace("self_attn.q_norm.weight", "self_attn.q_norm").replace(
+            "self_attn.k_norm.weight", "self_attn.k_norm"
+        )
+        params = dict(self.named_parameters())
+        if name not in params:
+            raise KeyError(name)
+        return params[name], rows
+
+    def hf_weight_names(self) -> list[str]:
+        """The Hugging Face tensor names this model expects (for missing-weight checks)."""
+        cfg = self.config
+        names = ["model.embed_tokens.weight", "model.norm.weight"]
+        if not cfg.tie_word_embeddings:
+            names.append("lm_head.weight")
+        for li in range(cfg.num_hidden_layers):
+            p = f"model.layers.{li}."
+            for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
+                names.append(f"{p}self_attn.{proj}.weight")
+                if cfg.attention_bias and proj != "o_proj":
+                    names.append(f"{p}self_attn.{proj}.bias")
+            if cfg.qk_norm:
+                names += [f"{p}self_attn.q_norm.weight", f"{p}self_attn.k_norm.weight"]
+            names += [f"{p}mlp.{m}.weight" for m in ("gate_proj", "up_proj", "down_proj")]
+            names += [f"{p}input_layernorm.weight", f"{p}post_attention_layernorm.weight"]
+        return names

@@ -1,0 +1,1 @@
+"""Runners: one per execution path (decode, prefill), each on any graph backend."""

@@ -1,0 +1,104 @@
+"""``ForwardBatch``: the host-side description of one forward, built by the engine.
+
+Invariants:
+- Tokens are flat: request r owns rows ``[query_start[r], query_start[r] + query_lens[r])``.
+- ``seq_lens[r]`` is the KV length after this forward; the new tokens sit at positions
+  ``seq_lens[r] - query_lens[r] ...``; ``sample_rows`` are the rows whose logits are sampled
+  (the last row of each request that finishes its pending tokens in this forward).
+- ``mode`` is "decode" exactly when every request computes one token; runners pick the decode
+  path for it and the prefill (extend) path otherwise.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import torch
+
+from nanograph.attention.base import AttentionMetadata
+
+
+@dataclass(frozen=True)
+class ForwardBatch:
+    input_ids: list[int]
+    positions: list[int]
+    seq_lens: list[int]
+    query_lens: list[int]
+    page_tables: list[list[int]]
+    slot_mapping: list[int]
+    sample_rows: list[int]
+    page_size: int
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.seq_lens)
+
+    @property
+    def mode(self) -> str:
+        return "decode" if all(q == 1 for q in self.query_lens) else "extend"
+
+    @property
+    def max_pages(self) -> int:
+        return max((len(p) for p in self.page_tables), default=1) or 1
+
+    @staticmethod
+    def build(
+        token_ids: list[list[int]],
+        num_computed: list[int],
+        num_new: list[int],
+        pages: list[list[int]],
+        page_size: int,
+        sample: list[bool],
+    ) -> ForwardBatch:
+        """One request per entry: computes ``token_ids[r][num_computed[r]:][:num_new[r]]``."""
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        sample_rows: list[int] = []
+        for ids, start, n, req_pages, do_sample in zip(
+            token_ids, num_computed, num_new, pages, sample, strict=True
+        ):
+            input_ids += ids[start : start + n]
+            pos = range(start, start + n)
+            positions += pos
+            slots += [req_pages[p // page_size] * page_size + p % page_size for p in pos]
+            if do_sample:
+                sample_rows.append(len(input_ids) - 1)
+        return ForwardBatch(
+            input_ids=input_ids,
+            positions=positions,
+            seq_lens=[c + n for c, n in zip(num_computed, num_new)],
+            query_lens=list(num_new),
+            page_tables=pages,
+            slot_mapping=slots,
+            sample_rows=sample_rows,
+            page_size=page_size,
+        )
+
+    def metadata(self, device: torch.device) -> AttentionMetadata:
+        """Exact-size metadata for an eager forward (graph runners pad into static buffers)."""
+        table = torch.zeros(self.num_requests, self.max_pages, dtype=torch.int32)
+        for r, pages in enumerate(self.page_tables):
+            table[r, : len(pages)] = torch.tensor(pages, dtype=torch.int32)
+        starts = [0, *itertools.accumulate(self.query_lens)]
+
+        def dev(values: list[int], dtype: torch.dtype) -> torch.Tensor:
+            return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+
+        return AttentionMetadata(
+            page_table=table.to(device, non_blocking=True),
+            seq_lens=dev(self.seq_lens, torch.int32),
+            query_lens=dev(self.query_lens, torch.int32),
+            query_start_loc=dev(starts, torch.int32),
+            slot_mapping=dev(self.slot_mapping, torch.int64),
+            num_tokens=dev([self.num_tokens], torch.int32),
+            page_size=self.page_size,
+            max_query_len=max(self.query_lens),
+            seq_lens_cpu=list(self.seq_lens),
+            query_lens_cpu=list(self.query_lens),
+        )
