@@ -1,0 +1,172 @@
+"""Command line: ``nanograph generate`` and ``nanograph bench ...``.
+
+Engine flags are generated from ``EngineConfig`` so the CLI and the Python API cannot drift.
+Answers go to stdout; the summary and logs go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import sys
+import time
+
+ENGINE_HELP = {
+    "model": "preset name (smollm2-135m, qwen3-0.6b, qwen3-8b, llama-3.1-8b), a .gguf file or "
+    "a Hugging Face folder",
+    "load_format": "auto | gguf | hf | dummy (random weights at full size, for benchmarks)",
+    "dtype": "auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16 | float16",
+    "device": "auto | cpu | cuda[:N]",
+    "mem_fraction": "GPU: fraction of device memory for weights, graphs and the KV pool",
+    "kv_cache_bytes": "CPU: byte budget of the KV pool",
+    "page_size": "tokens per KV page",
+    "chunked_prefill_size": "token budget of one forward; longer prompts are split into chunks",
+    "max_num_seqs": "most requests running at once",
+    "max_model_len": "context length cap (default: the model's)",
+    "attention_backend": "auto (triton on CUDA, torch_native on CPU) | triton | torch_native",
+    "seed": "engine seed (sampling of requests without their own seed)",
+    "progress": None,  # not a flag: --quiet turns it off
+}
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    from nanograph.engine.config import EngineConfig
+
+    group = parser.add_argument_group("engine")
+    for f in dataclasses.fields(EngineConfig):
+        help_text = ENGINE_HELP.get(f.name)
+        if help_text is None:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        kind = {"int": int, "float": float, "int | None": int}.get(str(f.type), str)
+        group.add_argument(flag, type=kind, default=f.default, help=f"{help_text} [{f.default}]")
+    group.add_argument("--quiet", action="store_true", help="no progress bars or summary")
+
+
+def engine_config_from(args: argparse.Namespace):
+    from nanograph.engine.config import EngineConfig
+
+    values = {k: getattr(args, k) for k in EngineConfig.field_names() if hasattr(args, k)}
+    values["progress"] = not args.quiet
+    return EngineConfig(**values)
+
+
+def _prompts(args: argparse.Namespace) -> list:
+    prompts: list = []
+    for text in args.prompt or []:
+        prompts.append(text if args.no_chat_template else [{"role": "user", "content": text}])
+    if args.messages:
+        source = args.messages
+        if not source.lstrip().startswith("["):
+            with open(source) as f:
+                source = f.read()
+        messages = json.loads(source)
+        prompts += [messages] if messages and isinstance(messages[0], dict) else messages
+    for ids in args.prompt_ids or []:
+        prompts.append([int(t) for t in ids.split(",")])
+    if not prompts:
+        raise SystemExit("nothing to generate: give --prompt, --messages or --prompt-ids")
+    return prompts
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from nanograph.engine.llm import LLM
+    from nanograph.engine.sampling_params import SamplingParams
+
+    try:
+        params = SamplingParams(
+            max_tokens=args.max_tokens,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            min_p=args.min_p,
+            seed=args.sampling_seed,
+            stop=tuple(args.stop or ()),
+            ignore_eos=args.ignore_eos,
+        )
+        config = engine_config_from(args)
+        prompts = _prompts(args)
+        llm = LLM(**dataclasses.asdict(config))
+    except (ValueError, FileNotFoundError, MemoryError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    start = time.perf_counter()
+    outputs = llm.generate(prompts, params)
+    elapsed = time.perf_counter() - start
+    failed = 0
+    for i, out in enumerate(outputs):
+        if len(outputs) > 1:
+            print(f"--- [{i}] ---")
+        if out.ok:
+            print(out.text if llm.tokenizer is not None else out.token_ids)
+        else:
+            failed += 1
+            print(f"error: {out.error}", file=sys.stderr)
+    if not args.quiet:
+        _summary(llm, outputs, elapsed)
+    return 1 if failed else 0
+
+
+def _summary(llm, outputs, elapsed: float) -> None:
+    e = llm.engine
+    kv = e.kv_cache
+    generated = sum(len(o.token_ids) for o in outputs)
+    ttfts = [o.ttft_s for o in outputs if o.ttft_s is not None]
+    rates = [o.decode_tokens_per_s for o in outputs if o.decode_tokens_per_s]
+    lines = [
+        ("model", f"{e.config.model} ({e.model_config.architecture}, "
+         f"{e.model_config.num_params / 1e6:.0f}M params, {e.source.kind})"),
+        ("device / dtype", f"{e.device} / {str(e.dtype).removeprefix('torch.')}"),
+        ("attention", e.attention.name),
+        ("weights", f"{e.weights_bytes / 2**20:.0f} MiB, loaded in {e.load_seconds:.1f} s"),
+        ("KV pool", f"{kv.capacity_tokens} tokens in {kv.num_pages} pages of {kv.page_size}, "
+         f"{kv.nbytes / 2**20:.0f} MiB"),
+        ("requests", f"{len(outputs)} ({sum(not o.ok for o in outputs)} failed), "
+         f"{generated} tokens in {elapsed:.2f} s = {generated / max(elapsed, 1e-9):.1f} tok/s"),
+    ]
+    if ttfts:
+        lines.append(("TTFT", f"{1000 * sum(ttfts) / len(ttfts):.0f} ms mean"))
+    if rates:
+        lines.append(("decode", f"{sum(rates) / len(rates):.1f} tok/s per request (mean)"))
+    width = max(len(k) for k, _ in lines)
+    print("", file=sys.stderr)
+    for k, v in lines:
+        print(f"{k:>{width}} : {v}", file=sys.stderr)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="nanograph", description="A compact LLM inference engine built around CUDA graphs."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    gen = sub.add_parser("generate", help="generate text for one or more prompts",
+                         description="Generate text. Sampling is greedy unless --temperature > 0.")
+    g = gen.add_argument_group("prompts")
+    g.add_argument("--prompt", action="append", help="a user message (repeat for a batch)")
+    g.add_argument("--messages", help="chat messages as JSON, or a path to a JSON file")
+    g.add_argument("--prompt-ids", action="append",
+                   help="comma-separated token ids (repeat for a batch); for models without "
+                   "a tokenizer, e.g. dummy presets")
+    g.add_argument("--no-chat-template", action="store_true",
+                   help="send --prompt as raw text instead of a chat user message")
+    s = gen.add_argument_group("sampling")
+    s.add_argument("--max-tokens", type=int, default=128, help="tokens to generate at most [128]")
+    s.add_argument("--temperature", type=float, default=0.0, help="0 = greedy [0.0]")
+    s.add_argument("--top-k", type=int, default=-1, help="-1 = off [-1]")
+    s.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass [1.0]")
+    s.add_argument("--min-p", type=float, default=0.0, help="min-p filter [0.0]")
+    s.add_argument("--sampling-seed", type=int, default=None, help="per-request seed")
+    s.add_argument("--stop", action="append", help="stop string (repeatable)")
+    s.add_argument("--ignore-eos", action="store_true", help="keep going past end-of-sequence")
+    add_engine_args(gen)
+    gen.set_defaults(func=cmd_generate)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr)
+    args = build_parser().parse_args(argv)
+    return args.func(args)

@@ -1,0 +1,70 @@
+"""Engine settings: one frozen dataclass, validated once, shared by the CLI and ``LLM``.
+
+Every default lives here with its reason; the CLI builds its flags from these fields.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+GRAPH_CHOICES = ("auto", "full", "breakable", "tc_piecewise", "none")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str = "smollm2-135m"
+    load_format: str = "auto"  # auto | gguf | hf | dummy
+    dtype: str = "auto"  # auto = bfloat16 on CUDA, float32 on CPU
+    device: str = "auto"  # auto = cuda when available
+    # GPU: fraction of total device memory the engine may use (weights + graphs + KV pool)
+    mem_fraction: float = 0.85
+    # CPU: the KV pool's byte budget (there is no device memory to measure)
+    kv_cache_bytes: int = 512 * 2**20
+    page_size: int = 16
+    # the largest single prefill forward; also the default prefill capture ceiling
+    chunked_prefill_size: int = 8192
+    max_num_seqs: int = 256
+    max_model_len: int | None = None  # None = the model's context length
+    attention_backend: str = "auto"  # auto = triton on CUDA, torch_native on CPU
+    seed: int = 0
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.load_format not in ("auto", "gguf", "hf", "dummy"):
+            raise ValueError(
+                f"load_format must be auto, gguf, hf or dummy, got {self.load_format!r}"
+            )
+        if self.dtype != "auto" and self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be auto or one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise ValueError(f"device must be auto, cpu or cuda[:N], got {self.device!r}")
+        if self.device.startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError("device 'cuda' requested but CUDA is not available; use --device cpu")
+        if not 0 < self.mem_fraction <= 1:
+            raise ValueError(f"mem_fraction must be in (0, 1], got {self.mem_fraction}")
+        for name in ("page_size", "chunked_prefill_size", "max_num_seqs", "kv_cache_bytes"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+
+    @property
+    def torch_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(self.device)
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        if self.dtype == "auto":
+            return torch.bfloat16 if self.torch_device.type == "cuda" else torch.float32
+        return DTYPES[self.dtype]
+
+    def replace(self, **changes) -> EngineConfig:
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def field_names(cls) -> set[str]:
+        return {f.name for f in dataclasses.fields(cls)}

