@@ -1,0 +1,295 @@
+"""GGUF files: a ``ModelConfig`` from the metadata and Hugging Face-named, dequantised tensors.
+
+Invariants:
+- Tensors leave this module with Hugging Face names and layouts, so every consumer treats GGUF
+  and safetensors alike. llama.cpp's q/k row interleave (applied by ``convert_hf_to_gguf`` to the
+  ``llama`` architecture only, not qwen2/qwen3) is undone here and nowhere else.
+- ``gguf`` is imported inside functions: ``import nanograph`` works without it.
+- Tensors stream one at a time; a quantised tensor exists in float32 only while it is yielded.
+- One ``GGUFReader`` per file is kept (parsing the metadata of a 49k-token vocabulary takes
+  seconds), so reading the config and then the weights parses the file once.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from nanograph.loader.errors import ModelLoadError
+from nanograph.models.config import ModelConfig, RopeScaling
+
+if TYPE_CHECKING:
+    from gguf import GGUFReader, ReaderTensor
+
+GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3")
+GGUF_MAGIC = b"GGUF"
+
+# GGUF's standard tensor names (ggml docs/gguf.md) -> Hugging Face module names.
+_GLOBAL_NAMES = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+}
+_BLOCK_NAMES = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+# Llama 3 defaults (the values of every released Llama 3.x config); see _llama3_from_rope_freqs.
+_LLAMA3_LOW_FREQ_FACTOR, _LLAMA3_HIGH_FREQ_FACTOR, _LLAMA3_ORIGINAL_CONTEXT = 1.0, 4.0, 8192
+
+
+def is_gguf_file(path: str | os.PathLike[str]) -> bool:
+    """True for an existing file that starts with the GGUF magic bytes."""
+    p = Path(path)
+    if not p.is_file():
+        return False
+    with p.open("rb") as f:
+        return f.read(4) == GGUF_MAGIC
+
+
+@functools.lru_cache(maxsize=2)
+def _open_reader(resolved: str, mtime_ns: int) -> GGUFReader:
+    from gguf import GGUFReader
+
+    del mtime_ns  # part of the cache key only: a rewritten file is parsed again
+    return GGUFReader(resolved, "r")
+
+
+def open_gguf(path: str | os.PathLike[str]) -> GGUFReader:
+    """The (cached) ``gguf.GGUFReader`` of ``path``; a bad file is a ``ModelLoadError``."""
+    p = Path(path).resolve()
+    if not is_gguf_file(p):
+        raise ModelLoadError(f"{path} is not a GGUF file (missing or no GGUF magic bytes)")
+    try:
+        return _open_reader(str(p), p.stat().st_mtime_ns)
+    except (ValueError, OSError) as e:
+        raise ModelLoadError(f"{path} is not a readable GGUF file: {e}") from e
+
+
+def _field(reader: GGUFReader, key: str, default: Any = None) -> Any:
+    field = reader.fields.get(key)
+    return default if field is None else field.contents()
+
+
+def _float32_decimal(x: float) -> float:
+    # GGUF stores float32: 1e-5 comes back as 9.99999974e-06. The shortest float32 decimal is
+    # the value the original config.json had.
+    return float(str(np.float32(x)))
+
+
+def read_gguf_config(path: str | os.PathLike[str]) -> ModelConfig:
+    """The ``ModelConfig`` described by a GGUF file's metadata (and tensor list)."""
+    reader = open_gguf(path)
+    arch = _field(reader, "general.architecture")
+    if arch not in GGUF_ARCHITECTURES:
+        raise ModelLoadError(
+            f"{path}: GGUF architecture {arch!r} is not supported; nanograph loads "
+            f"{', '.join(GGUF_ARCHITECTURES)}"
+        )
+
+    def meta(key: str, default: Any = ModelLoadError) -> Any:
+        value = _field(reader, f"{arch}.{key}", default)
+        if value is ModelLoadError:
+            raise ModelLoadError(
+                f"{path}: GGUF metadata lacks {arch}.{key}; the file is incomplete"
+            )
+        return value
+
+    tensors = {t.name: t for t in reader.tensors}
+    if "token_embd.weight" not in tensors:
+        raise ModelLoadError(f"{path}: GGUF has no token_embd.weight tensor")
+    hidden, heads = int(meta("embedding_length")), int(meta("attention.head_count"))
+    head_dim = int(meta("attention.key_length", hidden // heads))
+    rope_theta = _float32_decimal(meta("rope.freq_base", 10000.0))
+    max_positions = int(meta("context_length"))
+    rope_scaling = _rope_scaling(reader, arch, tensors, head_dim, rope_theta, max_positions, path)
+
+    eos_ids: list[int] = []
+    for key in ("eos_token_id", "eot_token_id", "eom_token_id"):
+        token = _field(reader, f"tokenizer.ggml.{key}")
+        if token is not None and int(token) not in eos_ids:
+            eos_ids.append(int(token))
+    bos = _field(reader, "tokenizer.ggml.bos_token_id")
+    return ModelConfig(
+        architecture=arch,
+        # the embedding's rows, not the tokenizer's list: the weights are what the model needs
+        vocab_size=int(tensors["token_embd.weight"].shape[1]),
+        hidden_size=hidden,
+        intermediate_size=int(meta("feed_forward_length")),
+        num_hidden_layers=int(meta("block_count")),
+        num_attention_heads=heads,
+        num_key_value_heads=int(meta("attention.head_count_kv", heads)),
+        head_dim=head_dim,
+        max_position_embeddings=max_positions,
+        rms_norm_eps=_float32_decimal(meta("attention.layer_norm_rms_epsilon")),
+        rope_theta=rope_theta,
+        rope_scaling=rope_scaling,
+        # llama.cpp drops output.weight when the head is tied to the embedding
+        tie_word_embeddings="output.weight" not in tensors,
+        attention_bias="blk.0.attn_q.bias" in tensors,
+        qk_norm="blk.0.attn_q_norm.weight" in tensors,
+        bos_token_id=None if bos is None else int(bos),
+        eos_token_ids=tuple(eos_ids),
+    )
+
+
+def _rope_scaling(
+    reader: GGUFReader,
+    arch: str,
+    tensors: dict[str, ReaderTensor],
+    head_dim: int,
+    theta: float,
+    max_positions: int,
+    path: str | os.PathLike[str],
+) -> RopeScaling:
+    kind = _field(reader, f"{arch}.rope.scaling.type", "none")
+    factor = float(_field(reader, f"{arch}.rope.scaling.factor", 1.0))
+    original = int(_field(reader, f"{arch}.rope.scaling.original_context_length", max_positions))
+    if "rope_freqs.weight" in tensors:
+        # Llama 3.1+ GGUFs carry no scaling metadata, only the per-frequency divisors.
+        factors = np.asarray(tensors["rope_freqs.weight"].data, dtype=np.float64).reshape(-1)
+        return _llama3_from_rope_freqs(factors, head_dim, theta, path)
+    if kind == "none":
+        return RopeScaling()
+    if kind == "linear":
+        return RopeScaling(kind="linear", factor=factor)
+    if kind == "yarn":
+        return RopeScaling(
+            kind="yarn",
+            factor=factor,
+            original_max_position_embeddings=original,
+            beta_fast=float(_field(reader, f"{arch}.rope.scaling.yarn_beta_fast", 32.0)),
+            beta_slow=float(_field(reader, f"{arch}.rope.scaling.yarn_beta_slow", 1.0)),
+        )
+    raise ModelLoadError(
+        f"{path}: rope scaling type {kind!r} is not supported (supported: none, linear, yarn, "
+        "and llama3 via rope_freqs.weight)"
+    )
+
+
+def llama3_rope_factors(head_dim: int, theta: float, scaling: RopeScaling) -> np.ndarray:
+    """The per-frequency divisors llama.cpp's converter writes as ``rope_freqs.weight``."""
+    inv_freq = theta ** -(np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    wavelen = 2 * math.pi / inv_freq
+    low, high = scaling.low_freq_factor, scaling.high_freq_factor
+    original = scaling.original_max_position_embeddings
+    smooth = np.clip((original / wavelen - low) / (high - low), 0.0, 1.0)
+    return 1.0 / ((1.0 - smooth) / scaling.factor + smooth)
+
+
+def _llama3_from_rope_freqs(
+    factors: np.ndarray, head_dim: int, theta: float, path: str | os.PathLike[str]
+) -> RopeScaling:
+    """Recovers llama3 rope scaling from ``rope_freqs.weight``: ``factor`` is the largest divisor;
+    on the ramp, ``smooth = (1/f - 1/factor) / (1 - 1/factor)`` is linear in ``1/wavelength``,
+    which gives the low/high frequency factors. The result is checked against the tensor."""
+    factor = float(factors.max())
+    if factor <= 1.0 and float(factors.min()) >= 1.0:
+        return RopeScaling()
+    original = _LLAMA3_ORIGINAL_CONTEXT  # the converter always uses 8192 here
+    low, high = _LLAMA3_LOW_FREQ_FACTOR, _LLAMA3_HIGH_FREQ_FACTOR
+    ramp = (factors > 1.0 + 1e-6) & (factors < factor - 1e-6)
+    if ramp.sum() >= 2:
+        inv_freq = theta ** -(np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+        x = original * inv_freq[ramp] / (2 * math.pi)  # original / wavelength
+        smooth = (1.0 / factors[ramp] - 1.0 / factor) / (1.0 - 1.0 / factor)
+        slope, intercept = np.polyfit(x, smooth, 1)
+        low = round(-intercept / slope, 4)
+        high = round(low + 1.0 / slope, 4)
+    scaling = RopeScaling(
+        kind="llama3",
+        factor=round(factor, 6),
+        low_freq_factor=low,
+        high_freq_factor=high,
+        original_max_position_embeddings=original,
+    )
+    expected = llama3_rope_factors(head_dim, theta, scaling)
+    if expected.shape != factors.shape or not np.allclose(expected, factors, rtol=1e-3):
+        raise ModelLoadError(
+            f"{path}: rope_freqs.weight does not follow llama3 rope scaling; this rope variant "
+            "is not supported"
+        )
+    return scaling
+
+
+def gguf_to_hf_name(name: str) -> str | None:
+    """``blk.3.attn_q.weight`` -> ``model.layers.3.self_attn.q_proj.weight``; None if unknown."""
+    stem, _, suffix = name.rpartition(".")
+    if stem in _GLOBAL_NAMES:
+        return f"{_GLOBAL_NAMES[stem]}.{suffix}"
+    parts = stem.split(".")
+    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _BLOCK_NAMES:
+        return f"model.layers.{parts[1]}.{_BLOCK_NAMES[parts[2]]}.{suffix}"
+    return None
+
+
+def unpermute_qk(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """Inverse of ``LlamaModel.permute`` in llama.cpp's ``convert_hf_to_gguf.py``.
+
+    Hugging Face keeps each head's rows as two rotary halves (rotate_half); GGUF interleaves them,
+    so GGUF row ``h*d + 2*j + k`` is HF row ``h*d + k*d/2 + j`` (d = head_dim, k in {0, 1}).
+    Works for weights [rows, in] and biases [rows].
+    """
+    head_dim = weight.shape[0] // num_heads
+    split = weight.reshape(num_heads, head_dim // 2, 2, *weight.shape[1:])
+    return split.transpose(1, 2).reshape(weight.shape).contiguous()
+
+
+def _dequantize(tensor: ReaderTensor, path: str | os.PathLike[str]) -> torch.Tensor:
+    from gguf import GGMLQuantizationType, dequantize
+
+    qtype = tensor.tensor_type
+    # np.array copies out of the read-only memory map (torch warns on non-writable arrays).
+    if qtype == GGMLQuantizationType.F32:
+        return torch.from_numpy(np.array(tensor.data, dtype=np.float32))
+    if qtype == GGMLQuantizationType.F16:
+        return torch.from_numpy(np.array(tensor.data, dtype=np.float16))  # no float32 detour
+    try:
+        return torch.from_numpy(np.ascontiguousarray(dequantize(tensor.data, qtype)))
+    except NotImplementedError as e:
+        raise ModelLoadError(
+            f"{path}: tensor {tensor.name} uses quantisation {qtype.name}, which the gguf "
+            "package cannot dequantise; use a GGUF in F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, "
+            "Q8_0 or a K-quant (Q2_K..Q6_K)"
+        ) from e
+
+
+def iter_gguf_weights(
+    path: str | os.PathLike[str], config: ModelConfig | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yields ``(hf_name, tensor)`` for every weight, in file order. Quantised tensors come out
+    float32, F16 ones float16, F32 ones float32; the caller converts to its dtype."""
+    reader = open_gguf(path)
+    config = config or read_gguf_config(path)
+    for tensor in reader.tensors:
+        if tensor.name == "rope_freqs.weight":
+            continue  # folded into config.rope_scaling
+        hf_name = gguf_to_hf_name(tensor.name)
+        if hf_name is None:
+            raise ModelLoadError(
+                f"{path}: GGUF tensor {tensor.name!r} has no counterpart in nanograph's "
+                f"{config.architecture} model"
+            )
+        weight = _dequantize(tensor, path)
+        if config.architecture == "llama":
+            if ".self_attn.q_proj." in hf_name:
+                weight = unpermute_qk(weight, config.num_attention_heads)
+            elif ".self_attn.k_proj." in hf_name:
+                weight = unpermute_qk(weight, config.num_key_value_heads)
+        yield hf_name, weight

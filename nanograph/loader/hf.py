@@ -1,0 +1,101 @@
+"""Hugging Face folders: ``config.json`` plus ``*.safetensors`` (one file or sharded).
+
+Invariants:
+- Tensors stream one at a time from memory-mapped safetensors (``safe_open``), so peak host
+  memory stays near one tensor, whatever the checkpoint size.
+- Names pass through unchanged (they already are Hugging Face names), except two kinds that are
+  not weights of the model: rotary ``inv_freq`` buffers of old checkpoints, and ``lm_head.weight``
+  of a tied model (some checkpoints save the shared tensor twice).
+- Nothing is downloaded: a folder is read from disk or rejected.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from nanograph.loader.errors import ModelLoadError
+from nanograph.models.config import ModelConfig
+
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+
+
+def is_hf_folder(path: str | os.PathLike[str]) -> bool:
+    """A directory with a ``config.json``."""
+    return (Path(path) / "config.json").is_file()
+
+
+def _normalise_hf_config(d: dict[str, Any]) -> dict[str, Any]:
+    """transformers >= 5 writes ``rope_parameters`` (theta and scaling in one dict) instead of
+    ``rope_theta`` + ``rope_scaling``; hub configs still use the old keys. Give both one shape."""
+    rope = d.get("rope_parameters")
+    if not isinstance(rope, dict):
+        return d
+    d = dict(d)
+    d.setdefault("rope_theta", rope.get("rope_theta", 10000.0))
+    if rope.get("rope_type", "default") != "default":
+        d.setdefault("rope_scaling", {k: v for k, v in rope.items() if k != "rope_theta"})
+    return d
+
+
+def read_hf_config(folder: str | os.PathLike[str]) -> ModelConfig:
+    """``ModelConfig`` from ``config.json``; end-of-sequence ids from ``generation_config.json``
+    are added (instruct models list their end-of-turn token there)."""
+    folder = Path(folder)
+    try:
+        d = json.loads((folder / "config.json").read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ModelLoadError(f"{folder}/config.json cannot be read: {e}") from e
+    try:
+        config = ModelConfig.from_hf_dict(_normalise_hf_config(d))
+    except (KeyError, ValueError) as e:
+        raise ModelLoadError(f"{folder}/config.json: {e}") from e
+    generation = folder / "generation_config.json"
+    if generation.is_file():
+        eos = json.loads(generation.read_text()).get("eos_token_id")
+        extra = eos if isinstance(eos, list) else ([] if eos is None else [eos])
+        merged = tuple(dict.fromkeys([*config.eos_token_ids, *map(int, extra)]))
+        config = config.replace(eos_token_ids=merged)
+    return config
+
+
+def safetensors_files(folder: str | os.PathLike[str]) -> list[Path]:
+    """The shard files, from the index when there is one, else every ``*.safetensors``."""
+    folder = Path(folder)
+    index = folder / SAFETENSORS_INDEX
+    if index.is_file():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        files = [folder / name for name in sorted(set(weight_map.values()))]
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise ModelLoadError(f"{folder}: shards listed in {index.name} are missing: {missing}")
+        return files
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(
+            f"{folder} has a config.json but no *.safetensors weights; add them or use "
+            "--load-format dummy for random weights"
+        )
+    return files
+
+
+def iter_hf_weights(
+    folder: str | os.PathLike[str], config: ModelConfig | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yields ``(name, tensor)`` for every weight, shard by shard, in the checkpoint's dtype."""
+    from safetensors import safe_open
+
+    config = config or read_hf_config(folder)
+    for file in safetensors_files(folder):
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
+                if name.endswith("rotary_emb.inv_freq"):
+                    continue
+                if name == "lm_head.weight" and config.tie_word_embeddings:
+                    continue
+                yield name, f.get_tensor(name)

@@ -1,0 +1,120 @@
+"""Tokenizer: a Hugging Face fast tokenizer built from a GGUF file or an HF folder.
+
+Invariants:
+- Never downloads: transformers is called with ``local_files_only=True``; a GGUF tokenizer is
+  converted in memory by transformers from the file's metadata, nothing is written to disk.
+- ``apply_chat_template`` renders the model's own template (GGUF metadata or tokenizer_config)
+  and encodes the text without adding special tokens: the template already holds them, exactly
+  as transformers' ``apply_chat_template(tokenize=True)`` does.
+- ``transformers`` and ``tokenizers`` are imported inside functions.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from nanograph.loader.errors import ModelLoadError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+
+class IncrementalDecoder:
+    """Text of one generated sequence, token by token: ``step`` returns the new text (possibly
+    empty while a multi-byte character is still incomplete). Wraps ``tokenizers``' DecodeStream,
+    so the concatenated steps equal ``Tokenizer.decode`` of all the ids."""
+
+    def __init__(self, backend: Any, skip_special_tokens: bool) -> None:
+        from tokenizers.decoders import DecodeStream
+
+        self._backend = backend
+        self._stream = DecodeStream(skip_special_tokens=skip_special_tokens)
+
+    def step(self, token_id: int) -> str:
+        return self._stream.step(self._backend, token_id) or ""
+
+
+class Tokenizer:
+    """Encode/decode and chat templating for one model."""
+
+    def __init__(
+        self, hf_tokenizer: PreTrainedTokenizerBase, *, extra_eos_token_ids: Iterable[int] = ()
+    ) -> None:
+        self.hf = hf_tokenizer
+        eos = [] if hf_tokenizer.eos_token_id is None else [int(hf_tokenizer.eos_token_id)]
+        self.eos_token_ids: tuple[int, ...] = tuple(dict.fromkeys([*eos, *extra_eos_token_ids]))
+        self.bos_token_id: int | None = hf_tokenizer.bos_token_id
+
+    @classmethod
+    def from_gguf(
+        cls, path: str | os.PathLike[str], *, extra_eos_token_ids: Iterable[int] = ()
+    ) -> Tokenizer:
+        """Built by transformers' GGUF tokenizer conversion from the file's metadata."""
+        path = Path(path).resolve()
+        hf = _auto_tokenizer(str(path.parent), gguf_file=path.name)
+        if not hf.chat_template:
+            # older transformers releases do not carry the template over from GGUF metadata
+            from nanograph.loader.gguf import open_gguf
+
+            field = open_gguf(path).fields.get("tokenizer.chat_template")
+            hf.chat_template = None if field is None else field.contents()
+        return cls(hf, extra_eos_token_ids=extra_eos_token_ids)
+
+    @classmethod
+    def from_hf_folder(
+        cls, folder: str | os.PathLike[str], *, extra_eos_token_ids: Iterable[int] = ()
+    ) -> Tokenizer:
+        return cls(_auto_tokenizer(str(folder)), extra_eos_token_ids=extra_eos_token_ids)
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of tokens the tokenizer knows (may be below the model's embedding rows)."""
+        return len(self.hf)
+
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(self.hf.chat_template)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of ``text``; ``add_special_tokens`` adds BOS if the tokenizer asks for it."""
+        return list(self.hf.encode(text, add_special_tokens=add_special_tokens))
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def decode_stream(self, skip_special_tokens: bool = True) -> IncrementalDecoder:
+        """A fresh incremental decoder for one generated sequence."""
+        return IncrementalDecoder(self.hf.backend_tokenizer, skip_special_tokens)
+
+    def render_chat(
+        self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True
+    ) -> str:
+        """The chat template applied to ``messages`` as text."""
+        if not self.has_chat_template:
+            raise ModelLoadError(
+                "this model's tokenizer has no chat template: pass a plain text prompt or token "
+                "ids instead of chat messages"
+            )
+        return self.hf.apply_chat_template(
+            list(messages), tokenize=False, add_generation_prompt=add_generation_prompt
+        )
+
+    def apply_chat_template(
+        self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True
+    ) -> list[int]:
+        """Token ids of the rendered chat, ending with the assistant header when
+        ``add_generation_prompt`` is true."""
+        return self.encode(self.render_chat(messages, add_generation_prompt), False)
+
+
+def _auto_tokenizer(folder: str, **kwargs: Any) -> PreTrainedTokenizerBase:
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(folder, local_files_only=True, **kwargs)
+    except (OSError, ValueError, KeyError) as e:
+        where = os.path.join(folder, kwargs.get("gguf_file", ""))
+        raise ModelLoadError(f"cannot build a tokenizer from {where}: {e}") from e

@@ -1,0 +1,105 @@
+"""Putting tensors into a model: streamed checkpoint weights, or a deterministic random init.
+
+Invariants:
+- ``load_weights`` fills every weight the model expects exactly once or raises: an unknown name,
+  a wrong shape and a weight the checkpoint lacks are each a ``ModelLoadError`` naming the tensor.
+- Tensors are converted to each parameter's dtype and device by ``copy_``; a checkpoint tensor
+  is dropped as soon as it is copied, so host memory stays near one tensor.
+- A model may pack several Hugging Face tensors into one parameter (q/k/v, gate/up): it says so
+  through ``HFWeightTargets``. Any other module is matched by parameter name.
+- Tied embeddings: a tied model has no separate ``lm_head`` weight (shared parameter or none at
+  all), and the loaders never yield ``lm_head.weight`` for a tied config.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterable
+from typing import Protocol, runtime_checkable
+
+import torch
+from torch import nn
+
+from nanograph.loader.errors import ModelLoadError
+
+# Hugging Face's initializer_range default; a random-init model has realistic activation scales.
+DUMMY_INIT_STD = 0.02
+
+
+@runtime_checkable
+class HFWeightTargets(Protocol):
+    """A model whose parameters are not one-to-one with Hugging Face tensor names."""
+
+    def hf_weight_target(self, name: str) -> tuple[nn.Parameter, slice | None]:
+        """The parameter a Hugging Face tensor goes into and the rows it fills (None: all).
+        Raises ``KeyError`` for a name the model does not have."""
+        ...
+
+    def hf_weight_names(self) -> list[str]:
+        """Every Hugging Face tensor name the model needs."""
+        ...
+
+
+Resolver = Callable[[str], tuple[nn.Parameter, slice | None]]
+
+
+def _targets(model: nn.Module) -> tuple[Resolver, list[str]]:
+    if isinstance(model, HFWeightTargets):
+        return model.hf_weight_target, model.hf_weight_names()
+    # named_parameters drops aliases, so a head tied to the embedding appears once
+    params = dict(model.named_parameters())
+    return (lambda name: (params[name], None)), list(params)
+
+
+def load_weights(
+    model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]], *, progress: bool = True
+) -> None:
+    """Copies ``(hf_name, tensor)`` pairs into ``model``'s parameters (any dtype/device).
+
+    Shows a tqdm bar on a terminal when ``progress`` is true.
+    """
+    resolve, expected = _targets(model)
+    items: Iterable[tuple[str, torch.Tensor]] = weights
+    if progress and sys.stderr.isatty():
+        from tqdm import tqdm
+
+        items = tqdm(weights, total=len(expected), desc="Loading weights", unit="tensor")
+    loaded: set[str] = set()
+    with torch.no_grad():
+        for name, tensor in items:
+            try:
+                param, rows = resolve(name)
+            except KeyError:
+                raise ModelLoadError(
+                    f"checkpoint tensor {name!r} has no place in the model; the checkpoint does "
+                    "not match the config (architecture, tied embeddings, bias, q/k norm)"
+                ) from None
+            target = param if rows is None else param[rows]
+            if target.shape != tensor.shape:
+                raise ModelLoadError(
+                    f"checkpoint tensor {name!r} has shape {tuple(tensor.shape)} but the model "
+                    f"expects {tuple(target.shape)}; the checkpoint does not match the config"
+                )
+            target.copy_(tensor)
+            loaded.add(name)
+    missing = [name for name in expected if name not in loaded]
+    if missing:
+        shown = ", ".join(missing[:5]) + (", ..." if len(missing) > 5 else "")
+        raise ModelLoadError(
+            f"the checkpoint lacks {len(missing)} weight(s) the model needs: {shown}"
+        )
+
+
+def init_dummy_weights(model: nn.Module, seed: int = 0) -> None:
+    """Random weights for ``--load-format dummy``: matrices and biases ~ N(0, 0.02), norm
+    weights 1. Drawn in place, on the parameters' device and dtype (an 8B model on GPU takes
+    well under a second); the same seed, model and device give the same weights."""
+    generators: dict[torch.device, torch.Generator] = {}
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if param.ndim == 1 and not name.endswith("bias"):
+                param.fill_(1.0)  # RMSNorm scales (including per-head q/k norms)
+                continue
+            if param.device not in generators:
+                generators[param.device] = torch.Generator(device=param.device).manual_seed(seed)
+            param.normal_(0.0, DUMMY_INIT_STD, generator=generators[param.device])
