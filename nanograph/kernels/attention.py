@@ -1,0 +1,475 @@
+"""Graph-safe paged attention in Triton: extend/prefill, decode and target-verify in one kernel.
+
+Layouts (fixed; the engine writes these):
+- ``q [N, Hq, D]``; ``k_cache``/``v_cache [num_slots, Hkv, D]`` with
+  ``slot = page_id * page_size + offset_in_page``.
+- ``page_table [S, max_pages]``, ``seq_lens [S]`` (KV length after this forward),
+  ``query_lens [S]``, ``query_start_loc [S + 1]``: int32 device tensors.
+- Query token i of request r sits at position ``seq_lens[r] - query_lens[r] + i`` and sees keys
+  at positions ``<=`` its own (and ``> pos - sliding_window`` when a window is set). Every key,
+  including this forward's, is read from the paged cache: the rope+store kernel wrote them.
+
+Invariants:
+- Grids depend only on static sizes (N, S, head counts, constexpr tiles and split count); no
+  host reads of lengths, so a launch can be captured in a CUDA graph and replayed for any batch
+  that fits the same buffers. Programs with nothing to do exit at once.
+- A zero-length sentinel slot (seq_len = query_len = 0, start parked at the real token count)
+  and padded rows (at or past ``query_start_loc[S]``) read nothing and write nothing; an ``out``
+  allocated here is zero-filled, so those rows read as zeros.
+- Work split: a program owns BLOCK_Q query tokens x the whole GQA group of one kv head (the
+  group, padded to a power of two, is packed into the M dim of the tile so K/V are loaded once
+  per group) and one of NUM_SPLITS slices of the key range. With NUM_SPLITS > 1 it writes a
+  normalized partial output plus its log-sum-exp and ``_merge_splits_kernel`` combines them
+  (flash-decoding), which is how one long sequence still fills the GPU.
+- Two static layouts of the first grid dim: "flat" (extend: ``N // BLOCK_Q + S`` programs, each
+  finds its request by binary search over ``query_start_loc``) and "per request" (decode and
+  verify: ``S * cdiv(max_query_len, BLOCK_Q)`` programs); ``max_query_len`` is a static hint.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+# Largest split count of the flash-decoding path: 64 slices of a 32k context are 512 keys each,
+# still several key blocks per program; beyond that the merge kernel starts to cost.
+MAX_SPLITS = 64
+# A grid this many times the SM count keeps every SM busy through the tail of the launch.
+PROGRAMS_PER_SM = 4
+# The small-query (memory-bound) regime: query tokens x padded group rows per request up to this
+# fit one tile, so the per-request layout wastes nothing and split-KV pays off.
+SMALL_QUERY_ROWS = 64
+
+
+@dataclass(frozen=True)
+class AttentionTiles:
+    """Static launch configuration; chosen by ``choose_tiles`` or given by a benchmark."""
+
+    block_q: int  # query tokens per program
+    group_pad: int  # q heads per kv head, padded to a power of two (BLOCK_M = block_q * group_pad)
+    block_n: int  # keys per inner iteration
+    num_splits: int  # key-range slices (power of two); > 1 adds the merge kernel
+    per_request: bool  # per-request grid (needs max_query_len) instead of the flat one
+    num_warps: int
+    num_stages: int
+
+
+@triton.jit
+def _find_request(query_start_loc_ptr, pid, num_seqs, BLOCK_Q: tl.constexpr):
+    # Request r's blocks start at query_start_loc[r] // BLOCK_Q + r (each request gets at most
+    # one partial block, hence the + r); find the last request whose start is <= pid.
+    # int32 tensors from the start: loop-carried values must keep one type (num_seqs == 1 is
+    # specialized to a constant by the compiler).
+    lo = tl.full([], 0, tl.int32)
+    hi = lo + num_seqs - 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        start = tl.load(query_start_loc_ptr + mid) // BLOCK_Q + mid
+        lo = tl.where(start <= pid, mid, lo)
+        hi = tl.where(start <= pid, hi, mid - 1)
+    return lo
+
+
+@triton.jit
+def _attend_key_range(
+    acc,
+    m_i,
+    l_i,
+    q,
+    q_pos,
+    kv_start,
+    kv_end,
+    k_base,
+    v_base,
+    page_row_ptr,
+    stride_k_slot,
+    stride_v_slot,
+    seq_len,
+    sliding_window,
+    qk_scale,
+    softcap,
+    BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    MASKED: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
+    USE_SOFTCAP: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """Online-softmax over keys [kv_start, kv_end); MASKED=False only for blocks every row sees."""
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    for start in range(kv_start, kv_end, BLOCK_N):
+        kv_pos = start + offs_n
+        in_seq = kv_pos < seq_len
+        if MASKED:
+            page = tl.load(page_row_ptr + kv_pos // PAGE_SIZE, mask=in_seq, other=0)
+        else:
+            page = tl.load(page_row_ptr + kv_pos // PAGE_SIZE)
+        slot = page.to(tl.int64) * PAGE_SIZE + kv_pos % PAGE_SIZE
+        k_ptrs = k_base + slot[:, None] * stride_k_slot + offs_d[None, :]
+        v_ptrs = v_base + slot[:, None] * stride_v_slot + offs_d[None, :]
+        if MASKED:
+            k = tl.load(k_ptrs, mask=in_seq[:, None], other=0.0)
+        else:
+            k = tl.load(k_ptrs)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+        if USE_SOFTCAP:
+            # softcap * tanh(s / softcap), with tanh(x) = 2 sigmoid(2x) - 1; then to log2 units
+            s = s * qk_scale
+            s = softcap * (2.0 * tl.sigmoid(2.0 * s / softcap) - 1.0) * 1.4426950408889634
+        else:
+            s = s * qk_scale  # qk_scale already carries log2(e): exp2 below
+        if MASKED:
+            visible = (kv_pos[None, :] <= q_pos[:, None]) & in_seq[None, :]
+            if USE_WINDOW:
+                visible = visible & (kv_pos[None, :] > q_pos[:, None] - sliding_window)
+            s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        # A row that has seen no visible key keeps m = -inf; subtract 0 instead so exp2 gives 0
+        # rather than NaN (-inf - -inf).
+        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(s - m_sub[:, None])
+        alpha = tl.math.exp2(m_i - m_sub)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if MASKED:
+            v = tl.load(v_ptrs, mask=in_seq[:, None], other=0.0)
+        else:
+            v = tl.load(v_ptrs)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _paged_attention_kernel(
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    out_ptr,
+    part_out_ptr,  # fp32 [N, Hq, NUM_SPLITS, HEAD_DIM], used when NUM_SPLITS > 1
+    part_lse_ptr,  # fp32 [N, Hq, NUM_SPLITS], log2 domain
+    sinks_ptr,
+    page_table_ptr,
+    seq_lens_ptr,
+    query_lens_ptr,
+    query_start_loc_ptr,
+    num_seqs,
+    stride_page_table,
+    stride_q_tok,
+    stride_q_head,
+    stride_k_slot,
+    stride_k_head,
+    stride_v_slot,
+    stride_v_head,
+    stride_o_tok,
+    stride_o_head,
+    qk_scale,
+    softcap,
+    sliding_window,
+    NUM_Q_HEADS: tl.constexpr,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    Q_BLOCKS_PER_REQUEST: tl.constexpr,  # 0: flat layout
+    NUM_SPLITS: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
+    USE_SOFTCAP: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    if Q_BLOCKS_PER_REQUEST > 0:
+        seq = pid // Q_BLOCKS_PER_REQUEST
+        q_block = pid % Q_BLOCKS_PER_REQUEST
+    else:
+        seq = _find_request(query_start_loc_ptr, pid, num_seqs, BLOCK_Q)
+        q_block = pid - (tl.load(query_start_loc_ptr + seq) // BLOCK_Q + seq)
+    q_len = tl.load(query_lens_ptr + seq)
+    if q_block * BLOCK_Q >= q_len:
+        return  # sentinel slot, or a spare program of the static grid
+    seq_len = tl.load(seq_lens_ptr + seq)
+    q_start = tl.load(query_start_loc_ptr + seq)
+    context_len = seq_len - q_len
+
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    q_local = q_block * BLOCK_Q + offs_m // GROUP_PAD
+    head_in_group = offs_m % GROUP_PAD
+    q_head = kv_head * GROUP + head_in_group
+    head_valid = head_in_group < GROUP
+    row_valid = (q_local < q_len) & head_valid
+    q_pos = context_len + q_local
+    token = (q_start + q_local).to(tl.int64)
+    q_ptrs = q_ptr + token[:, None] * stride_q_tok + q_head[:, None] * stride_q_head
+    q = tl.load(q_ptrs + offs_d[None, :], mask=row_valid[:, None], other=0.0)
+
+    # Key range of this query block, cut into NUM_SPLITS BLOCK_N-aligned slices; inside a
+    # slice only blocks that some row cannot fully see pay for the mask. [full_lo, full_hi)
+    # holds the blocks every row of the block sees (causal and window).
+    first_pos = context_len + q_block * BLOCK_Q
+    last_pos = tl.minimum(first_pos + BLOCK_Q, seq_len) - 1
+    kv_lo = 0
+    full_lo = 0
+    if USE_WINDOW:
+        kv_lo = (tl.maximum(first_pos - sliding_window + 1, 0) // BLOCK_N) * BLOCK_N
+        full_lo = tl.cdiv(tl.maximum(last_pos - sliding_window + 1, 0), BLOCK_N) * BLOCK_N
+    kv_hi = last_pos + 1
+    full_hi = tl.maximum(((first_pos + 1) // BLOCK_N) * BLOCK_N, full_lo)
+    blocks_per_split = tl.cdiv(tl.cdiv(kv_hi - kv_lo, BLOCK_N), NUM_SPLITS)
+    split_lo = kv_lo + split * blocks_per_split * BLOCK_N
+    split_hi = tl.minimum(split_lo + blocks_per_split * BLOCK_N, kv_hi)
+
+    k_base = k_cache_ptr + kv_head * stride_k_head
+    v_base = v_cache_ptr + kv_head * stride_v_head
+    page_row_ptr = page_table_ptr + seq.to(tl.int64) * stride_page_table
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    acc, m_i, l_i = _attend_key_range(
+        acc, m_i, l_i, q, q_pos, split_lo, tl.minimum(split_hi, full_lo),
+        k_base, v_base, page_row_ptr, stride_k_slot, stride_v_slot, seq_len,
+        sliding_window, qk_scale, softcap,
+        BLOCK_N, HEAD_DIM, PAGE_SIZE, True, USE_WINDOW, USE_SOFTCAP, DOT_PRECISION,
+    )  # fmt: skip
+    acc, m_i, l_i = _attend_key_range(
+        acc, m_i, l_i, q, q_pos, tl.maximum(split_lo, full_lo), tl.minimum(split_hi, full_hi),
+        k_base, v_base, page_row_ptr, stride_k_slot, stride_v_slot, seq_len,
+        sliding_window, qk_scale, softcap,
+        BLOCK_N, HEAD_DIM, PAGE_SIZE, False, USE_WINDOW, USE_SOFTCAP, DOT_PRECISION,
+    )  # fmt: skip
+    acc, m_i, l_i = _attend_key_range(
+        acc, m_i, l_i, q, q_pos, tl.maximum(split_lo, full_hi), split_hi,
+        k_base, v_base, page_row_ptr, stride_k_slot, stride_v_slot, seq_len,
+        sliding_window, qk_scale, softcap,
+        BLOCK_N, HEAD_DIM, PAGE_SIZE, True, USE_WINDOW, USE_SOFTCAP, DOT_PRECISION,
+    )  # fmt: skip
+
+    if NUM_SPLITS == 1:
+        if HAS_SINKS:
+            # The sink logit joins the denominator only: exp(sink) adds to l, nothing to acc.
+            sink = tl.load(sinks_ptr + q_head, mask=head_valid, other=float("-inf"))
+            sink = sink.to(tl.float32) * 1.4426950408889634
+            m_fin = tl.maximum(m_i, sink)
+            m_sub = tl.where(m_fin == float("-inf"), 0.0, m_fin)
+            alpha = tl.math.exp2(m_i - m_sub)
+            l_i = l_i * alpha + tl.math.exp2(sink - m_sub)
+            acc = acc * alpha[:, None]
+        out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+        o_ptrs = out_ptr + token[:, None] * stride_o_tok + q_head[:, None] * stride_o_head
+        tl.store(
+            o_ptrs + offs_d[None, :], out.to(out_ptr.dtype.element_ty), mask=row_valid[:, None]
+        )
+    else:
+        # An empty slice (l = 0) writes lse = -inf and a zero partial; the merge ignores it.
+        part = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+        lse = tl.where(l_i > 0.0, m_i + tl.math.log2(tl.where(l_i > 0.0, l_i, 1.0)), float("-inf"))
+        row = (token * NUM_Q_HEADS + q_head) * NUM_SPLITS + split
+        tl.store(part_out_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], part,
+                 mask=row_valid[:, None])  # fmt: skip
+        tl.store(part_lse_ptr + row, lse, mask=row_valid)
+
+
+@triton.jit
+def _merge_splits_kernel(
+    out_ptr,
+    part_out_ptr,
+    part_lse_ptr,
+    sinks_ptr,
+    query_start_loc_ptr,
+    num_seqs,
+    stride_o_tok,
+    stride_o_head,
+    NUM_Q_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
+):
+    token = tl.program_id(0)
+    head = tl.program_id(1)
+    if token >= tl.load(query_start_loc_ptr + num_seqs):
+        return  # padded row: no partials were written for it
+    offs_s = tl.arange(0, NUM_SPLITS)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row0 = (token.to(tl.int64) * NUM_Q_HEADS + head) * NUM_SPLITS
+    lse = tl.load(part_lse_ptr + row0 + offs_s)
+    m = tl.max(lse, 0)
+    if HAS_SINKS:
+        sink = tl.load(sinks_ptr + head).to(tl.float32) * 1.4426950408889634
+        m = tl.maximum(m, sink)
+    weights = tl.math.exp2(lse - m)
+    denom = tl.sum(weights, 0)
+    if HAS_SINKS:
+        denom += tl.math.exp2(sink - m)
+    parts = tl.load(part_out_ptr + (row0 + offs_s)[:, None] * HEAD_DIM + offs_d[None, :])
+    out = tl.sum(parts * weights[:, None], 0) / denom
+    o_ptrs = out_ptr + token.to(tl.int64) * stride_o_tok + head * stride_o_head + offs_d
+    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty))
+
+
+@functools.lru_cache(maxsize=8)
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _next_pow2(x: int) -> int:
+    return 1 << max(x - 1, 0).bit_length()
+
+
+def choose_tiles(
+    device: torch.device,
+    num_tokens: int,
+    num_seqs: int,
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    max_query_len: int | None,
+    num_splits: int | None = None,
+) -> AttentionTiles:
+    """Launch configuration from static sizes only (graph-safe: the same for every replay)."""
+    group_pad = _next_pow2(num_q_heads // num_kv_heads)
+    on_gpu = device.type == "cuda"
+    small = max_query_len is not None and _next_pow2(max_query_len) * group_pad <= SMALL_QUERY_ROWS
+    if small:
+        block_q = _next_pow2(max_query_len)
+        block_n = 64 if on_gpu else 16
+        num_warps, num_stages = 4, 3
+    else:
+        # Extend: a 128-row tile (64 for head_dim 256, to stay within registers).
+        target_rows = (128 if head_dim <= 128 else 64) if on_gpu else 16
+        block_q = max(1, target_rows // group_pad)
+        block_n = (64 if head_dim <= 128 else 32) if on_gpu else 16
+        num_warps, num_stages = (8, 2) if block_q * group_pad >= 128 else (4, 2)
+    # tl.dot needs at least 16 rows: pad the group further when the tile is too short.
+    group_pad = max(group_pad, 16 // block_q)
+    if small:
+        programs = num_seqs * triton.cdiv(max_query_len, block_q) * num_kv_heads
+    else:
+        programs = (num_tokens // block_q + num_seqs) * num_kv_heads
+    if num_splits is None:
+        num_splits = 1
+        if on_gpu:
+            wanted = PROGRAMS_PER_SM * _sm_count(device.index or 0)
+            num_splits = min(_next_pow2(triton.cdiv(wanted, max(programs, 1))), MAX_SPLITS)
+    if num_splits & (num_splits - 1):
+        raise ValueError(f"num_splits must be a power of two, got {num_splits}")
+    return AttentionTiles(block_q, group_pad, block_n, num_splits, small, num_warps, num_stages)
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    page_size: int,
+    scale: float,
+    *,
+    sliding_window: int = 0,
+    sinks: torch.Tensor | None = None,
+    softcap: float = 0.0,
+    max_query_len: int | None = None,
+    num_splits: int | None = None,
+    tiles: AttentionTiles | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Causal attention of ``q [N, Hq, D]`` over the paged cache; returns ``[N, Hq, D]``.
+
+    ``max_query_len`` is a static upper bound on any request's query_len (1 for decode, k+1 for
+    target-verify; None for extend); tokens past it are not computed. ``sinks`` is fp32 ``[Hq]``
+    (one learned logit per head, in the denominator only); ``softcap > 0`` caps logits as
+    ``softcap * tanh(s / softcap)``; ``sliding_window > 0`` keeps keys with
+    ``pos - window < key_pos <= pos``. ``num_splits``/``tiles`` override the static launch
+    configuration (benchmarks, tests).
+    """
+    num_tokens, num_q_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[1]
+    num_seqs = seq_lens.shape[0]
+    if num_q_heads % num_kv_heads:
+        raise ValueError(f"{num_q_heads} q heads are not a multiple of {num_kv_heads} kv heads")
+    if head_dim < 16 or head_dim & (head_dim - 1):
+        raise ValueError(f"head_dim must be a power of two >= 16, got {head_dim}")
+    if q.stride(-1) != 1 or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
+        raise ValueError("q and the KV cache must be contiguous in head_dim")
+    if page_table.stride(-1) != 1:
+        raise ValueError("page_table must be contiguous in its last dim")
+    if tiles is None:
+        tiles = choose_tiles(
+            q.device, num_tokens, num_seqs, num_q_heads, num_kv_heads, head_dim, max_query_len,
+            num_splits,
+        )  # fmt: skip
+    if out is None:
+        out = torch.zeros_like(q)
+    if num_tokens == 0 or num_seqs == 0:
+        return out
+    if tiles.num_splits > 1:
+        part_out = torch.empty(
+            (num_tokens, num_q_heads, tiles.num_splits, head_dim),
+            dtype=torch.float32,
+            device=q.device,
+        )
+        part_lse = torch.empty(
+            (num_tokens, num_q_heads, tiles.num_splits), dtype=torch.float32, device=q.device
+        )
+    else:
+        part_out = part_lse = out  # unused by the kernel
+    if tiles.per_request:
+        assert max_query_len is not None
+        q_blocks_per_request = triton.cdiv(max_query_len, tiles.block_q)
+        grid0 = num_seqs * q_blocks_per_request
+    else:
+        q_blocks_per_request = 0
+        grid0 = num_tokens // tiles.block_q + num_seqs
+    use_softcap = softcap > 0.0
+    # Without softcap, fold log2(e) into the scale so the loop uses exp2 directly.
+    qk_scale = scale if use_softcap else scale * math.log2(math.e)
+    _paged_attention_kernel[(grid0, num_kv_heads, tiles.num_splits)](
+        q, k_cache, v_cache, out, part_out, part_lse,
+        sinks if sinks is not None else out,
+        page_table, seq_lens, query_lens, query_start_loc,
+        num_seqs, page_table.stride(0),
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
+        v_cache.stride(0), v_cache.stride(1), out.stride(0), out.stride(1),
+        qk_scale, float(softcap), int(sliding_window),
+        NUM_Q_HEADS=num_q_heads,
+        GROUP=num_q_heads // num_kv_heads,
+        GROUP_PAD=tiles.group_pad,
+        BLOCK_Q=tiles.block_q,
+        BLOCK_M=tiles.block_q * tiles.group_pad,
+        BLOCK_N=tiles.block_n,
+        HEAD_DIM=head_dim,
+        PAGE_SIZE=page_size,
+        Q_BLOCKS_PER_REQUEST=q_blocks_per_request,
+        NUM_SPLITS=tiles.num_splits,
+        USE_WINDOW=sliding_window > 0,
+        USE_SOFTCAP=use_softcap,
+        HAS_SINKS=sinks is not None,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=tiles.num_warps,
+        num_stages=tiles.num_stages,
+    )  # fmt: skip
+    if tiles.num_splits > 1:
+        _merge_splits_kernel[(num_tokens, num_q_heads)](
+            out, part_out, part_lse,
+            sinks if sinks is not None else out,
+            query_start_loc, num_seqs, out.stride(0), out.stride(1),
+            NUM_Q_HEADS=num_q_heads,
+            HEAD_DIM=head_dim,
+            NUM_SPLITS=tiles.num_splits,
+            HAS_SINKS=sinks is not None,
+            num_warps=4,
+        )  # fmt: skip
+    return out

@@ -1,0 +1,276 @@
+"""Fused Triton kernels for the non-GEMM work of a layer: norms, SiLU-and-mul, rope + KV store.
+
+Invariants:
+- Graph-safe: grids depend on static shapes only; nothing is read back to the host.
+- Math runs in fp32 with one rounding to the output dtype at the end. ``add_rmsnorm`` rounds
+  the sum to the residual's dtype before normalizing it, as an unfused model would see it.
+- ``rope_store_kv``: q ``[N, Hq, D]``, k/v ``[N, Hkv, D]``; ``cos_sin_cache`` is fp32
+  ``[max_positions, D]`` with cos in the first half of the last dim and sin in the second;
+  rotation pairs are (i, i + D/2) (NeoX / Hugging Face ``rotate_half``), full rotary dim.
+  q and k are updated in place (optional per-head RMSNorm first, as Qwen3's q/k-norm), then
+  k and v are written to ``k_cache``/``v_cache [num_slots, Hkv, D]`` at ``slot_mapping``;
+  slot -1 marks a padded token and is not written. Rows at or past ``num_tokens`` (a device
+  int32 ``[1]``, optional) are skipped entirely, so their positions may hold anything.
+- The torch references with the same signatures live in ``nanograph.kernels.reference``.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+def _warps_for(block: int) -> int:
+    return 4 if block <= 1024 else 8 if block <= 4096 else 16
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """[..., H] -> [rows, H] as a view (in-place outputs must alias the caller's tensor)."""
+    if x.stride(-1) != 1:
+        raise ValueError("the last dim must be contiguous")
+    return x.view(-1, x.shape[-1])
+
+
+@triton.jit
+def _rmsnorm_kernel(
+    x_ptr,
+    residual_ptr,
+    weight_ptr,
+    out_ptr,
+    stride_x,
+    stride_r,
+    stride_o,
+    hidden,
+    eps,
+    BLOCK: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < hidden
+    x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
+    if HAS_RESIDUAL:
+        r = tl.load(residual_ptr + row * stride_r + offs, mask=mask, other=0.0).to(tl.float32)
+        summed = (x + r).to(residual_ptr.dtype.element_ty)
+        tl.store(residual_ptr + row * stride_r + offs, summed, mask=mask)
+        x = summed.to(tl.float32)
+    inv_rms = tl.rsqrt(tl.sum(x * x, 0) / hidden + eps)
+    w = tl.load(weight_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * stride_o + offs, (x * inv_rms * w).to(out_ptr.dtype.element_ty),
+             mask=mask)  # fmt: skip
+
+
+def rmsnorm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, *, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``x * rsqrt(mean(x^2) + eps) * weight`` over the last dim."""
+    rows = _rows(x)
+    out = torch.empty_like(x) if out is None else out
+    out_rows = _rows(out)
+    hidden = rows.shape[1]
+    block = triton.next_power_of_2(hidden)
+    _rmsnorm_kernel[(rows.shape[0],)](
+        rows, rows, weight, out_rows, rows.stride(0), rows.stride(0), out_rows.stride(0),
+        hidden, eps, BLOCK=block, HAS_RESIDUAL=False, num_warps=_warps_for(block),
+    )  # fmt: skip
+    return out
+
+
+def add_rmsnorm(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    *,
+    out: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``residual += x`` in place; returns ``(rmsnorm(residual), residual)`` in one pass."""
+    rows = _rows(x)
+    res_rows = _rows(residual)
+    out = torch.empty_like(x) if out is None else out
+    out_rows = _rows(out)
+    hidden = rows.shape[1]
+    block = triton.next_power_of_2(hidden)
+    _rmsnorm_kernel[(rows.shape[0],)](
+        rows, res_rows, weight, out_rows, rows.stride(0), res_rows.stride(0), out_rows.stride(0),
+        hidden, eps, BLOCK=block, HAS_RESIDUAL=True, num_warps=_warps_for(block),
+    )  # fmt: skip
+    return out, residual
+
+
+@triton.jit
+def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, inter, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < inter
+    gate = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(x_ptr + row * stride_x + inter + offs, mask=mask, other=0.0).to(tl.float32)
+    y = gate * tl.sigmoid(gate) * up
+    tl.store(out_ptr + row * stride_o + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def silu_and_mul(x: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``silu(x[..., :I]) * x[..., I:]`` for ``x [..., 2I]`` (gate first, up second)."""
+    rows = _rows(x)
+    inter = rows.shape[1] // 2
+    if out is None:
+        out = torch.empty((*x.shape[:-1], inter), dtype=x.dtype, device=x.device)
+    out_rows = _rows(out)
+    block = min(triton.next_power_of_2(inter), 1024)
+    grid = (rows.shape[0], triton.cdiv(inter, block))
+    _silu_and_mul_kernel[grid](
+        rows, out_rows, rows.stride(0), out_rows.stride(0), inter, BLOCK=block, num_warps=4
+    )
+    return out
+
+
+@triton.jit
+def _norm_and_rotate(
+    base_ptr,
+    stride_head,
+    cos,
+    sin,
+    norm_ptr,
+    eps,
+    NUM_HEADS: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    HALF: tl.constexpr,
+    HAS_NORM: tl.constexpr,
+):
+    """Loads heads [BLOCK_H, D] of one token as two halves, norms, rotates; returns fp32."""
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, HALF)
+    mask = (offs_h < NUM_HEADS)[:, None]
+    ptrs = base_ptr + offs_h[:, None] * stride_head + offs_d[None, :]
+    x1 = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(ptrs + HALF, mask=mask, other=0.0).to(tl.float32)
+    if HAS_NORM:
+        inv_rms = tl.rsqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / (2 * HALF) + eps)
+        w1 = tl.load(norm_ptr + offs_d).to(tl.float32)
+        w2 = tl.load(norm_ptr + HALF + offs_d).to(tl.float32)
+        x1 = x1 * inv_rms[:, None] * w1[None, :]
+        x2 = x2 * inv_rms[:, None] * w2[None, :]
+    out1 = x1 * cos[None, :] - x2 * sin[None, :]
+    out2 = x2 * cos[None, :] + x1 * sin[None, :]
+    return out1, out2, ptrs, mask
+
+
+@triton.jit
+def _rope_store_kv_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    positions_ptr,
+    cos_sin_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    slot_mapping_ptr,
+    num_tokens_ptr,
+    q_norm_ptr,
+    k_norm_ptr,
+    stride_q_tok,
+    stride_q_head,
+    stride_k_tok,
+    stride_k_head,
+    stride_v_tok,
+    stride_v_head,
+    stride_kc_slot,
+    stride_kc_head,
+    stride_vc_slot,
+    stride_vc_head,
+    stride_cos_sin,
+    eps,
+    NUM_Q_HEADS: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    BLOCK_HQ: tl.constexpr,
+    BLOCK_HKV: tl.constexpr,
+    HALF: tl.constexpr,
+    HAS_Q_NORM: tl.constexpr,
+    HAS_K_NORM: tl.constexpr,
+    HAS_NUM_TOKENS: tl.constexpr,
+):
+    token = tl.program_id(0)
+    if HAS_NUM_TOKENS:
+        if token >= tl.load(num_tokens_ptr):
+            return
+    token = token.to(tl.int64)
+    pos = tl.load(positions_ptr + token).to(tl.int64)
+    offs_d = tl.arange(0, HALF)
+    cos = tl.load(cos_sin_ptr + pos * stride_cos_sin + offs_d)
+    sin = tl.load(cos_sin_ptr + pos * stride_cos_sin + HALF + offs_d)
+
+    q1, q2, q_ptrs, q_mask = _norm_and_rotate(
+        q_ptr + token * stride_q_tok, stride_q_head, cos, sin, q_norm_ptr, eps,
+        NUM_Q_HEADS, BLOCK_HQ, HALF, HAS_Q_NORM,
+    )  # fmt: skip
+    tl.store(q_ptrs, q1.to(q_ptr.dtype.element_ty), mask=q_mask)
+    tl.store(q_ptrs + HALF, q2.to(q_ptr.dtype.element_ty), mask=q_mask)
+
+    k1, k2, k_ptrs, kv_mask = _norm_and_rotate(
+        k_ptr + token * stride_k_tok, stride_k_head, cos, sin, k_norm_ptr, eps,
+        NUM_KV_HEADS, BLOCK_HKV, HALF, HAS_K_NORM,
+    )  # fmt: skip
+    tl.store(k_ptrs, k1.to(k_ptr.dtype.element_ty), mask=kv_mask)
+    tl.store(k_ptrs + HALF, k2.to(k_ptr.dtype.element_ty), mask=kv_mask)
+
+    slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
+    offs_h = tl.arange(0, BLOCK_HKV)
+    # slot -1: a padded token, whose KV is not stored
+    # (the slot test is made per head, not on a scalar: the interpreter rejects scalar masks)
+    write = ((offs_h < NUM_KV_HEADS) & (tl.zeros([BLOCK_HKV], tl.int64) + slot >= 0))[:, None]
+    kc_ptrs = k_cache_ptr + slot * stride_kc_slot + offs_h[:, None] * stride_kc_head
+    kc_ptrs += offs_d[None, :]
+    tl.store(kc_ptrs, k1.to(k_cache_ptr.dtype.element_ty), mask=write)
+    tl.store(kc_ptrs + HALF, k2.to(k_cache_ptr.dtype.element_ty), mask=write)
+    v_ptrs = v_ptr + token * stride_v_tok + offs_h[:, None] * stride_v_head + offs_d[None, :]
+    vc_ptrs = v_cache_ptr + slot * stride_vc_slot + offs_h[:, None] * stride_vc_head
+    vc_ptrs += offs_d[None, :]
+    for half in tl.static_range(2):
+        v = tl.load(v_ptrs + half * HALF, mask=write, other=0.0)
+        tl.store(vc_ptrs + half * HALF, v.to(v_cache_ptr.dtype.element_ty), mask=write)
+
+
+def rope_store_kv(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    *,
+    q_norm_weight: torch.Tensor | None = None,
+    k_norm_weight: torch.Tensor | None = None,
+    eps: float = 1e-6,
+    num_tokens: torch.Tensor | None = None,
+) -> None:
+    """In place: optional q/k RMSNorm, rotary on q and k; then k, v -> cache at slot_mapping."""
+    num_rows, num_q_heads, head_dim = q.shape
+    num_kv_heads = k.shape[1]
+    if head_dim % 2 or (head_dim // 2) & (head_dim // 2 - 1):
+        raise ValueError(f"head_dim must be a power of two, got {head_dim}")
+    for name, t in (("q", q), ("k", k), ("v", v), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name} must be contiguous in head_dim")
+    if num_rows == 0:
+        return
+    _rope_store_kv_kernel[(num_rows,)](
+        q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
+        num_tokens if num_tokens is not None else slot_mapping,
+        q_norm_weight if q_norm_weight is not None else cos_sin_cache,
+        k_norm_weight if k_norm_weight is not None else cos_sin_cache,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
+        cos_sin_cache.stride(0), eps,
+        NUM_Q_HEADS=num_q_heads,
+        NUM_KV_HEADS=num_kv_heads,
+        BLOCK_HQ=triton.next_power_of_2(num_q_heads),
+        BLOCK_HKV=triton.next_power_of_2(num_kv_heads),
+        HALF=head_dim // 2,
+        HAS_Q_NORM=q_norm_weight is not None,
+        HAS_K_NORM=k_norm_weight is not None,
+        HAS_NUM_TOKENS=num_tokens is not None,
+        num_warps=4,
+    )  # fmt: skip

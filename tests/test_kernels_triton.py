@@ -1,0 +1,299 @@
+"""The Triton kernels under TRITON_INTERPRET=1 (CPU) against float64 torch references.
+
+TRITON_INTERPRET is read when a kernel is decorated, i.e. when ``nanograph.kernels.attention``
+or ``.fused`` is imported, so it is set here before they are imported (and they are reloaded if
+something imported them earlier). On a machine with CUDA this module is skipped: tests/gpu run
+the compiled kernels there, and setting the variable would turn them into interpreted ones.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+import pytest
+import torch
+
+if torch.cuda.is_available():
+    pytest.skip("CUDA present: tests/gpu cover the compiled kernels", allow_module_level=True)
+os.environ.setdefault("TRITON_INTERPRET", "1")
+pytest.importorskip("triton")
+
+
+def _import_interpreted(name: str):
+    already = name in sys.modules
+    module = importlib.import_module(name)
+    return importlib.reload(module) if already else module
+
+
+attention = _import_interpreted("nanograph.kernels.attention")
+fused = _import_interpreted("nanograph.kernels.fused")
+from nanograph.kernels import reference  # noqa: E402
+from nanograph.kernels.testing import make_paged_batch  # noqa: E402
+
+TOLERANCE = {torch.float32: 2e-4, torch.float16: 3e-3, torch.bfloat16: 3e-2}
+
+
+def _f64(t: torch.Tensor | None) -> torch.Tensor | None:
+    return t.double() if t is not None and t.is_floating_point() else t
+
+
+def _check_attention(batch, dtype: torch.dtype, **kwargs) -> None:
+    scale = batch.q.shape[-1] ** -0.5
+    args = (batch.q, batch.k_cache, batch.v_cache, *batch.metadata(), batch.page_size, scale)
+    got = attention.paged_attention(*args, **kwargs)
+    ref_kwargs = {k: _f64(v) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+    want = reference.paged_attention(*[_f64(a) for a in args[:3]], *args[3:], **ref_kwargs)
+    real = int(batch.num_tokens[0])
+    torch.testing.assert_close(
+        got[:real].double(), want[:real], atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype]
+    )
+    assert torch.all(got[real:] == 0), "padded rows must not be written"
+
+
+def _batch(contexts, queries, *, q_heads=4, kv_heads=2, head_dim=16, page_size=4, dtype=None,
+           sentinels=2, pad=3, seed=0):  # fmt: skip
+    return make_paged_batch(
+        contexts,
+        queries,
+        num_q_heads=q_heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        page_size=page_size,
+        dtype=dtype or torch.float32,
+        num_sentinels=sentinels,
+        padded_tokens=sum(queries) + pad,
+        generator=torch.Generator().manual_seed(seed),
+    )
+
+
+# -- paged attention: extend (flat grid) ------------------------------------------------------
+
+
+@pytest.mark.parametrize("num_splits", [1, 4])
+def test_extend_mixed_prefix_lengths_and_sentinels(num_splits):
+    # a fresh prompt, prefixes that end mid-page and mid-block, a one-token extend, a long one
+    batch = _batch([0, 5, 13, 37], [7, 3, 1, 20])
+    _check_attention(batch, torch.float32, num_splits=num_splits)
+
+
+@pytest.mark.parametrize(
+    ("q_heads", "kv_heads", "head_dim", "page_size", "dtype"),
+    [
+        (6, 2, 32, 3, torch.float16),  # group 3 (padded to 4), odd page size
+        (2, 2, 16, 8, torch.float32),  # plain MHA
+        (8, 1, 16, 1, torch.float32),  # MQA, token-granular pages
+        # no bf16 here: the interpreter's tl.dot misreads bf16 operands (triton 3.9); tests/gpu
+        # cover bf16 with the compiled kernel
+    ],
+)
+def test_extend_head_layouts_and_dtypes(q_heads, kv_heads, head_dim, page_size, dtype):
+    batch = _batch([9, 0, 21], [6, 11, 2], q_heads=q_heads, kv_heads=kv_heads,
+                   head_dim=head_dim, page_size=page_size, dtype=dtype, seed=1)  # fmt: skip
+    _check_attention(batch, dtype)
+
+
+@pytest.mark.parametrize(
+    "features",
+    [
+        {"sliding_window": 5},
+        {"sliding_window": 19, "num_splits": 2},
+        {"sinks": "random"},
+        {"softcap": 3.0},
+        {"sliding_window": 7, "sinks": "random", "softcap": 5.0, "num_splits": 4},
+    ],
+    ids=["window", "window-split", "sinks", "softcap", "all-split"],
+)
+def test_extend_model_features(features):
+    batch = _batch([0, 30, 12], [17, 4, 9], seed=2)
+    kwargs = dict(features)
+    if kwargs.get("sinks") == "random":
+        kwargs["sinks"] = torch.randn(4, generator=torch.Generator().manual_seed(3)) * 2
+    _check_attention(batch, torch.float32, **kwargs)
+
+
+# -- paged attention: decode and target-verify (per-request grid) -----------------------------
+
+
+@pytest.mark.parametrize("num_splits", [1, 8])
+def test_decode(num_splits):
+    contexts = [0, 3, 16, 47, 8, 29]  # 0: the first generated token sees only itself
+    batch = _batch(contexts, [1] * len(contexts), sentinels=3, seed=4)
+    _check_attention(batch, torch.float32, max_query_len=1, num_splits=num_splits)
+
+
+@pytest.mark.parametrize(
+    "features",
+    [{"sliding_window": 6}, {"sinks": "random"}, {"softcap": 2.5, "sliding_window": 20}],
+    ids=["window", "sinks", "softcap-window"],
+)
+def test_decode_model_features_split(features):
+    contexts = [2, 40, 17, 33]
+    batch = _batch(contexts, [1] * len(contexts), q_heads=6, kv_heads=2, seed=5)
+    kwargs = dict(features)
+    if kwargs.get("sinks") == "random":
+        kwargs["sinks"] = torch.randn(6, generator=torch.Generator().manual_seed(6)) * 2
+    _check_attention(batch, torch.float32, max_query_len=1, num_splits=4, **kwargs)
+
+
+@pytest.mark.parametrize("num_splits", [1, 2])
+def test_target_verify(num_splits):
+    # k+1 = 4 draft-check tokens per request; one request carries fewer (end of a budget)
+    batch = _batch([12, 0, 25, 5], [4, 4, 2, 4], seed=7)
+    _check_attention(batch, torch.float32, max_query_len=4, num_splits=num_splits)
+
+
+def test_preallocated_out_keeps_padded_rows():
+    batch = _batch([3, 10], [2, 5], seed=8)
+    out = torch.full_like(batch.q, 7.0)
+    scale = 0.25
+    args = (batch.q, batch.k_cache, batch.v_cache, *batch.metadata(), batch.page_size, scale)
+    result = attention.paged_attention(*args, out=out)
+    assert result is out
+    assert torch.all(out[7:] == 7.0)
+    want = reference.paged_attention(*[_f64(a) for a in args[:3]], *args[3:])
+    torch.testing.assert_close(out[:7].double(), want[:7], atol=2e-4, rtol=2e-4)
+
+
+def test_only_sentinels_is_a_no_op():
+    batch = _batch([], [], sentinels=4, pad=5)
+    out = attention.paged_attention(
+        batch.q, batch.k_cache, batch.v_cache, *batch.metadata(), batch.page_size, 1.0,
+        max_query_len=1, num_splits=2,
+    )  # fmt: skip
+    assert torch.all(out == 0)
+
+
+def test_tiles_depend_only_on_static_sizes():
+    cpu = torch.device("cpu")
+    decode = attention.choose_tiles(cpu, 64, 64, 32, 8, 128, max_query_len=1)
+    extend = attention.choose_tiles(cpu, 64, 4, 32, 8, 128, max_query_len=None)
+    assert decode.per_request and not extend.per_request
+    assert decode.block_q * decode.group_pad >= 16 and extend.block_q * extend.group_pad >= 16
+    with pytest.raises(ValueError, match="power of two"):
+        attention.choose_tiles(cpu, 8, 8, 4, 2, 16, max_query_len=1, num_splits=3)
+
+
+# -- fused elementwise kernels ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rmsnorm_and_add_rmsnorm(dtype):
+    gen = torch.Generator().manual_seed(10)
+    x = torch.randn(5, 48, generator=gen).to(dtype)  # hidden not a power of two
+    residual = torch.randn(5, 48, generator=gen).to(dtype)
+    weight = torch.randn(48, generator=gen).to(dtype)
+    tol = TOLERANCE[dtype]
+    torch.testing.assert_close(
+        fused.rmsnorm(x, weight, 1e-6), reference.rmsnorm(x, weight, 1e-6), atol=tol, rtol=tol
+    )
+    res_kernel, res_ref = residual.clone(), residual.clone()
+    normed, returned = fused.add_rmsnorm(x, res_kernel, weight, 1e-6)
+    want, _ = reference.add_rmsnorm(x, res_ref, weight, 1e-6)
+    assert returned is res_kernel
+    # residual updated in place; the interpreter truncates fp32 -> bf16 where the GPU rounds to
+    # nearest, hence one bf16 ulp of slack here (tests/gpu check it exactly)
+    ulp = 2.0**-7 if dtype == torch.bfloat16 else 0.0
+    torch.testing.assert_close(res_kernel, res_ref, atol=0, rtol=ulp)
+    torch.testing.assert_close(normed, want, atol=tol, rtol=tol)
+
+
+def test_silu_and_mul():
+    x = torch.randn(3, 2, 80, generator=torch.Generator().manual_seed(11))
+    out = fused.silu_and_mul(x)
+    assert out.shape == (3, 2, 40)
+    torch.testing.assert_close(out, reference.silu_and_mul(x), atol=1e-6, rtol=1e-5)
+
+
+def _rope_table(head_dim: int, max_positions: int) -> torch.Tensor:
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    freqs = torch.outer(torch.arange(max_positions, dtype=torch.float64), inv_freq)
+    return torch.cat([freqs.cos(), freqs.sin()], dim=-1).float()
+
+
+def _hf_rope(x: torch.Tensor, positions: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """Hugging Face's apply_rotary_pos_emb: x * cos + rotate_half(x) * sin, float64."""
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    emb = torch.outer(positions.double(), inv_freq).repeat(1, 2)[:, None, :]
+    half = head_dim // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * emb.cos() + rotated * emb.sin()
+
+
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_rope_store_kv(qk_norm):
+    gen = torch.Generator().manual_seed(12)
+    rows, q_heads, kv_heads, head_dim = 7, 6, 2, 32
+    q = torch.randn(rows, q_heads, head_dim, generator=gen)
+    k = torch.randn(rows, kv_heads, head_dim, generator=gen)
+    v = torch.randn(rows, kv_heads, head_dim, generator=gen)
+    positions = torch.tensor([0, 5, 6, 31, 2, 0, 0])
+    slots = torch.tensor([4, 9, 10, 0, 17, -1, -1])  # the last two rows are padding
+    q_norm = torch.randn(head_dim, generator=gen) if qk_norm else None
+    k_norm = torch.randn(head_dim, generator=gen) if qk_norm else None
+    table = _rope_table(head_dim, 40)
+    caches = [torch.full((20, kv_heads, head_dim), float("nan")) for _ in range(4)]
+    q_kernel, k_kernel, q_ref, k_ref = q.clone(), k.clone(), q.clone(), k.clone()
+    fused.rope_store_kv(q_kernel, k_kernel, v, positions, table, caches[0], caches[1], slots,
+                        q_norm_weight=q_norm, k_norm_weight=k_norm)  # fmt: skip
+    reference.rope_store_kv(q_ref, k_ref, v, positions, table, caches[2], caches[3], slots,
+                            q_norm_weight=q_norm, k_norm_weight=k_norm)  # fmt: skip
+    for got, want in [(q_kernel, q_ref), (k_kernel, k_ref)]:
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    for got, want in [(caches[0], caches[2]), (caches[1], caches[3])]:
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5, equal_nan=True)
+    written = slots[slots >= 0]
+    untouched = torch.ones(20, dtype=torch.bool)
+    untouched[written] = False
+    assert torch.all(caches[0][untouched].isnan()), "slot -1 rows must not be written"
+    torch.testing.assert_close(caches[1][written], v[:5])
+    if not qk_norm:  # the plain case against Hugging Face's formula directly
+        torch.testing.assert_close(q_kernel.double(), _hf_rope(q.double(), positions, head_dim),
+                                   atol=1e-5, rtol=1e-5)  # fmt: skip
+
+
+def test_rope_store_kv_skips_rows_past_num_tokens():
+    gen = torch.Generator().manual_seed(13)
+    q = torch.randn(4, 2, 16, generator=gen)
+    k = torch.randn(4, 1, 16, generator=gen)
+    v = torch.randn(4, 1, 16, generator=gen)
+    positions = torch.tensor([1, 2, 10_000, -5])  # garbage positions in padded rows
+    slots = torch.tensor([0, 1, 2, 3])
+    k_cache = torch.zeros(4, 1, 16)
+    v_cache = torch.zeros(4, 1, 16)
+    q_before = q.clone()
+    fused.rope_store_kv(q, k, v, positions, _rope_table(16, 8), k_cache, v_cache, slots,
+                        num_tokens=torch.tensor([2], dtype=torch.int32))  # fmt: skip
+    assert torch.equal(q[2:], q_before[2:])
+    assert torch.all(k_cache[2:] == 0) and torch.all(v_cache[2:] == 0)
+    assert not torch.equal(q[:2], q_before[:2])
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_batches(seed):
+    """Random lengths, head layouts and features; decode/verify/extend chosen by the lengths."""
+    gen = torch.Generator().manual_seed(100 + seed)
+
+    def pick(options):
+        return options[int(torch.randint(len(options), (1,), generator=gen))]
+
+    kv_heads, group = pick([1, 2]), pick([1, 2, 3, 4])
+    num_requests = int(torch.randint(1, 6, (1,), generator=gen))
+    max_query = pick([1, 3, 16])
+    contexts = torch.randint(0, 40, (num_requests,), generator=gen).tolist()
+    queries = torch.randint(1, max_query + 1, (num_requests,), generator=gen).tolist()
+    batch = make_paged_batch(
+        contexts, queries, num_q_heads=kv_heads * group, num_kv_heads=kv_heads,
+        head_dim=pick([16, 32]), page_size=pick([1, 4, 5, 16]),
+        num_sentinels=pick([0, 2]), padded_tokens=sum(queries) + pick([0, 4]), generator=gen,
+    )  # fmt: skip
+    kwargs = {
+        "sliding_window": pick([0, 0, 4, 25]),
+        "softcap": pick([0.0, 0.0, 4.0]),
+        "num_splits": pick([1, 2, 8]),
+        "max_query_len": pick([None, max_query]),
+    }
+    if pick([False, True]):
+        kwargs["sinks"] = torch.randn(kv_heads * group, generator=gen)
+    _check_attention(batch, torch.float32, **kwargs)
