@@ -1,0 +1,302 @@
+"""GGUF loading: SmolLM2's config and every dequantised weight against transformers' own GGUF
+loader; synthetic GGUFs (written with ``gguf.GGUFWriter``) for qwen2/qwen3, llama3 rope scaling,
+quant types and the bad-file errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import requires_smollm2, smollm2_gguf
+
+from nanograph.loader import ModelLoadError, iter_gguf_weights, read_gguf_config
+from nanograph.loader.gguf import llama3_rope_factors, unpermute_qk
+from nanograph.loader.presets import PRESET_CONFIGS
+from nanograph.models.config import ModelConfig, RopeScaling
+
+gguf = pytest.importorskip("gguf")
+
+
+@pytest.fixture(scope="module")
+def transformers_smollm2_state():
+    """transformers' float32 state dict of the SmolLM2 GGUF (its own dequantise + un-permute)."""
+    from transformers import AutoModelForCausalLM
+
+    path = smollm2_gguf()
+    model = AutoModelForCausalLM.from_pretrained(
+        path.parent, gguf_file=path.name, local_files_only=True, dtype=torch.float32
+    )
+    return model.state_dict()
+
+
+@requires_smollm2
+def test_smollm2_config():
+    config = read_gguf_config(smollm2_gguf())
+    assert config == ModelConfig.from_hf_dict(PRESET_CONFIGS["smollm2-135m"])
+    assert (config.architecture, config.hidden_size, config.num_hidden_layers) == ("llama", 576, 30)
+    assert (config.num_attention_heads, config.num_key_value_heads, config.head_dim) == (9, 3, 64)
+    assert config.tie_word_embeddings and config.rms_norm_eps == 1e-5
+    assert config.rope_theta == 100000.0 and config.rope_scaling.kind == "none"
+    assert (config.bos_token_id, config.eos_token_ids) == (1, (2,))
+
+
+@requires_smollm2
+def test_smollm2_weights_match_transformers(transformers_smollm2_state):
+    ours = dict(iter_gguf_weights(smollm2_gguf()))
+    # transformers lists the tied head as its own key; the GGUF (and we) have it once
+    assert set(ours) == set(transformers_smollm2_state) - {"lm_head.weight"}
+    for name, tensor in ours.items():
+        torch.testing.assert_close(
+            tensor.float(), transformers_smollm2_state[name], rtol=0, atol=0, msg=name
+        )
+
+
+# ---- synthetic files ------------------------------------------------------------------------
+
+
+def llama_cpp_permute(weights: np.ndarray, n_head: int) -> np.ndarray:
+    """``LlamaModel.permute`` from llama.cpp's convert_hf_to_gguf.py, verbatim in numpy."""
+    return (
+        weights.reshape(n_head, 2, weights.shape[0] // n_head // 2, *weights.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weights.shape)
+    )
+
+
+def random_hf_weights(config: ModelConfig, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    h, i, d = config.hidden_size, config.intermediate_size, config.head_dim
+    q, kv = config.num_attention_heads * d, config.num_key_value_heads * d
+    shapes = {"model.embed_tokens.weight": (config.vocab_size, h), "model.norm.weight": (h,)}
+    if not config.tie_word_embeddings:
+        shapes["lm_head.weight"] = (config.vocab_size, h)
+    for layer in range(config.num_hidden_layers):
+        p = f"model.layers.{layer}."
+        shapes |= {
+            p + "self_attn.q_proj.weight": (q, h),
+            p + "self_attn.k_proj.weight": (kv, h),
+            p + "self_attn.v_proj.weight": (kv, h),
+            p + "self_attn.o_proj.weight": (h, q),
+            p + "mlp.gate_proj.weight": (i, h),
+            p + "mlp.up_proj.weight": (i, h),
+            p + "mlp.down_proj.weight": (h, i),
+            p + "input_layernorm.weight": (h,),
+            p + "post_attention_layernorm.weight": (h,),
+        }
+        if config.attention_bias:
+            sizes = {"q": q, "k": kv, "v": kv}
+            shapes |= {p + f"self_attn.{x}_proj.bias": (n,) for x, n in sizes.items()}
+        if config.qk_norm:
+            shapes |= {p + "self_attn.q_norm.weight": (d,), p + "self_attn.k_norm.weight": (d,)}
+    return {name: rng.standard_normal(shape).astype(np.float32) for name, shape in shapes.items()}
+
+
+def write_gguf(
+    path: Path,
+    config: ModelConfig,
+    weights: dict[str, np.ndarray],
+    *,
+    quant: dict[str, object] | None = None,
+    arch: str | None = None,
+    extra: dict[str, np.ndarray] | None = None,
+) -> Path:
+    """Writes ``weights`` (HF names) the way llama.cpp's converter would: gguf's own name map,
+    q/k rows permuted for the llama architecture, metadata keys from ``gguf.Keys``."""
+    arch = arch or config.architecture
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_key_length(config.head_dim)
+    writer.add_value_length(config.head_dim)
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_rope_freq_base(config.rope_theta)
+    writer.add_bos_token_id(7)
+    writer.add_eos_token_id(3)
+    writer.add_eot_token_id(5)
+    arch_enum = next((k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch), None)
+    name_map = gguf.get_tensor_name_map(arch_enum or gguf.MODEL_ARCH.LLAMA, 64)
+    quant = quant or {}
+    for name, w in weights.items():
+        base, suffix = name.rsplit(".", 1)
+        if arch == "llama" and (".q_proj." in name or ".k_proj." in name):
+            heads = config.num_attention_heads if ".q_proj." in name else config.num_key_value_heads
+            w = llama_cpp_permute(w, heads)
+        gguf_name = f"{name_map.get_name(base)}.{suffix}"
+        qtype = quant.get(name, gguf.GGMLQuantizationType.F32)
+        if qtype == gguf.GGMLQuantizationType.F32:
+            writer.add_tensor(gguf_name, w)
+        elif qtype == gguf.GGMLQuantizationType.F16:
+            writer.add_tensor(gguf_name, w.astype(np.float16))
+        else:
+            writer.add_tensor(gguf_name, gguf.quants.quantize(w, qtype), raw_dtype=qtype)
+    for name, w in (extra or {}).items():
+        writer.add_tensor(name, w)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+TINY = dict(
+    vocab_size=64,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=256,
+    rms_norm_eps=1e-6,
+    rope_theta=10000.0,
+    bos_token_id=7,
+    eos_token_ids=(3, 5),
+)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        ModelConfig(architecture="llama", **TINY, tie_word_embeddings=False),
+        ModelConfig(architecture="qwen2", **TINY, tie_word_embeddings=True, attention_bias=True),
+        ModelConfig(architecture="qwen3", **TINY, tie_word_embeddings=False, qk_norm=True),
+        # llama with q/k biases: the bias rows are permuted too
+        ModelConfig(architecture="llama", **TINY, tie_word_embeddings=True, attention_bias=True),
+    ],
+    ids=["llama", "qwen2-bias-tied", "qwen3-qknorm", "llama-bias"],
+)
+def test_synthetic_round_trip(tmp_path, config):
+    weights = random_hf_weights(config)
+    path = write_gguf(tmp_path / "m.gguf", config, weights)
+    assert read_gguf_config(path) == config
+    ours = dict(iter_gguf_weights(path))
+    assert set(ours) == set(weights)
+    for name, w in weights.items():
+        assert torch.equal(ours[name], torch.from_numpy(w)), name
+
+
+def test_quant_types(tmp_path):
+    config = ModelConfig(architecture="llama", **TINY)
+    weights = random_hf_weights(config)
+    q = "model.layers.0.self_attn.q_proj.weight"
+    types = gguf.GGMLQuantizationType
+    quant = {
+        q: types.Q8_0,
+        "model.layers.0.self_attn.k_proj.weight": types.Q4_0,
+        "model.layers.0.mlp.up_proj.weight": types.BF16,
+        "model.layers.1.mlp.up_proj.weight": types.F16,
+    }
+    path = write_gguf(tmp_path / "m.gguf", config, weights, quant=quant)
+    ours = dict(iter_gguf_weights(path))
+    assert ours["model.layers.1.mlp.up_proj.weight"].dtype == torch.float16
+    for name, qtype in quant.items():
+        w = weights[name]
+        if name.endswith(("q_proj.weight", "k_proj.weight")):
+            heads = config.num_attention_heads if "q_proj" in name else config.num_key_value_heads
+            # quantisation blocks run along the permuted rows: quantise as the converter did
+            expected = gguf.quants.dequantize(
+                gguf.quants.quantize(llama_cpp_permute(w, heads), qtype), qtype
+            )
+            expected = unpermute_qk(torch.from_numpy(expected), heads)
+        else:
+            expected = torch.from_numpy(
+                gguf.quants.dequantize(gguf.quants.quantize(w, qtype), qtype)
+            )
+        torch.testing.assert_close(ours[name].float(), expected.float(), rtol=0, atol=0)
+        # and the quantisation error is what the format allows
+        assert (ours[name].float() - torch.from_numpy(w)).abs().max() < 0.5
+
+
+def test_llama3_rope_scaling_from_rope_freqs(tmp_path):
+    scaling = RopeScaling(
+        kind="llama3",
+        factor=8.0,
+        low_freq_factor=1.0,
+        high_freq_factor=4.0,
+        original_max_position_embeddings=8192,
+    )
+    # Llama 3.1's head_dim and theta, so the ramp has real points
+    config = ModelConfig(
+        architecture="llama", **(TINY | dict(head_dim=128, hidden_size=512, rope_theta=500000.0))
+    ).replace(rope_scaling=scaling)
+    factors = llama3_rope_factors(config.head_dim, config.rope_theta, scaling).astype(np.float32)
+    path = write_gguf(
+        tmp_path / "m.gguf",
+        config,
+        random_hf_weights(config),
+        extra={"rope_freqs.weight": factors},
+    )
+    assert read_gguf_config(path).rope_scaling == scaling
+    assert "rope_freqs.weight" not in dict(iter_gguf_weights(path))
+
+
+def test_llama3_rope_scaling_other_factors(tmp_path):
+    scaling = RopeScaling(
+        kind="llama3", factor=32.0, low_freq_factor=2.0, high_freq_factor=8.0
+    )  # unusual values: recovered by the fit, not by the defaults
+    config = ModelConfig(
+        architecture="llama", **(TINY | dict(head_dim=128, hidden_size=512, rope_theta=500000.0))
+    )
+    factors = llama3_rope_factors(128, 500000.0, scaling).astype(np.float32)
+    weights = random_hf_weights(config)
+    path = write_gguf(tmp_path / "m.gguf", config, weights, extra={"rope_freqs.weight": factors})
+    assert read_gguf_config(path).rope_scaling == scaling
+    bad = write_gguf(
+        tmp_path / "bad.gguf",
+        config,
+        weights,
+        extra={"rope_freqs.weight": np.linspace(1, 3, 64, dtype=np.float32)[::-1].copy()},
+    )
+    with pytest.raises(ModelLoadError, match="rope_freqs.weight does not follow llama3"):
+        read_gguf_config(bad)
+
+
+# ---- errors ---------------------------------------------------------------------------------
+
+
+def test_unsupported_architecture(tmp_path):
+    config = ModelConfig(architecture="llama", **TINY)
+    path = write_gguf(tmp_path / "m.gguf", config, random_hf_weights(config), arch="gemma2")
+    with pytest.raises(ModelLoadError, match=r"'gemma2' is not supported.*llama, qwen2, qwen3"):
+        read_gguf_config(path)
+
+
+def test_unsupported_quant_type(tmp_path):
+    config = ModelConfig(architecture="qwen3", **TINY, qk_norm=True)
+    weights = random_hf_weights(config)
+    up = weights.pop("model.layers.1.mlp.up_proj.weight")
+    # I8 is a GGUF storage type the gguf package does not dequantise
+    path = write_gguf(
+        tmp_path / "m.gguf", config, weights, extra={"blk.1.ffn_up.weight": up.astype(np.int8)}
+    )
+    with pytest.raises(ModelLoadError, match=r"blk\.1\.ffn_up\.weight uses quantisation I8"):
+        list(iter_gguf_weights(path))
+
+
+def test_not_a_gguf(tmp_path):
+    path = tmp_path / "fake.gguf"
+    path.write_bytes(b"not a gguf at all")
+    with pytest.raises(ModelLoadError, match="not a GGUF file"):
+        read_gguf_config(path)
+    truncated = tmp_path / "truncated.gguf"
+    truncated.write_bytes(b"GGUF\x03\x00\x00\x00")
+    with pytest.raises(ModelLoadError, match="not a readable GGUF file"):
+        read_gguf_config(truncated)
+
+
+def test_unknown_tensor(tmp_path):
+    config = ModelConfig(architecture="llama", **TINY)
+    path = write_gguf(
+        tmp_path / "m.gguf",
+        config,
+        random_hf_weights(config),
+        extra={"blk.0.attn_sinks.weight": np.zeros(4, np.float32)},
+    )
+    with pytest.raises(ModelLoadError, match="attn_sinks.weight' has no counterpart"):
+        list(iter_gguf_weights(path))
