@@ -187,13 +187,16 @@ def _paged_attention_kernel(
     HAS_SINKS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    pid = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     if Q_BLOCKS_PER_REQUEST > 0:
+        pid = tl.program_id(0)
         seq = pid // Q_BLOCKS_PER_REQUEST
         q_block = pid % Q_BLOCKS_PER_REQUEST
     else:
+        # Reversed: the last blocks of a request see the most keys; launching them first keeps
+        # the long programs off the tail of the grid.
+        pid = tl.num_programs(0) - 1 - tl.program_id(0)
         seq = _find_request(query_start_loc_ptr, pid, num_seqs, BLOCK_Q)
         q_block = pid - (tl.load(query_start_loc_ptr + seq) // BLOCK_Q + seq)
     q_len = tl.load(query_lens_ptr + seq)
@@ -457,7 +460,8 @@ def paged_attention(
         USE_WINDOW=sliding_window > 0,
         USE_SOFTCAP=use_softcap,
         HAS_SINKS=sinks is not None,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        # fp32 inputs: exact products (tests, references); 16-bit inputs: the default
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
     )  # fmt: skip

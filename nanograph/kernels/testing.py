@@ -77,19 +77,27 @@ def make_paged_batch(
         starts.append(starts[-1] + q_len)
     starts += [real_tokens] * num_sentinels
 
+    # Values are drawn on the target device (a 128 x 2k-token cache is 10^8 numbers per tensor),
+    # from a generator seeded by the host one so a batch is reproducible.
+    data_gen = torch.Generator(device=device).manual_seed(
+        int(torch.randint(2**62, (1,), generator=gen))
+    )
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(shape, generator=data_gen, device=device).to(dtype)
+
     num_cache_slots = total_pages * page_size
-    shape = (num_cache_slots, num_kv_heads, head_dim)
-    k_cache = torch.randn(shape, generator=gen).to(dtype)
-    v_cache = torch.randn(shape, generator=gen).to(dtype)
-    q = torch.randn((n, num_q_heads, head_dim), generator=gen).to(dtype)
+    k_cache = randn(num_cache_slots, num_kv_heads, head_dim)
+    v_cache = randn(num_cache_slots, num_kv_heads, head_dim)
+    q = randn(n, num_q_heads, head_dim)
 
     def int32(values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.int32, device=device)
 
     return PagedBatch(
-        q=q.to(device),
-        k_cache=k_cache.to(device),
-        v_cache=v_cache.to(device),
+        q=q,
+        k_cache=k_cache,
+        v_cache=v_cache,
         page_table=page_table.to(device),
         seq_lens=int32(seq_lens + [0] * num_sentinels),
         query_lens=int32(list(query_lens) + [0] * num_sentinels),

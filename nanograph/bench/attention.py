@@ -1,0 +1,273 @@
+"""``nanograph bench attention``: the Triton paged-attention kernel against torch's SDPA flash.
+
+Cases (qwen3-8b's head layout: 32 q heads, 8 kv heads, head_dim 128, bf16, page size 16):
+- extend: 1 request x 8192 new tokens, 32 requests x 256 (no prefix), reported in TFLOP/s;
+- decode: 1 request at 32k context, 128 requests at 2k, reported in GB/s of KV read.
+SDPA runs the same work on contiguous K/V (extend: K/V expanded to the q heads, causal; decode:
+``enable_gqa``), so the gap is the price of paging plus kernel quality. Ceilings are the H200's
+measured ~790 TFLOP/s bf16 dense and ~4.3 TB/s copy; the copy bandwidth of this device is also
+measured here. Times are medians of ``triton.testing.do_bench`` samples (L2 flushed between
+runs). ``--sweep`` additionally times a grid of launch configurations per case (for tuning
+``choose_tiles``). Writes JSON: device, versions, commit, config, every sample, medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from nanograph.kernels.testing import PagedBatch, make_paged_batch
+
+HEADS = {"num_q_heads": 32, "num_kv_heads": 8, "head_dim": 128}
+PAGE_SIZE = 16
+CEILING_TFLOPS = 790.0  # H200 bf16 dense, measured
+CEILING_GBPS = 4300.0  # H200 device copy, measured
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    kind: str  # "extend" or "decode"
+    requests: int
+    context: int  # cached tokens before this forward
+    new_tokens: int  # per request
+
+    @property
+    def seq_len(self) -> int:
+        return self.context + self.new_tokens
+
+    def flops(self) -> float:
+        # causal: query i of a request sees context + i + 1 keys; 2 matmuls x 2 flop per MAC
+        keys = sum(self.context + i + 1 for i in range(self.new_tokens)) * self.requests
+        return 4.0 * keys * HEADS["num_q_heads"] * HEADS["head_dim"]
+
+    def kv_bytes(self) -> float:
+        return 2.0 * self.requests * self.seq_len * HEADS["num_kv_heads"] * HEADS["head_dim"] * 2
+
+
+CASES = (
+    Case("extend_1x8192", "extend", 1, 0, 8192),
+    Case("extend_32x256", "extend", 32, 0, 256),
+    Case("decode_1x32k", "decode", 1, 32767, 1),
+    Case("decode_128x2k", "decode", 128, 2047, 1),
+)
+
+
+def _bench(fn: Callable[[], object], rep_ms: int) -> list[float]:
+    import triton.testing
+
+    return list(triton.testing.do_bench(fn, warmup=25, rep=rep_ms, return_mode="all"))
+
+
+def _median(samples: list[float]) -> float:
+    ordered = sorted(samples)
+    return ordered[len(ordered) // 2]
+
+
+def _paged_batch(case: Case) -> PagedBatch:
+    return make_paged_batch(
+        [case.context] * case.requests, [case.new_tokens] * case.requests, **HEADS,
+        page_size=PAGE_SIZE, dtype=torch.bfloat16, device="cuda",
+    )  # fmt: skip
+
+
+def _triton_fn(case: Case, batch: PagedBatch, tiles=None) -> Callable[[], object]:
+    from nanograph.kernels.attention import paged_attention
+
+    out = torch.empty_like(batch.q)
+    max_query_len = 1 if case.kind == "decode" else None
+    scale = HEADS["head_dim"] ** -0.5
+
+    def run() -> object:
+        return paged_attention(
+            batch.q, batch.k_cache, batch.v_cache, *batch.metadata(), PAGE_SIZE, scale,
+            max_query_len=max_query_len, tiles=tiles, out=out,
+        )  # fmt: skip
+
+    return run
+
+
+def _sdpa_fn(case: Case) -> tuple[Callable[[], object], str]:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    hq, hkv, d = HEADS["num_q_heads"], HEADS["num_kv_heads"], HEADS["head_dim"]
+    b, lq, lk = case.requests, case.new_tokens, case.seq_len
+    q = torch.randn(b, hq, lq, d, device="cuda", dtype=torch.bfloat16)
+    if case.kind == "extend":
+        # flash wants equal head counts for the causal prefill: expand K/V once, outside timing
+        k = torch.randn(b, hq, lk, d, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn_like(k)
+        kwargs = {"is_causal": True}
+        note = "K/V expanded to 32 heads, is_causal"
+    else:
+        k = torch.randn(b, hkv, lk, d, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn_like(k)
+        kwargs = {"enable_gqa": True}
+        note = "enable_gqa, 8 kv heads"
+
+    def run() -> object:
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            return F.scaled_dot_product_attention(q, k, v, **kwargs)
+
+    try:
+        run()
+    except RuntimeError:  # flash without GQA support: same bytes per q head, expanded K/V
+        k, v = k.repeat_interleave(hq // hkv, 1), v.repeat_interleave(hq // hkv, 1)
+        kwargs = {}
+        note = "K/V expanded to 32 heads (flash rejected enable_gqa)"
+    return run, note
+
+
+def _copy_bandwidth_gbps(rep_ms: int) -> float:
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    ms = _median(_bench(lambda: dst.copy_(src), rep_ms))
+    return 2 * src.numel() / (ms * 1e-3) / 1e9
+
+
+def _metrics(case: Case, ms: float) -> dict[str, float]:
+    if case.kind == "extend":
+        tflops = case.flops() / (ms * 1e-3) / 1e12
+        return {"tflops": tflops, "fraction_of_ceiling": tflops / CEILING_TFLOPS}
+    gbps = case.kv_bytes() / (ms * 1e-3) / 1e9
+    return {"gbps": gbps, "fraction_of_ceiling": gbps / (CEILING_GBPS)}
+
+
+def _sweep(case: Case, batch: PagedBatch, rep_ms: int, deadline: float) -> list[dict]:
+    from nanograph.kernels.attention import choose_tiles
+
+    n = case.requests * case.new_tokens
+    base = choose_tiles(
+        torch.device("cuda"), n, case.requests, HEADS["num_q_heads"], HEADS["num_kv_heads"],
+        HEADS["head_dim"], 1 if case.kind == "decode" else None,
+    )  # fmt: skip
+    if case.kind == "extend":
+        grid = [
+            {"block_q": bq, "block_n": bn, "num_warps": w, "num_stages": st}
+            for bq in (32, 16)
+            for bn in (64, 128, 32)
+            for w in (8, 4)
+            for st in (2, 3)
+        ]
+    else:
+        grid = [
+            {"block_n": bn, "num_splits": sp, "num_warps": w, "num_stages": st}
+            for bn in (64, 128, 32)
+            for sp in ((1, 2, 4) if case.requests > 1 else (16, 32, 64))
+            for st in (3, 2, 4)
+            for w in (4, 8)
+        ]
+    results = []
+    for overrides in grid:
+        if time.monotonic() > deadline:
+            break
+        tiles = replace(base, **overrides)
+        try:
+            ms = _median(_bench(_triton_fn(case, batch, tiles), rep_ms))
+        except Exception as error:  # out of shared memory, registers: record and go on
+            results.append({"tiles": asdict(tiles), "error": type(error).__name__})
+            continue
+        results.append({"tiles": asdict(tiles), "median_ms": ms, **_metrics(case, ms)})
+    return results
+
+
+def _versions() -> dict[str, str]:
+    import triton
+
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = "unknown"
+    return {"torch": torch.__version__, "triton": triton.__version__, "commit": commit}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="nanograph bench attention", description=__doc__)
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/attention.json"))
+    parser.add_argument("--rep-ms", type=int, default=200, help="do_bench time per measurement")
+    parser.add_argument("--sweep", action="store_true", help="also time launch configurations")
+    parser.add_argument("--sweep-seconds", type=float, default=120.0)
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench attention needs a CUDA device", file=sys.stderr)
+        return 2
+
+    from nanograph.kernels.attention import choose_tiles
+
+    report: dict = {
+        "device": torch.cuda.get_device_name(),
+        "versions": _versions(),
+        "config": {**HEADS, "dtype": "bfloat16", "page_size": PAGE_SIZE, "rep_ms": args.rep_ms},
+        "ceilings": {"tflops": CEILING_TFLOPS, "copy_gbps": CEILING_GBPS},
+        "measured_copy_gbps": _copy_bandwidth_gbps(args.rep_ms),
+        "cases": {},
+    }
+    print(f"{report['device']}: copy {report['measured_copy_gbps']:.0f} GB/s")
+    batches = {}
+    for case in CASES:
+        batches[case.name] = batch = _paged_batch(case)
+        triton_samples = _bench(_triton_fn(case, batch), args.rep_ms)
+        sdpa_run, sdpa_note = _sdpa_fn(case)
+        sdpa_samples = _bench(sdpa_run, args.rep_ms)
+        t_ms, s_ms = _median(triton_samples), _median(sdpa_samples)
+        n = case.requests * case.new_tokens
+        tiles = choose_tiles(
+            torch.device("cuda"), n, case.requests, HEADS["num_q_heads"], HEADS["num_kv_heads"],
+            HEADS["head_dim"], 1 if case.kind == "decode" else None,
+        )  # fmt: skip
+        entry = {
+            "case": asdict(case),
+            "tiles": asdict(tiles),
+            "triton": {"median_ms": t_ms, **_metrics(case, t_ms), "samples_ms": triton_samples},
+            "sdpa_flash": {
+                "median_ms": s_ms,
+                **_metrics(case, s_ms),
+                "note": sdpa_note,
+                "samples_ms": sdpa_samples,
+            },  # fmt: skip
+            "triton_vs_sdpa_throughput": s_ms / t_ms,
+        }
+        report["cases"][case.name] = entry
+        unit = "TFLOP/s" if case.kind == "extend" else "GB/s"
+        key = "tflops" if case.kind == "extend" else "gbps"
+        print(
+            f"{case.name:>15}: triton {t_ms:8.3f} ms {entry['triton'][key]:7.1f} {unit} | "
+            f"sdpa {s_ms:8.3f} ms {entry['sdpa_flash'][key]:7.1f} {unit} | "
+            f"ratio {s_ms / t_ms:.2f}"
+        )
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=1))
+    if args.sweep:
+        deadline = time.monotonic() + args.sweep_seconds
+        report["sweep"] = {}
+        for i, case in enumerate(CASES):
+            now = time.monotonic()
+            case_deadline = now + (deadline - now) / (len(CASES) - i)  # leftover time carries on
+            report["sweep"][case.name] = _sweep(
+                case, batches[case.name], max(args.rep_ms // 4, 20), case_deadline
+            )
+            best = min(
+                (r for r in report["sweep"][case.name] if "median_ms" in r),
+                key=lambda r: r["median_ms"],
+                default=None,
+            )
+            if best:
+                print(f"sweep {case.name}: best {best['median_ms']:.3f} ms {best['tiles']}")
+            args.out.write_text(json.dumps(report, indent=1))  # partial results survive a kill
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,154 @@
+"""Compiled Triton paged attention on the GPU at realistic sizes, against the torch reference.
+
+Also checks graph safety the way the engine relies on it: a launch captured in a CUDA graph
+with one batch's metadata replays correctly after the static buffers are rewritten with another
+batch of different lengths (same N and S).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+if torch.cuda.is_available():
+    from nanograph.kernels import reference
+    from nanograph.kernels.attention import paged_attention
+    from nanograph.kernels.testing import PagedBatch, make_paged_batch
+
+QWEN3_8B = {"num_q_heads": 32, "num_kv_heads": 8, "head_dim": 128}
+GPT_OSS = {"num_q_heads": 64, "num_kv_heads": 8, "head_dim": 64}
+TOLERANCE = {torch.bfloat16: 2e-2, torch.float16: 4e-3, torch.float32: 1e-4}
+
+
+def _batch(contexts, queries, *, layout=QWEN3_8B, dtype=torch.bfloat16, page_size=16,
+           sentinels=0, pad=0, seed=0) -> PagedBatch:  # fmt: skip
+    return make_paged_batch(
+        contexts, queries, **layout, page_size=page_size, dtype=dtype, device="cuda",
+        num_sentinels=sentinels, padded_tokens=sum(queries) + pad,
+        generator=torch.Generator().manual_seed(seed),
+    )  # fmt: skip
+
+
+def _check(batch: PagedBatch, dtype=torch.bfloat16, **kwargs) -> None:
+    scale = batch.q.shape[-1] ** -0.5
+    args = (batch.q, batch.k_cache, batch.v_cache, *batch.metadata(), batch.page_size, scale)
+    got = paged_attention(*args, **kwargs)
+    torch.cuda.synchronize()
+    ref_kwargs = {k: v.float() if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+    want = reference.paged_attention(
+        batch.q.float(), batch.k_cache.float(), batch.v_cache.float(), *args[3:], **ref_kwargs
+    )
+    real = int(batch.num_tokens[0])
+    tol = TOLERANCE[dtype]
+    torch.testing.assert_close(got[:real].float(), want[:real], atol=tol, rtol=tol)
+    assert torch.all(got[real:] == 0)
+
+
+def test_extend_one_long_prompt():
+    _check(_batch([0], [8192]))
+
+
+def test_extend_many_requests_with_prefixes_and_sentinels():
+    gen = torch.Generator().manual_seed(1)
+    contexts = torch.randint(0, 2048, (32,), generator=gen).tolist()
+    _check(_batch(contexts, [256] * 32, sentinels=4, pad=100, seed=1))
+
+
+def test_extend_chunked_prefill_mix():
+    # a long prefix continuing by a chunk, fresh prompts, single-token extends
+    _check(_batch([6000, 0, 0, 31, 4095, 1], [1024, 700, 3, 1, 517, 2000], sentinels=2, pad=7))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_extend_other_dtypes(dtype):
+    _check(_batch([100, 0], [300, 257], dtype=dtype, seed=2), dtype=dtype)
+
+
+def test_decode_128_requests():
+    gen = torch.Generator().manual_seed(3)
+    contexts = torch.randint(0, 2048, (120,), generator=gen).tolist() + [0, 2047]
+    _check(_batch(contexts, [1] * 122, sentinels=6, pad=6, seed=3), max_query_len=1)
+
+
+def test_decode_one_32k_sequence():
+    _check(_batch([32767], [1], seed=4), max_query_len=1)
+
+
+def test_target_verify():
+    gen = torch.Generator().manual_seed(5)
+    contexts = torch.randint(1, 3000, (64,), generator=gen).tolist()
+    _check(_batch(contexts, [4] * 64, sentinels=4, seed=5), max_query_len=4)
+
+
+@pytest.mark.parametrize("max_query_len", [None, 1])
+def test_gpt_oss_window_sinks_softcap(max_query_len):
+    queries = [1] * 16 if max_query_len == 1 else [900, 1, 2000, 33]
+    contexts = [4000 + 97 * i for i in range(len(queries))]
+    batch = _batch(contexts, queries, layout=GPT_OSS, sentinels=2, seed=6)
+    sinks = torch.randn(64, device="cuda") * 2
+    for features in ({"sliding_window": 128, "sinks": sinks}, {"softcap": 30.0}):
+        _check(batch, max_query_len=max_query_len, **features)
+
+
+_STATIC_NAMES = ("q", "seq_lens", "query_lens", "query_start_loc")
+
+
+def _graph_case(max_query_len: int | None) -> tuple[PagedBatch, PagedBatch]:
+    if max_query_len == 1:
+        first = _batch([5, 3000, 17, 0], [1, 1, 1, 1], seed=7)
+        second = _batch([2047, 1], [1, 1], sentinels=2, pad=2, seed=8)  # fewer live requests
+    else:
+        first = _batch([0, 300], [200, 56], seed=7)
+        second = _batch([1000], [250], sentinels=1, pad=6, seed=8)
+    return first, second
+
+
+@pytest.mark.parametrize("max_query_len", [None, 1])
+def test_replays_in_a_cuda_graph_with_new_lengths(max_query_len):
+    first, second = _graph_case(max_query_len)
+    # Static buffers sized by the first batch; the second batch's caches are copied into the
+    # same cache tensor (it is big enough) and its metadata into the same buffers.
+    static = dataclasses.replace(
+        first, **{name: getattr(first, name).clone() for name in _STATIC_NAMES}
+    )
+    cache_slots = max(first.k_cache.shape[0], second.k_cache.shape[0])
+    k_cache = torch.zeros(cache_slots, 8, 128, dtype=torch.bfloat16, device="cuda")
+    v_cache = torch.zeros_like(k_cache)
+    max_pages = max(first.page_table.shape[1], second.page_table.shape[1])
+    page_table = torch.zeros(first.page_table.shape[0], max_pages, dtype=torch.int32,
+                             device="cuda")  # fmt: skip
+
+    def load(batch: PagedBatch) -> None:
+        k_cache[: batch.k_cache.shape[0]] = batch.k_cache
+        v_cache[: batch.v_cache.shape[0]] = batch.v_cache
+        page_table.zero_()
+        page_table[:, : batch.page_table.shape[1]] = batch.page_table
+        for name in _STATIC_NAMES:
+            getattr(static, name).copy_(getattr(batch, name))
+
+    def run() -> torch.Tensor:
+        return paged_attention(
+            static.q, k_cache, v_cache, page_table, static.seq_lens, static.query_lens,
+            static.query_start_loc, 16, 128**-0.5, max_query_len=max_query_len,
+        )  # fmt: skip
+
+    load(first)
+    run()  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = run()
+    for batch in (second, first):
+        load(batch)
+        graph.replay()
+        torch.cuda.synchronize()
+        want = reference.paged_attention(
+            static.q.float(), k_cache.float(), v_cache.float(), page_table, static.seq_lens,
+            static.query_lens, static.query_start_loc, 16, 128**-0.5,
+        )  # fmt: skip
+        real = int(static.query_start_loc[-1])
+        torch.testing.assert_close(out[:real].float(), want[:real], atol=2e-2, rtol=2e-2)
