@@ -96,6 +96,15 @@ def test_load_weights_into_transformers_model(tiny_model_dir, arch):
         assert torch.equal(target.state_dict()[name], tensor.to(torch.bfloat16)), name
 
 
+def test_load_weights_skips_tied_head_copy():
+    """transformers' state_dict() lists a tied head separately; it fills nothing new."""
+    reference = make_hf_model("qwen2")
+    assert reference.config.tie_word_embeddings and "lm_head.weight" in reference.state_dict()
+    target = make_hf_model("qwen2", seed=1)
+    load_weights(target, reference.state_dict().items(), progress=False)
+    assert torch.equal(target.lm_head.weight, reference.lm_head.weight)
+
+
 class PackedToy(nn.Module):
     """A model that packs q/k/v into one parameter, like nanograph's ``CausalLM``."""
 

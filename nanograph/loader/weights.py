@@ -8,7 +8,9 @@ Invariants:
 - A model may pack several Hugging Face tensors into one parameter (q/k/v, gate/up): it says so
   through ``HFWeightTargets``. Any other module is matched by parameter name.
 - Tied embeddings: a tied model has no separate ``lm_head`` weight (shared parameter or none at
-  all), and the loaders never yield ``lm_head.weight`` for a tied config.
+  all). A checkpoint's ``lm_head.weight`` that has no place in a model with an embedding is the
+  tied copy (transformers' ``state_dict()`` lists it) and is skipped; every other name without
+  a place is an error.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from torch import nn
 
 from nanograph.loader.errors import ModelLoadError
 
+EMBEDDING = "model.embed_tokens.weight"
+LM_HEAD = "lm_head.weight"
 # Hugging Face's initializer_range default; a random-init model has realistic activation scales.
 DUMMY_INIT_STD = 0.02
 
@@ -70,6 +74,8 @@ def load_weights(
             try:
                 param, rows = resolve(name)
             except KeyError:
+                if name == LM_HEAD and EMBEDDING in expected:
+                    continue  # the tied head: the embedding fills it
                 raise ModelLoadError(
                     f"checkpoint tensor {name!r} has no place in the model; the checkpoint does "
                     "not match the config (architecture, tied embeddings, bias, q/k norm)"
