@@ -90,6 +90,9 @@ def test_unknown_load_format():
 def test_path_neither_gguf_nor_hf(tmp_path):
     with pytest.raises(ModelLoadError, match="neither a GGUF file nor a Hugging Face folder"):
         resolve_model(str(tmp_path))
+    (tmp_path / "model.gguf").write_bytes(b"GGUF")
+    with pytest.raises(ModelLoadError, match="holds GGUF files, pass one of them: model.gguf"):
+        resolve_model(str(tmp_path))
     text = tmp_path / "weights.bin"
     text.write_text("hello")
     with pytest.raises(ModelLoadError, match="neither a GGUF file nor a Hugging Face folder"):

@@ -225,9 +225,11 @@ def _resolve_path(model: str) -> ModelSource:
         )
         return ModelSource(model, "hf", path, read_hf_config(path), has_tokenizer)
     if path.exists():
+        ggufs = sorted(p.name for p in path.glob("*.gguf")) if path.is_dir() else []
+        hint = f"; it holds GGUF files, pass one of them: {', '.join(ggufs[:5])}" if ggufs else ""
         raise ModelLoadError(
             f"{model!r} is neither a GGUF file nor a Hugging Face folder (a directory with "
-            "config.json and *.safetensors)"
+            f"config.json and *.safetensors){hint}"
         )
     looks_like_hub_id = "/" in model and not model.startswith((".", "/", "~"))
     hint = "; nanograph never downloads, so pass a local folder" if looks_like_hub_id else ""
