@@ -1,0 +1,161 @@
+"""Capturing CUDA-graph segments: consecutive graphs on one stream and pool, cleaned up on error.
+
+Invariants:
+- At most one segment is open at a time; all segments and all captures into a pool use the
+  pool's stream, so the allocator can reuse blocks across segments and shapes.
+- Each segment is replayed once right after it is captured. Eager code that runs between
+  segments at capture time (breaks, split ops) therefore sees real values, never the garbage a
+  captured-but-not-executed graph leaves behind, and `out` is valid when capture returns.
+- Side streams listed in `side_streams` that are forked into a segment are joined before it
+  closes, and forked again when the next segment opens, so work that spans a break stays
+  captured.
+- If anything fails while a segment is open, `abort()` ends the stream capture, stops routing
+  allocations to the pool and drops the pool reference the segment took: the pool and the
+  process remain usable. A segment that captured nothing is dropped (no empty-graph launches).
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from nanograph.graph.base import GraphCaptureError, capture_error, paused_gc
+from nanograph.graph.breaks import BreakHandler, break_handler
+from nanograph.graph.memory import GraphPool
+
+
+def _is_capturing(stream: torch.cuda.Stream) -> bool:
+    with torch.cuda.stream(stream):
+        return torch.cuda.is_current_stream_capturing()
+
+
+def _release_routing(device: int, pool_id: tuple[int, int]) -> None:
+    """Undo what a failed `capture_end` left behind in the caching allocator.
+
+    `CUDAGraph.capture_end` raises before it stops routing allocations to the pool when the
+    capture was invalidated (e.g. by a host sync); the graph's destructor then releases nothing
+    because the capture never ended. Ending the routing ourselves tells us which case we are in.
+    """
+    end_routing = getattr(torch._C, "_cuda_endAllocateToPool", None)
+    if end_routing is None:  # torch < 2.7 spelling
+        end_routing = torch._C._cuda_endAllocateCurrentStreamToPool
+    try:
+        end_routing(device, pool_id)
+    except RuntimeError:
+        return  # capture_end got past this point: the graph's destructor releases the pool
+    torch._C._cuda_releasePool(device, pool_id)
+
+
+class SegmentRecorder:
+    """Captures consecutive segments of one forward; `steps` is the replay program so far."""
+
+    def __init__(self, pool: GraphPool, side_streams: Sequence[torch.cuda.Stream] = ()) -> None:
+        self.pool = pool
+        self.stream = pool.stream
+        self.side_streams = tuple(side_streams)
+        self.device = torch.cuda.current_device()
+        self.graphs: list[torch.cuda.CUDAGraph] = []
+        self.steps: list[Callable[[], None]] = []
+        self.capture_s = 0.0
+        self._graph: torch.cuda.CUDAGraph | None = None
+        self._spanning: list[torch.cuda.Stream] = []  # side streams open when a segment closed
+
+    @property
+    def is_open(self) -> bool:
+        return self._graph is not None
+
+    def begin(self) -> None:
+        current = torch.cuda.current_stream()
+        if current != self.stream:
+            self.stream.wait_stream(current)  # eager work on another stream comes first
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(self.stream):
+            graph.capture_begin(pool=self.pool.id, capture_error_mode="thread_local")
+            self._graph = graph
+            for side in self._spanning:
+                side.wait_stream(self.stream)
+
+    def end(self) -> torch.cuda.CUDAGraph | None:
+        """Close the open segment and replay it once; None if it captured no work."""
+        graph = self._graph
+        assert graph is not None, "no open segment"
+        with torch.cuda.stream(self.stream):
+            self._spanning = [s for s in self.side_streams if _is_capturing(s)]
+            for side in self._spanning:
+                self.stream.wait_stream(side)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                try:
+                    graph.capture_end()
+                except Exception as exc:
+                    self._graph = None
+                    _release_routing(self.device, self.pool.id)
+                    raise GraphCaptureError(
+                        f"closing a graph segment failed: {exc}. If fn forks side streams, "
+                        "join them before the segment ends or pass them as side_streams=."
+                    ) from exc
+            self._graph = None
+            if any("CUDA Graph is empty" in str(w.message) for w in caught):
+                return None
+            graph.replay()
+        self.graphs.append(graph)
+        self.steps.append(graph.replay)
+        return graph
+
+    def abort(self) -> None:
+        """Clean up after an exception raised while a segment was open (see module docstring)."""
+        self.graphs.clear()
+        self.steps.clear()
+        graph, self._graph = self._graph, None
+        if graph is None:
+            return
+        with torch.cuda.stream(self.stream), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for side in self.side_streams:
+                try:
+                    if _is_capturing(side):
+                        self.stream.wait_stream(side)
+                except RuntimeError:
+                    pass
+            try:
+                graph.capture_end()  # the capture may still be valid (error raised before CUDA)
+            except RuntimeError:
+                _release_routing(self.device, self.pool.id)
+        del graph  # its destructor releases the pool reference if the capture did end
+
+
+def capture_segments(
+    fn: Callable[[], Any],
+    recorder: SegmentRecorder,
+    handler: BreakHandler | None,
+    backend: str,
+    hint: str,
+) -> Any:
+    """Run fn once with a segment open from start to end, `handler` deciding what breaks do.
+
+    Returns fn's output; on error nothing of the capture survives (see SegmentRecorder.abort).
+    """
+    if break_handler.get() is not None or torch.cuda.is_current_stream_capturing():
+        raise GraphCaptureError(f"{backend}: capture() called inside another capture")
+    token = break_handler.set(handler)
+    start = time.perf_counter()
+    try:
+        with paused_gc(), torch.no_grad(), torch.cuda.stream(recorder.stream):
+            recorder.begin()
+            out = fn()
+            recorder.end()
+    except BaseException as exc:
+        was_open = recorder.is_open
+        recorder.abort()
+        if was_open and isinstance(exc, Exception) and not isinstance(exc, GraphCaptureError):
+            raise capture_error(backend, exc, hint) from exc
+        raise
+    finally:
+        break_handler.reset(token)
+    torch.cuda.current_stream().wait_stream(recorder.stream)
+    recorder.capture_s = time.perf_counter() - start
+    return out
