@@ -30,19 +30,6 @@ def is_hf_folder(path: str | os.PathLike[str]) -> bool:
     return (Path(path) / "config.json").is_file()
 
 
-def _normalise_hf_config(d: dict[str, Any]) -> dict[str, Any]:
-    """transformers >= 5 writes ``rope_parameters`` (theta and scaling in one dict) instead of
-    ``rope_theta`` + ``rope_scaling``; hub configs still use the old keys. Give both one shape."""
-    rope = d.get("rope_parameters")
-    if not isinstance(rope, dict):
-        return d
-    d = dict(d)
-    d.setdefault("rope_theta", rope.get("rope_theta", 10000.0))
-    if rope.get("rope_type", "default") != "default":
-        d.setdefault("rope_scaling", {k: v for k, v in rope.items() if k != "rope_theta"})
-    return d
-
-
 def read_hf_config(folder: str | os.PathLike[str]) -> ModelConfig:
     """``ModelConfig`` from ``config.json``; end-of-sequence ids from ``generation_config.json``
     are added (instruct models list their end-of-turn token there)."""
@@ -52,7 +39,7 @@ def read_hf_config(folder: str | os.PathLike[str]) -> ModelConfig:
     except (OSError, json.JSONDecodeError) as e:
         raise ModelLoadError(f"{folder}/config.json cannot be read: {e}") from e
     try:
-        config = ModelConfig.from_hf_dict(_normalise_hf_config(d))
+        config = ModelConfig.from_hf_dict(d)
     except (KeyError, ValueError) as e:
         raise ModelLoadError(f"{folder}/config.json: {e}") from e
     generation = folder / "generation_config.json"

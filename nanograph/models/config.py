@@ -100,7 +100,14 @@ class ModelConfig:
 
     @staticmethod
     def from_hf_dict(d: dict[str, Any]) -> ModelConfig:
-        """Build from a Hugging Face ``config.json`` dictionary."""
+        """Build from a Hugging Face ``config.json`` dictionary (old or transformers-5 keys)."""
+        rope = d.get("rope_parameters")
+        if isinstance(rope, dict):
+            # transformers >= 5 writes theta and scaling as one ``rope_parameters`` dict
+            d = dict(d)
+            d.setdefault("rope_theta", rope.get("rope_theta", 10000.0))
+            if rope.get("rope_type", "default") != "default":
+                d.setdefault("rope_scaling", {k: v for k, v in rope.items() if k != "rope_theta"})
         model_type = d.get("model_type", "llama")
         arch = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}.get(model_type)
         if arch is None:
@@ -137,9 +144,11 @@ class ModelConfig:
         d: dict[str, Any] = {
             "model_type": model_type,
             "architectures": [
-                {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}[
-                    model_type
-                ]
+                {
+                    "llama": "LlamaForCausalLM",
+                    "qwen2": "Qwen2ForCausalLM",
+                    "qwen3": "Qwen3ForCausalLM",
+                }[model_type]
             ],
             "vocab_size": self.vocab_size,
             "hidden_size": self.hidden_size,

@@ -1,0 +1,40 @@
+"""Graph-safe paged attention through the Triton kernel of ``nanograph.kernels.attention``.
+
+It reads only device tensors of the metadata and launches with a grid fixed by static sizes
+(tokens, request slots, the static ``max_query_len`` hint), so one capture serves every batch
+that fits the runner's static buffers, including zero-length sentinel slots.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from nanograph.attention.base import AttentionBackend, AttentionMetadata
+
+
+class TritonAttention(AttentionBackend):
+    name = "triton"
+    graph_safe = True
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        from nanograph.kernels.attention import paged_attention
+
+        return paged_attention(
+            q,
+            k_cache,
+            v_cache,
+            meta.page_table,
+            meta.seq_lens,
+            meta.query_lens,
+            meta.query_start_loc,
+            meta.page_size,
+            scale,
+            max_query_len=meta.max_query_len,
+        )
