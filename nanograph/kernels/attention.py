@@ -44,6 +44,8 @@ PROGRAMS_PER_SM = 4
 # The small-query (memory-bound) regime: query tokens x padded group rows per request up to this
 # fit one tile, so the per-request layout wastes nothing and split-KV pays off.
 SMALL_QUERY_ROWS = 64
+# Extend batches averaging at most this many tokens per request slot count as short requests.
+SHORT_REQUEST_TOKENS = 512
 
 
 @dataclass(frozen=True)
@@ -344,16 +346,21 @@ def choose_tiles(
     group_pad = _next_pow2(num_q_heads // num_kv_heads)
     on_gpu = device.type == "cuda"
     small = max_query_len is not None and _next_pow2(max_query_len) * group_pad <= SMALL_QUERY_ROWS
+    # GPU values from the H200 sweep of ``nanograph bench attention --sweep`` (qwen3-8b layout);
+    # CPU values are small so the interpreter tests cover several blocks per request.
     if small:
         block_q = _next_pow2(max_query_len)
         block_n = 64 if on_gpu else 16
-        num_warps, num_stages = 4, 3
+        num_warps, num_stages = 4, 2
     else:
-        # Extend: a 128-row tile (64 for head_dim 256, to stay within registers).
+        # Extend: a 128-row tile (64 for head_dim 256, to stay within registers). Short requests
+        # on average (a static ratio of the padded batch) have few key blocks per program, where
+        # the smaller key block wins (32 x 256: 0.130 vs 0.155 ms; 1 x 8192 prefers 64).
         target_rows = (128 if head_dim <= 128 else 64) if on_gpu else 16
         block_q = max(1, target_rows // group_pad)
-        block_n = (64 if head_dim <= 128 else 32) if on_gpu else 16
-        num_warps, num_stages = (8, 2) if block_q * group_pad >= 128 else (4, 2)
+        short = num_tokens <= SHORT_REQUEST_TOKENS * max(num_seqs, 1)
+        block_n = (64 if head_dim <= 128 and not short else 32) if on_gpu else 16
+        num_warps, num_stages = 4, (3 if head_dim <= 128 else 2)
     # tl.dot needs at least 16 rows: pad the group further when the tile is too short.
     group_pad = max(group_pad, 16 // block_q)
     if small:
