@@ -116,15 +116,24 @@ def _summary(llm, outputs, elapsed: float) -> None:
     ttfts = [o.ttft_s for o in outputs if o.ttft_s is not None]
     rates = [o.decode_tokens_per_s for o in outputs if o.decode_tokens_per_s]
     lines = [
-        ("model", f"{e.config.model} ({e.model_config.architecture}, "
-         f"{e.model_config.num_params / 1e6:.0f}M params, {e.source.kind})"),
+        (
+            "model",
+            f"{e.config.model} ({e.model_config.architecture}, "
+            f"{e.model_config.num_params / 1e6:.0f}M params, {e.source.kind})",
+        ),
         ("device / dtype", f"{e.device} / {str(e.dtype).removeprefix('torch.')}"),
         ("attention", e.attention.name),
         ("weights", f"{e.weights_bytes / 2**20:.0f} MiB, loaded in {e.load_seconds:.1f} s"),
-        ("KV pool", f"{kv.capacity_tokens} tokens in {kv.num_pages} pages of {kv.page_size}, "
-         f"{kv.nbytes / 2**20:.0f} MiB"),
-        ("requests", f"{len(outputs)} ({sum(not o.ok for o in outputs)} failed), "
-         f"{generated} tokens in {elapsed:.2f} s = {generated / max(elapsed, 1e-9):.1f} tok/s"),
+        (
+            "KV pool",
+            f"{kv.capacity_tokens} tokens in {kv.num_pages} pages of {kv.page_size}, "
+            f"{kv.nbytes / 2**20:.0f} MiB",
+        ),
+        (
+            "requests",
+            f"{len(outputs)} ({sum(not o.ok for o in outputs)} failed), "
+            f"{generated} tokens in {elapsed:.2f} s = {generated / max(elapsed, 1e-9):.1f} tok/s",
+        ),
     ]
     if ttfts:
         lines.append(("TTFT", f"{1000 * sum(ttfts) / len(ttfts):.0f} ms mean"))
@@ -141,16 +150,25 @@ def build_parser() -> argparse.ArgumentParser:
         prog="nanograph", description="A compact LLM inference engine built around CUDA graphs."
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    gen = sub.add_parser("generate", help="generate text for one or more prompts",
-                         description="Generate text. Sampling is greedy unless --temperature > 0.")
+    gen = sub.add_parser(
+        "generate",
+        help="generate text for one or more prompts",
+        description="Generate text. Sampling is greedy unless --temperature > 0.",
+    )
     g = gen.add_argument_group("prompts")
     g.add_argument("--prompt", action="append", help="a user message (repeat for a batch)")
     g.add_argument("--messages", help="chat messages as JSON, or a path to a JSON file")
-    g.add_argument("--prompt-ids", action="append",
-                   help="comma-separated token ids (repeat for a batch); for models without "
-                   "a tokenizer, e.g. dummy presets")
-    g.add_argument("--no-chat-template", action="store_true",
-                   help="send --prompt as raw text instead of a chat user message")
+    g.add_argument(
+        "--prompt-ids",
+        action="append",
+        help="comma-separated token ids (repeat for a batch); for models without "
+        "a tokenizer, e.g. dummy presets",
+    )
+    g.add_argument(
+        "--no-chat-template",
+        action="store_true",
+        help="send --prompt as raw text instead of a chat user message",
+    )
     s = gen.add_argument_group("sampling")
     s.add_argument("--max-tokens", type=int, default=128, help="tokens to generate at most [128]")
     s.add_argument("--temperature", type=float, default=0.0, help="0 = greedy [0.0]")
@@ -166,7 +184,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s",
-                        stream=sys.stderr)
+    logging.basicConfig(
+        level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
     args = build_parser().parse_args(argv)
     return args.func(args)

@@ -10,23 +10,50 @@ import torch
 
 TINY = {
     "qwen3": dict(
-        model_type="qwen3", vocab_size=256, hidden_size=64, intermediate_size=128,
-        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-        max_position_embeddings=512, rope_theta=10000.0, rms_norm_eps=1e-6,
+        model_type="qwen3",
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=512,
+        rope_theta=10000.0,
+        rms_norm_eps=1e-6,
         tie_word_embeddings=False,
     ),
     "llama": dict(
-        model_type="llama", vocab_size=256, hidden_size=64, intermediate_size=160,
-        num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2,
-        max_position_embeddings=512, rope_theta=500000.0, rms_norm_eps=1e-5,
+        model_type="llama",
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=160,
+        num_hidden_layers=2,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        rope_theta=500000.0,
+        rms_norm_eps=1e-5,
         tie_word_embeddings=True,
-        rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
-                          high_freq_factor=4.0, original_max_position_embeddings=64),
+        rope_scaling=dict(
+            rope_type="llama3",
+            factor=8.0,
+            low_freq_factor=1.0,
+            high_freq_factor=4.0,
+            original_max_position_embeddings=64,
+        ),
     ),
     "qwen2": dict(
-        model_type="qwen2", vocab_size=256, hidden_size=64, intermediate_size=128,
-        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
-        max_position_embeddings=512, rope_theta=1000000.0, rms_norm_eps=1e-6,
+        model_type="qwen2",
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=512,
+        rope_theta=1000000.0,
+        rms_norm_eps=1e-6,
         tie_word_embeddings=True,
     ),
 }
@@ -38,7 +65,9 @@ def make_hf_model(arch: str, seed: int = 0):
 
     d = dict(TINY[arch])
     cls = {"qwen3": "Qwen3", "llama": "Llama", "qwen2": "Qwen2"}[arch]
-    config = getattr(transformers, f"{cls}Config")(**{k: v for k, v in d.items() if k != "model_type"})
+    config = getattr(transformers, f"{cls}Config")(
+        **{k: v for k, v in d.items() if k != "model_type"}
+    )
     torch.manual_seed(seed)
     model = getattr(transformers, f"{cls}ForCausalLM")(config).eval()
     with torch.no_grad():  # norms start at 1: perturb them so they are really tested

@@ -112,7 +112,14 @@ def test_bad_requests_fail_alone_and_engine_keeps_serving(tiny):
     ref = [o.token_ids for o in llm.generate(good, GREEDY)]
     bad_and_good = [good[0], [], list(range(100)), [5, 999], good[1], "text needs a tokenizer"]
     outs = llm.generate(bad_and_good, GREEDY)
-    assert [o.finish_reason for o in outs] == ["length", "error", "error", "error", "length", "error"]
+    assert [o.finish_reason for o in outs] == [
+        "length",
+        "error",
+        "error",
+        "error",
+        "length",
+        "error",
+    ]
     assert "empty" in outs[1].error
     assert "context length is 64" in outs[2].error
     assert "outside the vocabulary" in outs[3].error

@@ -39,7 +39,9 @@ class EngineConfig:
                 f"load_format must be auto, gguf, hf or dummy, got {self.load_format!r}"
             )
         if self.dtype != "auto" and self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be auto or one of {', '.join(DTYPES)}, got {self.dtype!r}")
+            raise ValueError(
+                f"dtype must be auto or one of {', '.join(DTYPES)}, got {self.dtype!r}"
+            )
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"device must be auto, cpu or cuda[:N], got {self.device!r}")
         if self.device.startswith("cuda") and not torch.cuda.is_available():

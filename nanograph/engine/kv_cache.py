@@ -55,8 +55,12 @@ class KVCache:
         self.page_size = page_size
         self.num_pages = num_pages
         shape = (num_pages * page_size, config.num_key_value_heads, config.head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)]
+        self.k = [
+            torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)
+        ]
+        self.v = [
+            torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)
+        ]
         self.allocator = PageAllocator(num_pages)
         self.nbytes = sum(t.numel() * t.element_size() for t in self.k + self.v)
 

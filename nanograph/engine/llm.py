@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 from nanograph.engine.config import EngineConfig
 from nanograph.engine.engine import Engine
@@ -18,7 +18,7 @@ from nanograph.engine.request import Request
 from nanograph.engine.sampling_params import SamplingParams
 
 Message = dict[str, str]
-Prompt = Union[str, list[int], list[Message]]
+Prompt = str | list[int] | list[Message]
 
 
 @dataclass(frozen=True)

@@ -32,9 +32,7 @@ class SamplingParams:
         if not isinstance(self.max_tokens, int) or self.max_tokens <= 0:
             raise ValueError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
         if self.temperature < 0:
-            raise ValueError(
-                f"temperature must be >= 0 (0 = greedy), got {self.temperature}"
-            )
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < -1:

@@ -14,7 +14,9 @@ import torch
 from nanograph.models.config import RopeScaling
 
 
-def inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling) -> tuple[torch.Tensor, float]:
+def inverse_frequencies(
+    head_dim: int, theta: float, scaling: RopeScaling
+) -> tuple[torch.Tensor, float]:
     """Returns (inv_freq [head_dim/2] float64, attention scale applied to cos/sin)."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
     kind = scaling.kind
@@ -40,7 +42,9 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling) -> tu
         old_len = scaling.original_max_position_embeddings
 
         def correction_dim(rotations: float) -> float:
-            return (head_dim * math.log(old_len / (rotations * 2 * math.pi))) / (2 * math.log(theta))
+            return (head_dim * math.log(old_len / (rotations * 2 * math.pi))) / (
+                2 * math.log(theta)
+            )
 
         low = max(math.floor(correction_dim(scaling.beta_fast)), 0)
         high = min(math.ceil(correction_dim(scaling.beta_slow)), head_dim - 1)
@@ -50,7 +54,9 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling) -> tu
         inv = interpolated * (1 - extrapolation) + inv_freq * extrapolation
         mscale = 0.1 * math.log(scaling.factor) + 1.0 if scaling.factor > 1 else 1.0
         return inv, mscale
-    raise ValueError(f"unsupported rope scaling {kind!r}: use none, linear, llama3, yarn or dynamic")
+    raise ValueError(
+        f"unsupported rope scaling {kind!r}: use none, linear, llama3, yarn or dynamic"
+    )
 
 
 def build_cos_sin_cache(

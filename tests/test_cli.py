@@ -1,0 +1,51 @@
+"""The command line: help documents every flag; generate answers and reports errors."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+
+from conftest import requires_smollm2
+
+from nanograph.cli import ENGINE_HELP, build_parser, main
+from nanograph.engine.config import EngineConfig
+
+
+def test_help_documents_every_engine_flag(capsys):
+    help_text = build_parser()._subparsers._group_actions[0].choices["generate"].format_help()
+    for f in dataclasses.fields(EngineConfig):
+        if ENGINE_HELP.get(f.name):
+            assert "--" + f.name.replace("_", "-") in help_text
+    for flag in ("--prompt", "--max-tokens", "--temperature", "--top-k", "--top-p", "--min-p",
+                 "--stop", "--sampling-seed", "--prompt-ids"):  # fmt: skip
+        assert flag in help_text
+
+
+def test_bad_flags_are_clear_errors(capsys, tiny_model_dir):
+    assert main(["generate", "--prompt", "hi", "--model", "no-such-model"]) == 2
+    assert "no-such-model" in capsys.readouterr().err
+    assert main(["generate", "--prompt-ids", "1,2", "--model", str(tiny_model_dir("qwen3")),
+                 "--temperature", "-1"]) == 2  # fmt: skip
+    assert "temperature" in capsys.readouterr().err
+
+
+def test_generate_token_ids_on_a_model_without_tokenizer(capsys, tiny_model_dir):
+    code = main(["generate", "--model", str(tiny_model_dir("qwen3")), "--prompt-ids", "1,2,3",
+                 "--max-tokens", "5", "--ignore-eos"])  # fmt: skip
+    captured = capsys.readouterr()
+    assert code == 0
+    assert captured.out.strip().startswith("[") and captured.out.count(",") == 4
+    assert "KV pool" in captured.err
+
+
+@requires_smollm2
+def test_readme_main_job():
+    out = subprocess.run(
+        [sys.executable, "-m", "nanograph", "generate", "--prompt",
+         "What is the capital of France?", "--max-tokens", "32"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "Paris" in out.stdout
+    assert "tok/s" in out.stderr
