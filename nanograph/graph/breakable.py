@@ -117,9 +117,9 @@ class BreakableGraph(Graph):
 
     def __init__(self, recorder: SegmentRecorder, out: Any, stats: GraphStats) -> None:
         super().__init__(out, stats)
-        self.pool = recorder.pool
         self._graphs = recorder.graphs
         self._steps = recorder.steps
+        self.pool = recorder.pool  # set last: released after the graphs that use it
 
     def replay(self) -> None:
         with torch.no_grad():

@@ -24,8 +24,8 @@ _HINT = (
 class FullGraph(Graph):
     def __init__(self, recorder: SegmentRecorder, out: Any, stats: GraphStats) -> None:
         super().__init__(out, stats)
-        self.pool = recorder.pool
         self._graph = recorder.graphs[0] if recorder.graphs else None
+        self.pool = recorder.pool  # set last: released after the graph that uses it
 
     def replay(self) -> None:
         if self._graph is not None:

@@ -8,7 +8,9 @@ Invariants:
 - Creating a pool touches no CUDA; the pool and stream appear at the first capture into it, so
   `new_pool()` works on a machine without CUDA.
 - The pool's memory lives while the `GraphPool` object or any graph captured into it lives; when
-  all are gone, `torch.cuda.empty_cache()` hands it back to the driver.
+  all are gone, `torch.cuda.empty_cache()` hands it back to the driver. Graphs keep their pool
+  alive and release it after their CUDA graphs (some torch versions assert, when a MemPool dies,
+  that no graph still uses it).
 - `weak_alias(t)` is a tensor at `t`'s address that does not own the memory. It is only safe
   where something else guarantees the memory stays valid: here, a graph pool, whose blocks stay
   reserved while a graph uses them and whose reuse follows capture order (see breakable.py).

@@ -165,6 +165,10 @@ class PiecewiseCompiler:
         for piece in self.pieces:
             piece.graph, piece.outputs, piece.static, piece.compiled = None, None, {}, None
         self.pieces = []
+        if self.recorder is not None:
+            self.recorder.graphs.clear()
+            self.recorder.steps.clear()
+            self.recorder = None  # it holds the pool
 
     def lookup_backend(self) -> Callable[..., Any]:
         if callable(self.compile_backend):
@@ -223,8 +227,8 @@ class PiecewiseGraph(Graph):
         self, compiled: Callable[[], Any], compiler: PiecewiseCompiler, out: Any, stats: GraphStats
     ) -> None:
         super().__init__(out, stats)
-        self.pool = compiler.recorder.pool if compiler.recorder else None
         self._compiled, self._compiler = compiled, compiler
+        self.pool = compiler.recorder.pool if compiler.recorder else None
         tensors = [x for x in flatten(out) if isinstance(x, torch.Tensor)]
         self._copy_out = OutputCopy(break_name(compiled), out, tensors)
 
@@ -233,7 +237,8 @@ class PiecewiseGraph(Graph):
             self._copy_out(self._compiled(), skip_same_address=True)
 
     def __del__(self) -> None:
-        self._compiler.release()
+        if hasattr(self, "_compiler"):
+            self._compiler.release()
 
 
 class TcPiecewiseBackend(Backend):
@@ -254,35 +259,53 @@ class TcPiecewiseBackend(Backend):
     ) -> tuple[PiecewiseGraph, Any]:
         require_cuda(self.name)
         pool = pool if pool is not None else new_pool()
-        recorder = SegmentRecorder(pool)
-        compiler = PiecewiseCompiler(self.compile_backend, self.split_ops, recorder)
+        compiler = PiecewiseCompiler(self.compile_backend, self.split_ops, SegmentRecorder(pool))
+        try:
+            compiled, compile_s = self._compile(fn, compiler, pool)
+            out, capture_s = self._capture(compiled, compiler, pool)
+        except BaseException:
+            compiler.release()  # dynamo's cache keeps the compiler: let go of graphs and pool
+            raise
+        compiler.finalized = True
+        stats = GraphStats(
+            backend=self.name,
+            segments=sum(p.graph is not None for p in compiler.pieces),
+            breaks=dict(compiler.splits),
+            capture_s=capture_s,
+            compile_s=compile_s,
+            pool_bytes=pool.reserved_bytes(),
+        )
+        return PiecewiseGraph(compiled, compiler, out, stats), out
+
+    def _compile(
+        self, fn: Callable[[], Any], compiler: PiecewiseCompiler, pool: GraphPool
+    ) -> tuple[Callable[[], Any], float]:
+        """Trace, split and compile (the first run), then the remaining warm-up runs."""
         pool.stream.wait_stream(torch.cuda.current_stream())
         start = time.perf_counter()
         with torch.no_grad(), torch.cuda.stream(pool.stream):
-            compiled = trace_and_split(fn, compiler)  # first (compiling) run = first warm-up
+            compiled = trace_and_split(fn, compiler)
             pool.stream.synchronize()
             compile_s = time.perf_counter() - start
             for _ in range(self.warmup - 1):
                 compiled()
             pool.stream.synchronize()
+        return compiled, compile_s
+
+    def _capture(
+        self, compiled: Callable[[], Any], compiler: PiecewiseCompiler, pool: GraphPool
+    ) -> tuple[Any, float]:
+        """One call with every piece capturing its graph (and replaying it once)."""
         compiler.preexisting = pool.live_blocks()
         compiler.capturing = True
         token = use_capture_stub.set(True)
         start = time.perf_counter()
         try:
-            with paused_gc(), torch.no_grad(), torch.cuda.stream(pool.stream), _recompile_limit():
-                out = compiled()
+            with paused_gc(), torch.no_grad(), torch.cuda.stream(pool.stream):
+                with _recompile_limit():
+                    out = compiled()
         finally:
             compiler.capturing = False
             use_capture_stub.reset(token)
-        compiler.finalized = True
         torch.cuda.current_stream().wait_stream(pool.stream)
-        stats = GraphStats(
-            backend=self.name,
-            segments=sum(p.graph is not None for p in compiler.pieces),
-            breaks=dict(compiler.splits),
-            capture_s=time.perf_counter() - start,
-            compile_s=compile_s,
-            pool_bytes=pool.reserved_bytes(),
-        )
-        return PiecewiseGraph(compiled, compiler, out, stats), out
+        return out, time.perf_counter() - start
