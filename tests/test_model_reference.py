@@ -7,6 +7,7 @@ import torch
 from conftest import TINY, make_hf_model
 
 from nanograph.attention import get_attention_backend
+from nanograph.attention.op import ForwardContext, forward_context
 from nanograph.engine.kv_cache import KVCache
 from nanograph.loader import load_weights
 from nanograph.models import build_model
@@ -14,14 +15,14 @@ from nanograph.models.config import ModelConfig
 from nanograph.runners.forward_batch import ForwardBatch
 
 CPU = torch.device("cpu")
+TORCH_NATIVE = get_attention_backend("torch_native", CPU)
 
 
 def ours_from(hf_model, arch: str):
     config = ModelConfig.from_hf_dict(TINY[arch])
-    model = build_model(config, get_attention_backend("torch_native", CPU), torch.float32, CPU)
+    model = build_model(config, torch.float32, CPU)
     load_weights(model, hf_model.state_dict().items(), progress=False)
     kv = KVCache(config, num_pages=64, page_size=4, dtype=torch.float32, device=CPU)
-    model.bind_kv_cache(kv.k, kv.v)
     return model, kv
 
 
@@ -31,9 +32,9 @@ def run_chunks(model, kv, ids: list[int], chunks: list[int]) -> torch.Tensor:
     out, done = [], 0
     for n in chunks:
         batch = ForwardBatch.build([ids], [done], [n], [pages], kv.page_size, [True])
-        hidden = model(
-            torch.tensor(batch.input_ids), torch.tensor(batch.positions), batch.metadata(CPU)
-        )
+        ctx = ForwardContext(TORCH_NATIVE, batch.metadata(CPU), kv.k, kv.v)
+        with forward_context(ctx):
+            hidden = model(torch.tensor(batch.input_ids), torch.tensor(batch.positions))
         out.append(model.compute_logits(hidden))
         done += n
     kv.allocator.free(pages)

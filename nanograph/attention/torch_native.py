@@ -1,8 +1,8 @@
 """Host-planned attention in plain PyTorch: gathers each request's paged KV and runs SDPA.
 
 Works on CPU and GPU and is the reference for the Triton backend. It loops over requests with
-Python ints taken from the metadata's host copies, so it is not graph-safe: under a breakable
-graph its forward is an eager break (``@eager_on_graph``), and full-graph prefill refuses it.
+Python ints taken from the metadata's host copies, so it is not graph-safe: it works where the
+attention split op runs eagerly (eager, breakable, tc_piecewise); full graphs refuse it.
 """
 
 from __future__ import annotations
@@ -11,14 +11,12 @@ import torch
 import torch.nn.functional as F
 
 from nanograph.attention.base import AttentionBackend, AttentionMetadata
-from nanograph.graph import eager_on_graph
 
 
 class TorchNativeAttention(AttentionBackend):
     name = "torch_native"
     graph_safe = False
 
-    @eager_on_graph
     def forward(
         self,
         q: torch.Tensor,

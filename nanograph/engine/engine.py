@@ -41,7 +41,7 @@ class Engine:
         self.source = resolve_model(config.model, config.load_format)
         self.model_config = self.source.config
         self.attention = get_attention_backend(config.attention_backend, self.device)
-        self.model = build_model(self.model_config, self.attention, self.dtype, self.device)
+        self.model = build_model(self.model_config, self.dtype, self.device)
         if self.source.kind == "dummy":
             init_dummy_weights(self.model, seed=config.seed)
         else:
@@ -55,10 +55,11 @@ class Engine:
         self.kv_cache = KVCache(
             self.model_config, self._num_pages(), config.page_size, self.dtype, self.device
         )
-        self.model.bind_kv_cache(self.kv_cache.k, self.kv_cache.v)
         self.scheduler = Scheduler(self.kv_cache, config.chunked_prefill_size, config.max_num_seqs)
         self.sampler = Sampler(self.device, seed=config.seed)
-        self.runner = ModelRunner(self.model, self.device)
+        self.runner = ModelRunner(
+            self.model, self.attention, self.kv_cache.k, self.kv_cache.v, self.device
+        )
         self.eos_token_ids = set(self.model_config.eos_token_ids)
         if self.tokenizer is not None:
             self.eos_token_ids |= set(self.tokenizer.eos_token_ids)

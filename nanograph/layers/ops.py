@@ -3,8 +3,11 @@
 Invariants:
 - Every op has one torch reference (``nanograph.kernels.reference``) used on CPU; on CUDA the
   fused Triton kernel with the same signature runs. Both are graph-safe: no host reads.
+- While torch.compile traces (tc_piecewise), the ops are opaque torch.library custom ops, so
+  dynamo records one node per op instead of tracing the Triton launch wrappers; outside
+  tracing they are plain calls with no dispatcher overhead.
 - ``rope_store_kv`` rotates q/k in place and writes k/v into the paged cache at
-  ``slot_mapping`` (slot -1 = padded token, not written), so attention backends only read.
+  ``slot_mapping`` (slot -1 = padded token, not written). It runs inside the attention op.
 """
 
 from __future__ import annotations
@@ -22,7 +25,41 @@ def _impl(x: torch.Tensor):
     return reference
 
 
+@torch.library.custom_op("nanograph::rmsnorm", mutates_args=())
+def _rmsnorm_op(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return _impl(x).rmsnorm(x, weight, eps)
+
+
+@torch.library.custom_op("nanograph::add_rmsnorm", mutates_args=("residual",))
+def _add_rmsnorm_op(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> torch.Tensor:
+    return _impl(x).add_rmsnorm(x, residual, weight, eps)[0]
+
+
+@torch.library.custom_op("nanograph::silu_and_mul", mutates_args=())
+def _silu_and_mul_op(x: torch.Tensor) -> torch.Tensor:
+    return _impl(x).silu_and_mul(x)
+
+
+@_rmsnorm_op.register_fake
+def _(x, weight, eps):
+    return torch.empty_like(x)
+
+
+@_add_rmsnorm_op.register_fake
+def _(x, residual, weight, eps):
+    return torch.empty_like(x)
+
+
+@_silu_and_mul_op.register_fake
+def _(x):
+    return x.new_empty((*x.shape[:-1], x.shape[-1] // 2))
+
+
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    if torch.compiler.is_compiling():
+        return _rmsnorm_op(x, weight, eps)
     return _impl(x).rmsnorm(x, weight, eps)
 
 
@@ -30,10 +67,14 @@ def add_rmsnorm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """residual += x (in place); returns (rmsnorm(residual), residual)."""
+    if torch.compiler.is_compiling():
+        return _add_rmsnorm_op(x, residual, weight, eps), residual
     return _impl(x).add_rmsnorm(x, residual, weight, eps)
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    if torch.compiler.is_compiling():
+        return _silu_and_mul_op(x)
     return _impl(x).silu_and_mul(x)
 
 
@@ -51,15 +92,6 @@ def rope_store_kv(
     eps: float = 1e-6,
 ) -> None:
     _impl(q).rope_store_kv(
-        q,
-        k,
-        v,
-        positions,
-        cos_sin_cache,
-        k_cache,
-        v_cache,
-        slot_mapping,
-        q_norm_weight=q_norm_weight,
-        k_norm_weight=k_norm_weight,
-        eps=eps,
-    )
+        q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
+        q_norm_weight=q_norm_weight, k_norm_weight=k_norm_weight, eps=eps,
+    )  # fmt: skip

@@ -4,9 +4,10 @@ Invariants:
 - Parameter names follow Hugging Face's except for two packed projections (``qkv_proj`` holds
   q/k/v, ``gate_up_proj`` holds gate/up, for one GEMM each); ``hf_weight_target`` maps a
   Hugging Face name to (parameter, row slice), so loaders stream HF/GGUF tensors straight in.
-- ``forward`` sees only tokens, positions and attention metadata: the same code runs eagerly,
+- ``forward`` sees only tokens and positions: the same code runs eagerly,
   in any graph backend, and on CPU or GPU. It never asks which graph backend is active.
-- The KV cache is bound once (``bind_kv_cache``); k/v are written by the rope+store op.
+- The model holds no KV cache and no attention backend: the ``attention`` split op reads them
+  from the forward context the runner sets, so one module serves every execution path.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from nanograph.attention.base import AttentionBackend, AttentionMetadata
+from nanograph.attention.op import attention
 from nanograph.layers import ops
 from nanograph.layers.rotary import build_cos_sin_cache
 from nanograph.models.config import ModelConfig
@@ -35,8 +36,9 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, config: ModelConfig, backend: AttentionBackend) -> None:
+    def __init__(self, config: ModelConfig, layer: int) -> None:
         super().__init__()
+        self.layer = layer
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
@@ -53,16 +55,12 @@ class Attention(nn.Module):
             self.k_norm = nn.Parameter(torch.ones(self.head_dim))
         else:
             self.q_norm = self.k_norm = None
-        self.backend = backend
-        self.k_cache: torch.Tensor | None = None
-        self.v_cache: torch.Tensor | None = None
 
     def forward(
         self,
         positions: torch.Tensor,
         hidden: torch.Tensor,
         cos_sin_cache: torch.Tensor,
-        meta: AttentionMetadata,
     ) -> torch.Tensor:
         n = hidden.shape[0]
         qkv = self.qkv_proj(hidden)
@@ -70,20 +68,10 @@ class Attention(nn.Module):
         q = q.reshape(n, self.num_heads, self.head_dim)
         k = k.reshape(n, self.num_kv_heads, self.head_dim)
         v = v.reshape(n, self.num_kv_heads, self.head_dim)
-        ops.rope_store_kv(
-            q,
-            k,
-            v,
-            positions,
-            cos_sin_cache,
-            self.k_cache,
-            self.v_cache,
-            meta.slot_mapping,
-            q_norm_weight=self.q_norm,
-            k_norm_weight=self.k_norm,
-            eps=self.eps,
-        )
-        out = self.backend.forward(q, self.k_cache, self.v_cache, meta, self.scale)
+        out = attention(
+            q, k, v, positions, cos_sin_cache, self.q_norm, self.k_norm, self.layer, self.scale,
+            self.eps,
+        )  # fmt: skip
         return self.o_proj(out.reshape(n, self.q_size))
 
 
@@ -98,9 +86,9 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, backend: AttentionBackend) -> None:
+    def __init__(self, config: ModelConfig, layer: int) -> None:
         super().__init__()
-        self.self_attn = Attention(config, backend)
+        self.self_attn = Attention(config, layer)
         self.mlp = MLP(config.hidden_size, config.intermediate_size)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -111,24 +99,23 @@ class DecoderLayer(nn.Module):
         hidden: torch.Tensor,
         residual: torch.Tensor | None,
         cos_sin_cache: torch.Tensor,
-        meta: AttentionMetadata,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if residual is None:
             residual = hidden.clone()  # the fused add+norm updates the residual in place
             hidden = self.input_layernorm(hidden)
         else:
             hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(positions, hidden, cos_sin_cache, meta)
+        hidden = self.self_attn(positions, hidden, cos_sin_cache)
         hidden, residual = self.post_attention_layernorm(hidden, residual)
         return self.mlp(hidden), residual
 
 
 class Backbone(nn.Module):
-    def __init__(self, config: ModelConfig, backend: AttentionBackend) -> None:
+    def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
-            DecoderLayer(config, backend) for _ in range(config.num_hidden_layers)
+            DecoderLayer(config, i) for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -136,10 +123,10 @@ class Backbone(nn.Module):
 class CausalLM(nn.Module):
     """Llama/Qwen2/Qwen3 causal LM over a paged KV cache."""
 
-    def __init__(self, config: ModelConfig, backend: AttentionBackend) -> None:
+    def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
-        self.model = Backbone(config, backend)
+        self.model = Backbone(config)
         self.lm_head = (
             None
             if config.tie_word_embeddings
@@ -158,18 +145,12 @@ class CausalLM(nn.Module):
             self.model.norm.weight.device,
         )
 
-    def bind_kv_cache(self, k_caches: list[torch.Tensor], v_caches: list[torch.Tensor]) -> None:
-        for layer, k, v in zip(self.model.layers, k_caches, v_caches, strict=True):
-            layer.self_attn.k_cache, layer.self_attn.v_cache = k, v
-
-    def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
-    ) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Returns final hidden states [N, hidden] (normed); see ``compute_logits``."""
         hidden = self.model.embed_tokens(input_ids)
         residual = None
         for layer in self.model.layers:
-            hidden, residual = layer(positions, hidden, residual, self.cos_sin_cache, meta)
+            hidden, residual = layer(positions, hidden, residual, self.cos_sin_cache)
         hidden, _ = self.model.norm(hidden, residual)
         return hidden
 
