@@ -27,6 +27,16 @@ ENGINE_HELP = {
     "max_model_len": "context length cap (default: the model's)",
     "attention_backend": "auto (triton on CUDA, torch_native on CPU) | triton | torch_native",
     "seed": "engine seed (sampling of requests without their own seed)",
+    "decode_cuda_graph": "full | breakable | tc_piecewise | none | auto (full on CUDA, none "
+    "on CPU)",
+    "prefill_cuda_graph": "full | breakable | tc_piecewise | none | auto (breakable on CUDA, "
+    "none on CPU)",
+    "debug_cuda_graph": "run captured paths as one eager break through the graph buffers and "
+    "replay path (if a bug persists, it is in the model or runner)",
+    "cuda_graph_max_bs": "largest decode batch captured",
+    "prefill_graph_tokens": "comma-separated prefill token buckets (default: ~40 up to "
+    "--chunked-prefill-size)",
+    "prefill_graph_slots": "request slots per prefill graph; more requests run eagerly",
     "progress": None,  # not a flag: --quiet turns it off
 }
 
@@ -40,9 +50,23 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         if help_text is None:
             continue
         flag = "--" + f.name.replace("_", "-")
+        if f.type == "bool":
+            group.add_argument(flag, action="store_true", help=help_text)
+            continue
         kind = {"int": int, "float": float, "int | None": int}.get(str(f.type), str)
+        if f.type == "tuple[int, ...] | None":
+            kind = _int_list
         group.add_argument(flag, type=kind, default=f.default, help=f"{help_text} [{f.default}]")
     group.add_argument("--quiet", action="store_true", help="no progress bars or summary")
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(t) for t in text.split(",") if t.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from None
 
 
 def engine_config_from(args: argparse.Namespace):

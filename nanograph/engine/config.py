@@ -32,6 +32,17 @@ class EngineConfig:
     attention_backend: str = "auto"  # auto = triton on CUDA, torch_native on CPU
     seed: int = 0
     progress: bool = True
+    # graph backend per path; auto = full decode + breakable prefill on CUDA, none on CPU
+    decode_cuda_graph: str = "auto"
+    prefill_cuda_graph: str = "auto"
+    # run every captured path as one eager break through the same buffers and replay path
+    debug_cuda_graph: bool = False
+    # largest decode batch captured (1, 2, 4, 8, then steps of 8)
+    cuda_graph_max_bs: int = 256
+    # prefill token buckets; None = ~40 buckets up to chunked_prefill_size
+    prefill_graph_tokens: tuple[int, ...] | None = None
+    # request slots per prefill graph (SGLang: 16); more requests in one forward run eagerly
+    prefill_graph_slots: int = 16
 
     def __post_init__(self) -> None:
         if self.load_format not in ("auto", "gguf", "hf", "dummy"):
@@ -48,9 +59,31 @@ class EngineConfig:
             raise ValueError("device 'cuda' requested but CUDA is not available; use --device cpu")
         if not 0 < self.mem_fraction <= 1:
             raise ValueError(f"mem_fraction must be in (0, 1], got {self.mem_fraction}")
-        for name in ("page_size", "chunked_prefill_size", "max_num_seqs", "kv_cache_bytes"):
+        for name in (
+            "page_size", "chunked_prefill_size", "max_num_seqs", "kv_cache_bytes",
+            "cuda_graph_max_bs", "prefill_graph_slots",
+        ):  # fmt: skip
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        for flag in ("decode_cuda_graph", "prefill_cuda_graph"):
+            value = getattr(self, flag)
+            if value not in GRAPH_CHOICES:
+                raise ValueError(f"{flag} must be one of {', '.join(GRAPH_CHOICES)}, got {value!r}")
+            if value not in ("auto", "none") and self.torch_device.type != "cuda":
+                raise ValueError(
+                    f"{flag}={value!r} needs CUDA, but the engine runs on {self.torch_device}; "
+                    "use 'auto' or 'none' (eager) on this machine"
+                )
+        if self.prefill_graph_tokens is not None:
+            tokens = tuple(sorted({int(t) for t in self.prefill_graph_tokens}))
+            if not tokens or tokens[0] <= 0:
+                raise ValueError("prefill_graph_tokens must be positive token counts")
+            if tokens[-1] > self.chunked_prefill_size:
+                raise ValueError(
+                    f"prefill_graph_tokens go up to {tokens[-1]} but no forward has more than "
+                    f"chunked_prefill_size={self.chunked_prefill_size} tokens"
+                )
+            object.__setattr__(self, "prefill_graph_tokens", tokens)
 
     @property
     def torch_device(self) -> torch.device:
@@ -63,6 +96,15 @@ class EngineConfig:
         if self.dtype == "auto":
             return torch.bfloat16 if self.torch_device.type == "cuda" else torch.float32
         return DTYPES[self.dtype]
+
+    def graph_backend(self, path: str) -> str:
+        """The resolved graph backend of a path ("decode" | "prefill"): a name or "none"."""
+        value = getattr(self, f"{path}_cuda_graph")
+        if value == "auto":
+            if self.torch_device.type != "cuda":
+                return "none"
+            return "full" if path == "decode" else "breakable"
+        return value
 
     def replace(self, **changes) -> EngineConfig:
         return dataclasses.replace(self, **changes)

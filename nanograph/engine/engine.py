@@ -10,6 +10,7 @@ Invariants:
 
 from __future__ import annotations
 
+import gc
 import itertools
 import logging
 import time
@@ -19,15 +20,29 @@ import torch
 from nanograph.attention import get_attention_backend
 from nanograph.engine.config import EngineConfig
 from nanograph.engine.kv_cache import KVCache, bytes_per_token
+from nanograph.engine.memory import MemoryReport
 from nanograph.engine.request import Request, Status
 from nanograph.engine.sampler import Sampler
 from nanograph.engine.sampling_params import SamplingParams
 from nanograph.engine.scheduler import Scheduler
+from nanograph.graph import get_backend
 from nanograph.models import build_model
 from nanograph.runners.forward_batch import ForwardBatch
+from nanograph.runners.graph_runner import GraphRunner
 from nanograph.runners.model_runner import ModelRunner
+from nanograph.runners.shapes import (
+    ShapeKey,
+    decode_batch_sizes,
+    decode_shapes,
+    prefill_shapes,
+    prefill_token_buckets,
+)
 
 logger = logging.getLogger("nanograph")
+
+# KV sizing keeps the largest shape's measured pool bytes times this free for all shapes:
+# smaller shapes reuse the largest one's memory, plus what each shape keeps alive.
+GRAPH_RESERVE_MARGIN = 1.25
 
 
 class Engine:
@@ -41,39 +56,124 @@ class Engine:
         self.source = resolve_model(config.model, config.load_format)
         self.model_config = self.source.config
         self.attention = get_attention_backend(config.attention_backend, self.device)
+        self.graph_backends = self._graph_backends()  # refuse bad combinations before loading
         self.model = build_model(self.model_config, self.dtype, self.device)
         if self.source.kind == "dummy":
             init_dummy_weights(self.model, seed=config.seed)
         else:
             load_weights(self.model, self.source.weights(), progress=config.progress)
         self.tokenizer = self.source.tokenizer() if self.source.has_tokenizer else None
-        self.weights_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
         self.max_model_len = min(
             config.max_model_len or self.model_config.max_position_embeddings,
             self.model_config.max_position_embeddings,
         )
-        self.kv_cache = KVCache(
-            self.model_config, self._num_pages(), config.page_size, self.dtype, self.device
+        self.memory = MemoryReport(
+            weights=sum(p.numel() * p.element_size() for p in self.model.parameters())
         )
+        self.kv_cache, self.runner = self._build_kv_cache_and_runners()
         self.scheduler = Scheduler(self.kv_cache, config.chunked_prefill_size, config.max_num_seqs)
         self.sampler = Sampler(self.device, seed=config.seed)
-        self.runner = ModelRunner(
-            self.model, self.attention, self.kv_cache.k, self.kv_cache.v, self.device
-        )
         self.eos_token_ids = set(self.model_config.eos_token_ids)
         if self.tokenizer is not None:
             self.eos_token_ids |= set(self.tokenizer.eos_token_ids)
         self._ids = itertools.count()
         self.load_seconds = time.perf_counter() - start
+        if config.progress:
+            logger.info("%s", self.memory.table())
+
+    @property
+    def weights_bytes(self) -> int:
+        return self.memory.weights
 
     # ---- start-up -------------------------------------------------------------------------
+    def _graph_backends(self) -> dict[str, str]:
+        """Resolved graph backend per path, refusing combinations that cannot capture."""
+        backends = {}
+        for path in ("decode", "prefill"):
+            name = self.config.graph_backend(path)
+            if name == "full" and not self.attention.graph_safe:
+                raise ValueError(
+                    f"{path}_cuda_graph='full' captures attention inside the graph, but the "
+                    f"{self.attention.name!r} attention backend plans on the host (it reads "
+                    "Python lengths). Use attention_backend='triton' (graph-safe), or "
+                    f"{path}_cuda_graph 'breakable', 'tc_piecewise' or 'none'."
+                )
+            if name != "none":
+                backends[path] = name
+        return backends
+
+    def _shapes(self, path: str) -> list[ShapeKey]:
+        cfg = self.config
+        if path == "decode":
+            max_bs = min(cfg.cuda_graph_max_bs, cfg.max_num_seqs)
+            return decode_shapes(decode_batch_sizes(max_bs))
+        tokens = cfg.prefill_graph_tokens or prefill_token_buckets(cfg.chunked_prefill_size)
+        return prefill_shapes(list(tokens), cfg.prefill_graph_slots)
+
+    def _graph_runner(
+        self, path: str, backend: str, kv: KVCache, shapes: list[ShapeKey]
+    ) -> GraphRunner:
+        return GraphRunner(
+            path, self.model, self.attention, kv.k, kv.v,
+            get_backend(backend, debug=True) if self.config.debug_cuda_graph
+            else get_backend(backend),
+            shapes, kv.pages_needed(self.max_model_len), kv.page_size, self.device,
+        )  # fmt: skip
+
+    def _build_kv_cache_and_runners(self) -> tuple[KVCache, ModelRunner]:
+        """Measures graph and activation memory first, then sizes the KV pool from what is
+        left, then captures: capture never competes with a KV pool sized without it."""
+        backends = self.graph_backends
+        if self.device.type == "cuda":
+            # a two-page pool is enough to measure: measurement batches read the scratch page
+            scratch = KVCache(self.model_config, 2, self.config.page_size, self.dtype, self.device)
+            self.memory.activation_peak = self._measure_activation_peak(scratch)
+            for path, backend in backends.items():
+                largest = max(self._shapes(path))
+                probe = self._graph_runner(path, backend, scratch, [largest])
+                probe.capture(progress=False)
+                # smaller shapes reuse the largest one's pool; keep a margin for their outputs
+                self.memory.graph_reserve += int(probe.pool_bytes() * GRAPH_RESERVE_MARGIN)
+                probe.release()
+            del scratch, probe
+            gc.collect()
+            torch.cuda.empty_cache()
+        kv = KVCache(self.model_config, self._num_pages(), self.config.page_size, self.dtype,
+                     self.device)  # fmt: skip
+        self.memory.kv_pool = kv.nbytes
+        runners = {}
+        for path, backend in backends.items():
+            runners[path] = self._graph_runner(path, backend, kv, self._shapes(path))
+            runners[path].capture(progress=self.config.progress)
+            self.memory.graph_pools[path] = runners[path].pool_bytes()
+        runner = ModelRunner(self.model, self.attention, kv.k, kv.v, self.device, runners)
+        return kv, runner
+
+    def _measure_activation_peak(self, scratch: KVCache) -> int:
+        """Allocator peak of one eager forward at chunked_prefill_size tokens, above baseline."""
+        n = min(self.config.chunked_prefill_size, self.max_model_len - 1)
+        page = self.config.page_size
+        batch = ForwardBatch(
+            input_ids=[0] * n, positions=list(range(n)), seq_lens=[n], query_lens=[n],
+            page_tables=[[0] * -(-n // page)], slot_mapping=[-1] * n, sample_rows=[n - 1],
+            page_size=page,
+        )  # fmt: skip
+        runner = ModelRunner(self.model, self.attention, scratch.k, scratch.v, self.device)
+        torch.cuda.synchronize(self.device)
+        base = torch.cuda.memory_allocated(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        runner.forward(batch)
+        torch.cuda.synchronize(self.device)
+        return torch.cuda.max_memory_allocated(self.device) - base
+
     def _num_pages(self) -> int:
         cfg = self.config
         per_page = bytes_per_token(self.model_config, self.dtype) * cfg.page_size
         if self.device.type == "cuda":
             total = torch.cuda.get_device_properties(self.device).total_memory
+            self.memory.device_total = total
             budget = int(total * cfg.mem_fraction) - torch.cuda.memory_allocated(self.device)
-            budget -= self._activation_reserve()
+            budget -= self.memory.graph_reserve + self.memory.activation_peak
         else:
             budget = cfg.kv_cache_bytes
         # never more than every sequence slot at full length could use
@@ -81,18 +181,11 @@ class Engine:
         num_pages = min(budget // per_page, cap)
         if num_pages < 2:
             raise MemoryError(
-                f"not enough memory for a KV pool: {budget / 2**20:.0f} MiB left after weights; "
-                "raise --mem-fraction / --kv-cache-bytes or use a smaller model"
+                f"not enough memory for a KV pool: {budget / 2**20:.0f} MiB left after weights, "
+                "graphs and activations; raise --mem-fraction / --kv-cache-bytes, lower "
+                "--chunked-prefill-size, or use a smaller model"
             )
         return int(num_pages)
-
-    def _activation_reserve(self) -> int:
-        """Bytes kept free for the largest eager forward (chunked_prefill_size tokens)."""
-        c = self.model_config
-        element = torch.empty((), dtype=self.dtype).element_size()
-        q, kv = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
-        per_token = 4 * c.hidden_size + q + 2 * kv + 3 * c.intermediate_size
-        return 2 * self.config.chunked_prefill_size * per_token * element + 2**30
 
     # ---- requests -------------------------------------------------------------------------
     def add_request(self, prompt_ids: list[int], params: SamplingParams) -> Request:

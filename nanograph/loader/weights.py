@@ -15,7 +15,6 @@ Invariants:
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterable
 from typing import Protocol, runtime_checkable
 
@@ -23,6 +22,7 @@ import torch
 from torch import nn
 
 from nanograph.loader.errors import ModelLoadError
+from nanograph.progress import progress_bar
 
 EMBEDDING = "model.embed_tokens.weight"
 LM_HEAD = "lm_head.weight"
@@ -63,11 +63,9 @@ def load_weights(
     Shows a tqdm bar on a terminal when ``progress`` is true.
     """
     resolve, expected = _targets(model)
-    items: Iterable[tuple[str, torch.Tensor]] = weights
-    if progress and sys.stderr.isatty():
-        from tqdm import tqdm
-
-        items = tqdm(weights, total=len(expected), desc="Loading weights", unit="tensor")
+    items = progress_bar(
+        weights, desc="Loading weights", show=progress, total=len(expected), unit="tensor"
+    )
     loaded: set[str] = set()
     with torch.no_grad():
         for name, tensor in items:

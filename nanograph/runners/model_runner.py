@@ -1,7 +1,8 @@
 """Runs a ``ForwardBatch`` through the model and returns the logits of its sampled rows.
 
-This is the eager path. Graph runners (decode, prefill) plug in here: each says whether it
-can take a batch, and the eager forward is the fallback when none can.
+A decode batch goes to the decode graph runner, anything else to the prefill graph runner;
+when the runner is off or cannot take the batch, the same model runs eagerly through the same
+attention context. Which backend a runner uses is invisible here.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from nanograph.attention.base import AttentionBackend
 from nanograph.attention.op import ForwardContext, forward_context
 from nanograph.models.llama import CausalLM
 from nanograph.runners.forward_batch import ForwardBatch
+from nanograph.runners.graph_runner import GraphRunner
 
 
 class ModelRunner:
@@ -22,21 +24,29 @@ class ModelRunner:
         k_caches: list[torch.Tensor],
         v_caches: list[torch.Tensor],
         device: torch.device,
+        graph_runners: dict[str, GraphRunner] | None = None,  # "decode" / "prefill"
     ) -> None:
         self.model = model
         self.attention = attention
         self.k_caches, self.v_caches = k_caches, v_caches
         self.device = device
+        self.graph_runners = graph_runners or {}
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """Logits (float32) of ``batch.sample_rows``, shape [len(sample_rows), vocab]."""
-        ids = torch.tensor(batch.input_ids, dtype=torch.long).to(self.device, non_blocking=True)
-        pos = torch.tensor(batch.positions, dtype=torch.long).to(self.device, non_blocking=True)
-        ctx = ForwardContext(
-            self.attention, batch.metadata(self.device), self.k_caches, self.v_caches
-        )
-        with forward_context(ctx):
-            hidden = self.model(ids, pos)
+        runner = self.graph_runners.get("decode" if batch.mode == "decode" else "prefill")
+        hidden = runner.forward(batch) if runner is not None else None
+        if hidden is None:
+            hidden = self.eager_forward(batch)
         rows = torch.tensor(batch.sample_rows, dtype=torch.long).to(self.device, non_blocking=True)
         return self.model.compute_logits(hidden[rows])
+
+    @torch.inference_mode()
+    def eager_forward(self, batch: ForwardBatch) -> torch.Tensor:
+        """Final hidden states of every row, without graphs."""
+        ids = torch.tensor(batch.input_ids, dtype=torch.long).to(self.device, non_blocking=True)
+        pos = torch.tensor(batch.positions, dtype=torch.long).to(self.device, non_blocking=True)
+        meta = batch.metadata(self.device)
+        with forward_context(ForwardContext(self.attention, meta, self.k_caches, self.v_caches)):
+            return self.model(ids, pos)

@@ -1,0 +1,34 @@
+"""The start-up memory report: where device memory went, as a table and as data.
+
+Invariant: every figure is measured (parameter bytes, tensor bytes, graph-pool bytes from the
+allocator, the allocator's peak during an eager forward), never estimated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class MemoryReport:
+    weights: int = 0
+    kv_pool: int = 0
+    graph_pools: dict[str, int] = field(default_factory=dict)  # per runner path
+    activation_peak: int = 0  # eager forward of chunked_prefill_size tokens, above its inputs
+    graph_reserve: int = 0  # what the KV sizing kept free for graphs (measured before capture)
+    device_total: int = 0
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def table(self) -> str:
+        rows = [("weights", self.weights), ("KV pool", self.kv_pool)]
+        rows += [(f"graph pool ({path})", n) for path, n in self.graph_pools.items()]
+        rows.append(("eager activation peak", self.activation_peak))
+        if self.graph_reserve:
+            rows.append(("reserved for graphs", self.graph_reserve))
+        width = max(len(name) for name, _ in rows)
+        lines = [f"{name:<{width}}  {n / 2**20:>10.1f} MiB" for name, n in rows]
+        if self.device_total:
+            lines.append(f"{'device total':<{width}}  {self.device_total / 2**20:>10.1f} MiB")
+        return "memory\n" + "\n".join("  " + line for line in lines)

@@ -1,0 +1,179 @@
+"""A graph runner: one execution path (decode or prefill) captured on one graph backend.
+
+Invariants:
+- Owns its shapes, one ``StaticInputs`` sized at the largest shape, one graph pool and one
+  max-size output buffer shared by every shape; shapes are captured largest first so smaller
+  ones reuse the pool's memory.
+- Knows nothing of how a backend captures: it hands ``backend.capture`` a callable over its
+  static buffers and replays what comes back.
+- A batch it cannot take (too many tokens or requests, too much padding, a shape that failed to
+  capture) returns ``None`` from ``forward``: the caller runs it eagerly. Nothing is half-done.
+- Capture runs inside the same ``forward_context`` as replay (per shape, built once), so breaks
+  and split ops see the static metadata both times.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+
+from nanograph.attention.base import AttentionBackend
+from nanograph.attention.op import ForwardContext, forward_context
+from nanograph.graph import Backend, Graph, GraphCaptureError, new_pool
+from nanograph.models.llama import CausalLM
+from nanograph.progress import progress_bar
+from nanograph.runners.forward_batch import ForwardBatch
+from nanograph.runners.shapes import ShapeKey, choose_shape
+from nanograph.runners.static_inputs import StaticInputs
+
+logger = logging.getLogger("nanograph")
+
+
+@dataclass
+class ShapeRecord:
+    capture_s: float
+    pool_bytes: int  # pool size after this shape was captured
+
+
+class GraphRunner:
+    def __init__(
+        self,
+        path: str,  # "decode" | "prefill"
+        model: CausalLM,
+        attention: AttentionBackend,
+        k_caches: list[torch.Tensor],
+        v_caches: list[torch.Tensor],
+        backend: Backend,
+        shapes: list[ShapeKey],
+        max_pages: int,
+        page_size: int,
+        device: torch.device,
+    ) -> None:
+        if not shapes:
+            raise ValueError(f"{path} runner needs at least one shape")
+        self.path = path
+        self.model = model
+        self.attention = attention
+        self.k_caches, self.v_caches = k_caches, v_caches
+        self.backend = backend
+        self.shapes = sorted(shapes)
+        largest_tokens = max(s.num_tokens for s in shapes)
+        largest_slots = max(s.num_slots for s in shapes)
+        self.static = StaticInputs(largest_tokens, largest_slots, max_pages, page_size, device)
+        hidden = model.config.hidden_size
+        dtype = model.model.embed_tokens.weight.dtype
+        self.output = torch.empty(largest_tokens, hidden, dtype=dtype, device=device)
+        self.pool = new_pool()
+        self.graphs: dict[ShapeKey, Graph] = {}
+        self.contexts: dict[ShapeKey, ForwardContext] = {}
+        self.records: dict[ShapeKey, ShapeRecord] = {}
+        self.replays = 0
+        self.fallbacks = 0
+
+    def max_query_len(self, shape: ShapeKey) -> int:
+        return 1 if self.path == "decode" else shape.num_tokens
+
+    # ---- capture ------------------------------------------------------------------------
+    def capture(self, progress: bool = True) -> None:
+        """Captures every shape, largest first; a shape that fails for memory stays eager."""
+        order = sorted(self.shapes, reverse=True)
+        start = time.perf_counter()
+        bar = progress_bar(order, desc=f"capture {self.path} ({self.backend.name})", show=progress)
+        for shape in bar:
+            try:
+                self._capture_one(shape)
+            except torch.cuda.OutOfMemoryError:
+                logger.warning(
+                    "%s graph %s: out of memory during capture; this shape runs eagerly",
+                    self.path, shape,
+                )  # fmt: skip
+                torch.cuda.empty_cache()
+        logger.info(
+            "%s graphs: %d shapes on %s in %.1f s, pool %.0f MiB",
+            self.path, len(self.graphs), self.backend.name, time.perf_counter() - start,
+            self.pool_bytes() / 2**20,
+        )  # fmt: skip
+
+    def _capture_one(self, shape: ShapeKey) -> None:
+        self.static.copy_from(self._dummy_batch(shape), shape)
+        ctx = ForwardContext(
+            self.attention,
+            self.static.metadata(shape, self.max_query_len(shape)),
+            self.k_caches,
+            self.v_caches,
+        )
+        n = shape.num_tokens
+        ids, positions, out = self.static.input_ids[:n], self.static.positions[:n], self.output[:n]
+
+        def forward() -> torch.Tensor:
+            out.copy_(self.model(ids, positions))
+            return out
+
+        t0 = time.perf_counter()
+        with forward_context(ctx), torch.inference_mode():
+            graph, _ = self.backend.capture(forward, pool=self.pool)
+        self.graphs[shape], self.contexts[shape] = graph, ctx
+        self.records[shape] = ShapeRecord(time.perf_counter() - t0, self.pool_bytes())
+        logger.debug("%s graph %s: %r", self.path, shape, graph)
+
+    def _dummy_batch(self, shape: ShapeKey) -> ForwardBatch:
+        """A batch that fills ``shape`` and writes no KV (slot -1), reading the scratch page."""
+        page = self.static.page_size
+        if self.path == "decode":
+            per_request = [1] * shape.num_slots
+        else:
+            per_request = [shape.num_tokens]
+        tokens = sum(per_request)
+        return ForwardBatch(
+            input_ids=[0] * tokens,
+            positions=[0] * tokens,
+            seq_lens=per_request,
+            query_lens=per_request,
+            page_tables=[[0] * -(-q // page) for q in per_request],
+            slot_mapping=[-1] * tokens,
+            sample_rows=[],
+            page_size=page,
+        )
+
+    def pool_bytes(self) -> int:
+        return self.pool.reserved_bytes() if self.graphs else 0
+
+    # ---- replay -------------------------------------------------------------------------
+    def dispatch(self, batch: ForwardBatch) -> ShapeKey | None:
+        if batch.max_pages > self.static.max_pages:
+            return None
+        shape = choose_shape(
+            self.shapes, batch.num_tokens, batch.num_requests, limit_padding=self.path == "prefill"
+        )
+        return shape if shape in self.graphs else None
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch) -> torch.Tensor | None:
+        """Final hidden states of the batch's real rows, or None if no graph can take it."""
+        shape = self.dispatch(batch)
+        if shape is None:
+            self.fallbacks += 1
+            return None
+        self.static.copy_from(batch, shape)
+        with forward_context(self.contexts[shape]):
+            self.graphs[shape].replay()
+        self.replays += 1
+        return self.output[: batch.num_tokens]
+
+    def release(self) -> None:
+        """Drops every graph and the pool (memory goes back once the caller empties the cache)."""
+        self.graphs.clear()
+        self.contexts.clear()
+        self.pool = new_pool()
+
+    def __repr__(self) -> str:
+        return (
+            f"GraphRunner({self.path}, {self.backend.name}, shapes={len(self.graphs)}/"
+            f"{len(self.shapes)}, replays={self.replays}, fallbacks={self.fallbacks})"
+        )
+
+
+__all__ = ["GraphCaptureError", "GraphRunner", "ShapeRecord"]
