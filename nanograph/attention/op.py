@@ -74,6 +74,6 @@ def attention(
     k_cache, v_cache = ctx.k_caches[layer], ctx.v_caches[layer]
     ops.rope_store_kv(
         q, k, v, positions, cos_sin_cache, k_cache, v_cache, ctx.meta.slot_mapping,
-        q_norm_weight=q_norm, k_norm_weight=k_norm, eps=eps,
+        q_norm_weight=q_norm, k_norm_weight=k_norm, eps=eps, num_tokens=ctx.meta.num_tokens,
     )  # fmt: skip
     return ctx.backend.forward(q, k_cache, v_cache, ctx.meta, scale)

@@ -78,7 +78,7 @@ class StaticInputs:
         self.seq_lens[:s].copy_(lens[:s], non_blocking=True)
         self.query_lens[:s].copy_(lens[s : 2 * s], non_blocking=True)
         self.query_start_loc[: s + 1].copy_(starts, non_blocking=True)
-        self.num_tokens.copy_(lens[3 * s + 1 :], non_blocking=True)
+        self.num_tokens.copy_(lens[3 * s + 1 : 3 * s + 2], non_blocking=True)
         self.page_table[:s].copy_(pages, non_blocking=True)
         self.seq_lens_cpu[:] = batch.seq_lens + [0] * (self.max_slots - r)
         self.query_lens_cpu[:] = batch.query_lens + [0] * (self.max_slots - r)

@@ -1,0 +1,150 @@
+"""Runner logic on CPU: ladders, dispatch, padding and sentinels, fallback, flag validation.
+
+The graph runner is exercised end to end with the ``eager`` graph backend (it replays by
+calling the captured callable), so every padding/sentinel path runs through the real model.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nanograph import LLM, SamplingParams
+from nanograph.engine.config import EngineConfig
+from nanograph.graph import get_backend
+from nanograph.runners.forward_batch import ForwardBatch
+from nanograph.runners.graph_runner import GraphRunner
+from nanograph.runners.shapes import (
+    ShapeKey,
+    choose_shape,
+    decode_batch_sizes,
+    decode_shapes,
+    prefill_shapes,
+    prefill_token_buckets,
+)
+from nanograph.runners.static_inputs import StaticInputs
+
+CPU = torch.device("cpu")
+
+
+def test_ladders():
+    assert decode_batch_sizes(64) == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64]
+    assert decode_batch_sizes(20) == [1, 2, 4, 8, 16, 20]
+    buckets = prefill_token_buckets(8192)
+    assert 35 <= len(buckets) <= 45 and buckets[-1] == 8192 and buckets[0] == 16
+    assert all(b % 16 == 0 for b in buckets) and buckets == sorted(set(buckets))
+    assert prefill_token_buckets(100)[-1] == 100
+
+
+def test_choose_shape():
+    decode = decode_shapes([1, 2, 4, 8])
+    assert choose_shape(decode, 3, 3) == ShapeKey(4, 4)
+    assert choose_shape(decode, 8, 8) == ShapeKey(8, 8)
+    assert choose_shape(decode, 9, 9) is None  # larger than the ladder: eager
+    prefill = prefill_shapes([16, 32, 64, 128], slots=4)
+    assert choose_shape(prefill, 20, 2, limit_padding=True) == ShapeKey(32, 4)
+    assert choose_shape(prefill, 64, 4, limit_padding=True) == ShapeKey(64, 4)
+    assert choose_shape(prefill, 64, 5, limit_padding=True) is None  # more requests than slots
+    assert choose_shape(prefill, 129, 1, limit_padding=True) is None  # over the ceiling
+    assert choose_shape(prefill, 7, 1, limit_padding=True) is None  # 16 > 2 x 7: eager
+    assert choose_shape(prefill, 7, 1) == ShapeKey(16, 4)
+
+
+def batch_of(lengths: list[tuple[int, int]], page_size: int = 4) -> ForwardBatch:
+    """Requests given as (already cached, new tokens), pages numbered from 1."""
+    next_page, ids, done, new, pages = 1, [], [], [], []
+    for cached, n in lengths:
+        count = -(-(cached + n) // page_size)
+        pages.append(list(range(next_page, next_page + count)))
+        next_page += count
+        ids.append(list(range(100, 100 + cached + n)))
+        done.append(cached)
+        new.append(n)
+    return ForwardBatch.build(ids, done, new, pages, page_size, [True] * len(lengths))
+
+
+def test_padding_and_sentinels():
+    static = StaticInputs(max_tokens=32, max_slots=4, max_pages=8, page_size=4, device=CPU)
+    batch = batch_of([(0, 5), (3, 2)])
+    static.copy_from(batch, ShapeKey(16, 4))
+    assert static.input_ids[:7].tolist() == batch.input_ids
+    assert static.input_ids[7:16].tolist() == [0] * 9
+    assert static.slot_mapping[:7].tolist() == batch.slot_mapping
+    assert static.slot_mapping[7:16].tolist() == [-1] * 9  # padded rows write no KV
+    assert static.seq_lens[:4].tolist() == [5, 5, 0, 0]  # two zero-length sentinels
+    assert static.query_lens[:4].tolist() == [5, 2, 0, 0]
+    assert static.query_start_loc[:5].tolist() == [0, 5, 7, 7, 7]  # parked after real tokens
+    assert static.num_tokens.tolist() == [7]
+    assert static.page_table[2:4].eq(0).all()  # sentinels point at the scratch page
+    assert static.seq_lens_cpu == [5, 5, 0, 0] and static.query_lens_cpu == [5, 2, 0, 0]
+    # a smaller batch afterwards leaves no stale state behind in the shape it uses
+    static.copy_from(batch_of([(0, 3)]), ShapeKey(16, 4))
+    assert static.seq_lens[:4].tolist() == [3, 0, 0, 0]
+    assert static.query_start_loc[:5].tolist() == [0, 3, 3, 3, 3]
+    assert static.slot_mapping[3:16].tolist() == [-1] * 13
+    meta = static.metadata(ShapeKey(16, 4), max_query_len=16)
+    assert meta.num_slots == 4 and meta.slot_mapping.shape == (16,)
+    assert static.fits(batch) and not static.fits(batch_of([(0, 40)]))
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_model_dir):
+    return LLM(str(tiny_model_dir("qwen3")), page_size=4, kv_cache_bytes=4 * 2**20, progress=False)
+
+
+def make_runner(llm, path: str, shapes: list[ShapeKey]) -> GraphRunner:
+    e = llm.engine
+    runner = GraphRunner(
+        path, e.model, e.attention, e.kv_cache.k, e.kv_cache.v, get_backend("eager"), shapes,
+        e.kv_cache.pages_needed(e.max_model_len), e.kv_cache.page_size, CPU,
+    )  # fmt: skip
+    runner.capture(progress=False)
+    return runner
+
+
+GREEDY = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
+
+
+def test_runners_pad_and_fall_back_without_changing_tokens(llm):
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 256, (k,), generator=g).tolist() for k in (5, 17, 30, 9, 12)]
+    reference = [o.token_ids for o in llm.generate(prompts, GREEDY)]
+    runners = {
+        "decode": make_runner(llm, "decode", decode_shapes([1, 2, 4])),
+        "prefill": make_runner(llm, "prefill", prefill_shapes([16, 32, 64], slots=2)),
+    }
+    llm.engine.runner.graph_runners = runners
+    try:
+        # fewer requests than slots, exactly the slot count, and one more (eager fallback)
+        for count in (1, 2, 3, 5):
+            outs = llm.generate(prompts[:count], GREEDY)
+            assert [o.token_ids for o in outs] == reference[:count]
+    finally:
+        llm.engine.runner.graph_runners = {}
+    assert runners["decode"].replays > 0 and runners["prefill"].replays > 0
+    assert runners["decode"].fallbacks > 0  # 5 decoding requests > largest decode shape (4)
+    assert runners["prefill"].fallbacks > 0  # 3+ prompts in one forward > 2 slots
+
+
+def test_largest_chunk_replays_a_graph(llm):
+    runner = make_runner(llm, "prefill", prefill_shapes([16, 32, 64], slots=2))
+    batch = batch_of([(0, 64)])
+    assert runner.dispatch(batch) == ShapeKey(64, 2)
+    assert runner.dispatch(batch_of([(0, 65)])) is None
+
+
+@pytest.mark.parametrize("flag", ["decode_cuda_graph", "prefill_cuda_graph"])
+def test_graph_flags_need_cuda(flag):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(ValueError, match="needs CUDA"):
+        EngineConfig(**{flag: "full"})
+    with pytest.raises(ValueError, match="must be one of"):
+        EngineConfig(**{flag: "fast"})
+    assert EngineConfig().graph_backend(flag.split("_")[0]) == "none"
+
+
+def test_prefill_graph_tokens_validation():
+    assert EngineConfig(prefill_graph_tokens=(64, 16, 64)).prefill_graph_tokens == (16, 64)
+    with pytest.raises(ValueError, match="chunked_prefill_size"):
+        EngineConfig(chunked_prefill_size=256, prefill_graph_tokens=(512,))
