@@ -204,7 +204,23 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--ignore-eos", action="store_true", help="keep going past end-of-sequence")
     add_engine_args(gen)
     gen.set_defaults(func=cmd_generate)
+    from nanograph.bench import BENCHES
+
+    bench = sub.add_parser(
+        "bench", help="benchmarks: " + ", ".join(BENCHES),
+        description="Speed and memory benchmarks; each writes JSON (and a figure) under "
+        "benchmarks/results/. `nanograph bench NAME --help` lists a benchmark's options.",
+    )  # fmt: skip
+    bench.add_argument("name", choices=sorted(BENCHES))
+    bench.add_argument("args", nargs=argparse.REMAINDER, help="options of the benchmark")
+    bench.set_defaults(func=lambda a: _bench(a.name, a.args))
     return parser
+
+
+def _bench(name: str, argv: list[str]) -> int:
+    from nanograph.bench import run
+
+    return run(name, argv)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,115 @@
+"""``nanograph bench decode``: decode tokens/s per decode graph backend and batch size.
+
+Each arm is an engine with the decode path on one backend (prefill eager in every arm, so only
+decode differs). A batch of B prompts of 512 tokens generates 256 tokens each; decode
+throughput is the tokens after the first over the time from the first sampled token to the
+last. Next to it: the HBM roofline at batch 1 (weight bytes / measured copy bandwidth) and,
+optionally, transformers ``generate`` on the same weights at batch 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import torch
+
+from nanograph.bench.common import environment, figure, free_engine, median, write
+
+ARMS = ("none", "full", "breakable", "tc_piecewise")
+COPY_BANDWIDTH = 4.3e12  # H200 device copy, measured (bytes/s)
+
+
+def measure_arm(model: str, arm: str, batches: list[int], prompt_len: int, new_tokens: int,
+                repeats: int) -> dict:  # fmt: skip
+    from nanograph import LLM, SamplingParams
+
+    llm = LLM(
+        model, load_format="dummy", decode_cuda_graph=arm, prefill_cuda_graph="none",
+        cuda_graph_max_bs=max(batches), max_num_seqs=max(batches),
+        max_model_len=prompt_len + new_tokens + 16, progress=False,
+    )  # fmt: skip
+    params = SamplingParams(max_tokens=new_tokens, temperature=0, ignore_eos=True)
+    vocab = llm.engine.model_config.vocab_size
+    g = torch.Generator().manual_seed(0)
+    result = {"samples_tok_s": {}, "median_tok_s": {}, "weights_bytes": llm.engine.weights_bytes}
+    for batch in batches:
+        prompts = [torch.randint(0, vocab, (prompt_len,), generator=g).tolist()
+                   for _ in range(batch)]  # fmt: skip
+        llm.generate(prompts, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
+        samples = []
+        for _ in range(repeats):
+            outs = llm.generate(prompts, params)
+            first = min(o.ttft_s for o in outs)  # relative to each arrival; arrivals ~equal
+            span = max(o.ttft_s + (len(o.token_ids) - 1) / o.decode_tokens_per_s for o in outs)
+            samples.append(sum(len(o.token_ids) - 1 for o in outs) / (span - first))
+        result["samples_tok_s"][batch] = samples
+        result["median_tok_s"][batch] = median(samples)
+    runner = llm.engine.runner.graph_runners.get("decode")
+    if runner is not None:
+        result["replays"], result["fallbacks"] = runner.replays, runner.fallbacks
+    free_engine(llm)
+    return result
+
+
+def transformers_generate(model: str, prompt_len: int, new_tokens: int) -> float:
+    """tokens/s of transformers ``generate`` at batch 1 (random weights, same architecture)."""
+    import transformers
+
+    from nanograph.loader import resolve_model
+
+    fields = resolve_model(model, "dummy").config.to_hf_dict()
+    arch = fields.pop("architectures")[0]
+    fields.pop("model_type")
+    config = getattr(transformers, arch.replace("ForCausalLM", "Config"))(**fields)
+    with torch.device("cuda"):
+        hf = getattr(transformers, arch)(config).to(torch.bfloat16).eval()
+    ids = torch.randint(0, config.vocab_size, (1, prompt_len), device="cuda")
+    kwargs = dict(do_sample=False, eos_token_id=None, pad_token_id=0)
+    hf.generate(ids, max_new_tokens=4, min_new_tokens=4, **kwargs)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    hf.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, **kwargs)
+    torch.cuda.synchronize()
+    return new_tokens / (time.perf_counter() - start)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="nanograph bench decode", description=__doc__)
+    parser.add_argument("--models", default="qwen3-0.6b,qwen3-8b")
+    parser.add_argument("--batches", default="1,8,32,128")
+    parser.add_argument("--arms", default=",".join(ARMS))
+    parser.add_argument("--prompt-len", type=int, default=512)
+    parser.add_argument("--new-tokens", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--transformers", action="store_true", help="add the transformers peer")
+    parser.add_argument("--out", default="benchmarks/results/decode.json")
+    args = parser.parse_args(argv)
+    batches = [int(x) for x in args.batches.split(",")]
+    report = {"bench": "decode", "env": environment(), "config": vars(args), "models": {}}
+    for model in args.models.split(","):
+        entry = report["models"][model] = {"arms": {}}
+        for arm in args.arms.split(","):
+            entry["arms"][arm] = measure_arm(
+                model, arm, batches, args.prompt_len, args.new_tokens, args.repeats
+            )
+            write(args.out, report)
+            print(f"{model} decode={arm}: {entry['arms'][arm]['median_tok_s']}")
+        weights = next(iter(entry["arms"].values()))["weights_bytes"]
+        entry["roofline_batch1_tok_s"] = COPY_BANDWIDTH / weights
+        if args.transformers:
+            entry["transformers_batch1_tok_s"] = transformers_generate(
+                model, args.prompt_len, args.new_tokens
+            )
+        write(args.out, report)
+        series = {arm: (batches, [d["median_tok_s"][b] for b in batches])
+                  for arm, d in entry["arms"].items()}  # fmt: skip
+        figure(Path(args.out).with_name(f"{Path(args.out).stem}_{model}.png"),
+               f"decode throughput, {model} ({report['env']['device']})", "batch size",
+               "tokens/s", series)  # fmt: skip
+        best = max(d["median_tok_s"][batches[0]] for d in entry["arms"].values())
+        print(f"{model}: roofline at batch 1 {entry['roofline_batch1_tok_s']:.0f} tok/s; best "
+              f"arm at batch {batches[0]}: {best:.0f} tok/s "
+              f"({100 * best / entry['roofline_batch1_tok_s']:.0f}%)")  # fmt: skip
+    return 0
