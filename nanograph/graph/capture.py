@@ -9,9 +9,10 @@ Invariants:
 - Side streams listed in `side_streams` that are forked into a segment are joined before it
   closes, and forked again when the next segment opens, so work that spans a break stays
   captured.
-- If anything fails while a segment is open, `abort()` ends the stream capture, stops routing
-  allocations to the pool and drops the pool reference the segment took: the pool and the
-  process remain usable. A segment that captured nothing is dropped (no empty-graph launches).
+- If anything fails while a segment is open, `abort()` ends the stream capture; if CUDA had
+  already invalidated it, `_recover()` also stops the allocator routing to the pool, moves the
+  pool to a fresh allocator id and resets torch's RNG capture state: the pool and the process
+  remain usable. A segment that captured nothing is dropped (no empty-graph launches).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import torch
 
 from nanograph.graph.base import GraphCaptureError, capture_error, paused_gc
 from nanograph.graph.breaks import BreakHandler, break_handler
-from nanograph.graph.memory import GraphPool
+from nanograph.graph.memory import GraphPool, replace_capture_stream
 
 
 def _is_capturing(stream: torch.cuda.Stream) -> bool:
@@ -40,12 +41,16 @@ def _release_routing(device: int, pool_id: tuple[int, int]) -> None:
     capture was invalidated (e.g. by a host sync); the graph's destructor then releases nothing
     because the capture never ended. Ending the routing ourselves tells us which case we are in.
     """
-    end_routing = getattr(torch._C, "_cuda_endAllocateToPool", None)
-    if end_routing is None:  # torch < 2.7 spelling
-        end_routing = torch._C._cuda_endAllocateCurrentStreamToPool
+    end_routing = getattr(torch._C, "_cuda_endAllocateToPool", None) or getattr(
+        torch._C,
+        "_cuda_endAllocateCurrentStreamToPool",
+        None,  # torch < 2.7 spelling
+    )
+    if end_routing is None:
+        return
     try:
         end_routing(device, pool_id)
-    except RuntimeError:
+    except Exception:
         return  # capture_end got past this point: the graph's destructor releases the pool
     torch._C._cuda_releasePool(device, pool_id)
 
@@ -72,16 +77,22 @@ class SegmentRecorder:
         current = torch.cuda.current_stream()
         if current != self.stream:
             self.stream.wait_stream(current)  # eager work on another stream comes first
+        pool_id = self.pool.id  # may capture the pool's keep-alive graph: before ours begins
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.stream(self.stream):
-            graph.capture_begin(pool=self.pool.id, capture_error_mode="thread_local")
+            try:
+                graph.capture_begin(pool=pool_id, capture_error_mode="thread_local")
+            except Exception as exc:
+                del graph
+                self._recover()
+                raise GraphCaptureError(f"starting a graph segment failed: {exc}") from exc
             self._graph = graph
             for side in self._spanning:
                 side.wait_stream(self.stream)
 
     def end(self) -> torch.cuda.CUDAGraph | None:
         """Close the open segment and replay it once; None if it captured no work."""
-        graph = self._graph
+        graph, self._graph = self._graph, None
         assert graph is not None, "no open segment"
         with torch.cuda.stream(self.stream):
             self._spanning = [s for s in self.side_streams if _is_capturing(s)]
@@ -91,14 +102,16 @@ class SegmentRecorder:
                 warnings.simplefilter("always")
                 try:
                     graph.capture_end()
+                    failure = None
                 except Exception as exc:
-                    self._graph = None
-                    _release_routing(self.device, self.pool.id)
-                    raise GraphCaptureError(
-                        f"closing a graph segment failed: {exc}. If fn forks side streams, "
-                        "join them before the segment ends or pass them as side_streams=."
-                    ) from exc
-            self._graph = None
+                    failure = exc
+            if failure is not None:
+                del graph  # not kept alive by the traceback below
+                self._recover()
+                raise GraphCaptureError(
+                    f"closing a graph segment failed: {failure}. If fn forks side streams, "
+                    "join them before the segment ends or pass them as side_streams=."
+                ) from failure
             if any("CUDA Graph is empty" in str(w.message) for w in caught):
                 return None
             graph.replay()
@@ -123,9 +136,32 @@ class SegmentRecorder:
                     pass
             try:
                 graph.capture_end()  # the capture may still be valid (error raised before CUDA)
+                return
             except RuntimeError:
-                _release_routing(self.device, self.pool.id)
-        del graph  # its destructor releases the pool reference if the capture did end
+                pass
+        del graph
+        self._recover()
+
+    def _recover(self) -> None:
+        """Leave no trace of a capture whose `capture_end` (or `capture_begin`) failed.
+
+        Such a capture leaves torch's allocator routing allocations to the pool, the pool's use
+        count raised, and (torch 2.11) the CUDA RNG in capture mode, so that every later random
+        op fails with "Offset increment outside graph capture". We end the routing, move the pool
+        to a fresh allocator id, and capture that id's keep-alive graph: one good capture, which
+        resets the RNG state.
+        """
+        _release_routing(self.device, self.pool.id)
+        if _is_capturing(self.stream):
+            replace_capture_stream()
+            self.stream = self.pool.stream
+        try:
+            self.pool.retire()
+        except Exception as exc:
+            raise GraphCaptureError(
+                f"CUDA graph capture state could not be restored after a failed capture ({exc}); "
+                "restart the process"
+            ) from exc
 
 
 def capture_segments(

@@ -7,6 +7,8 @@ Invariants:
   pools also means one set of cuBLAS workspaces (they are cached per stream) instead of one each.
 - Creating a pool touches no CUDA; the pool and stream appear at the first capture into it, so
   `new_pool()` works on a machine without CUDA.
+- A pool keeps one empty graph captured into it for as long as it lives (see `_open`), and moves
+  to a fresh allocator pool after a failed capture (see `retire`), so a failure never poisons it.
 - The pool's memory lives while the `GraphPool` object or any graph captured into it lives; when
   all are gone, `torch.cuda.empty_cache()` hands it back to the driver. Graphs keep their pool
   alive and release it after their CUDA graphs (some torch versions assert, when a MemPool dies,
@@ -19,6 +21,7 @@ Invariants:
 from __future__ import annotations
 
 import bisect
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -29,18 +32,49 @@ class GraphPool:
     """A CUDA memory pool shared by every segment, piece and shape captured into it."""
 
     def __init__(self) -> None:
-        self._mempool: torch.cuda.MemPool | None = None
+        # Allocator pools this GraphPool has used: normally one; a failed capture retires the
+        # current one (see `retire`). Each has an empty keep-alive graph captured into it.
+        self._mempools: list[torch.cuda.MemPool] = []
+        self._keepalive: list[torch.cuda.CUDAGraph] = []
+        self._need_fresh = True
+
+    def __del__(self) -> None:
+        self._keepalive.clear()  # graphs before the MemPools they use
 
     @property
     def mempool(self) -> torch.cuda.MemPool:
-        if self._mempool is None:
-            self._mempool = torch.cuda.MemPool()
-        return self._mempool
+        if self._need_fresh:
+            self._open()
+        return self._mempools[-1]
 
     @property
     def id(self) -> tuple[int, int]:
         """The allocator's pool id, as `CUDAGraph.capture_begin(pool=...)` takes it."""
         return self.mempool.id
+
+    def _open(self) -> None:
+        """A fresh MemPool plus an empty graph captured into it and kept while the pool lives.
+
+        torch (2.11) also routes pinned host allocations of a capture into a pool of the same id,
+        and that pool has no MemPool holding it: once every graph of the id is gone, the next
+        capture into it fails an internal assertion. The keep-alive graph holds it open; its
+        capture also leaves torch's CUDA RNG capture state clean (see capture.py).
+        """
+        mempool = torch.cuda.MemPool()
+        keepalive = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(capture_stream()), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "The CUDA Graph is empty"
+            keepalive.capture_begin(pool=mempool.id, capture_error_mode="thread_local")
+            keepalive.capture_end()
+        self._mempools.append(mempool)
+        self._keepalive.append(keepalive)
+        self._need_fresh = False
+
+    def retire(self) -> None:
+        """After a failed capture: later captures go to a fresh allocator pool, because torch
+        can leave the failed capture's allocation routing behind for the old id. Graphs already
+        captured keep using (and keeping alive) the old one."""
+        self._open()
 
     @property
     def stream(self) -> torch.cuda.Stream:
@@ -55,14 +89,14 @@ class GraphPool:
 
     def segments(self) -> list[dict]:
         """The allocator's segments that belong to this pool (empty before the first capture)."""
-        if self._mempool is None:
+        ids = {tuple(m.id) for m in self._mempools}
+        if not ids:
             return []
-        pool_id = tuple(self.id)
         try:
-            snapshot = torch.cuda.memory_snapshot(pool_id)
+            snapshots = [torch.cuda.memory_snapshot(pool_id) for pool_id in ids]
         except TypeError:  # older signature without a pool filter
-            snapshot = torch.cuda.memory_snapshot()
-        return [s for s in snapshot if tuple(s.get("segment_pool_id", ())) == pool_id]
+            snapshots = [torch.cuda.memory_snapshot()]
+        return [s for snap in snapshots for s in snap if tuple(s.get("segment_pool_id", ())) in ids]
 
     def reserved_bytes(self) -> int:
         """Device memory the pool holds (what graph memory costs the process)."""
@@ -87,9 +121,10 @@ class GraphPool:
         )
 
     def __repr__(self) -> str:
-        if self._mempool is None:
+        if not self._mempools:
             return "GraphPool(unused)"
-        return f"GraphPool(id={self.id}, reserved={self.reserved_bytes() / 2**20:.1f} MiB)"
+        ids = [m.id for m in self._mempools]
+        return f"GraphPool(ids={ids}, reserved={self.reserved_bytes() / 2**20:.1f} MiB)"
 
 
 class AddressRanges:
@@ -123,6 +158,11 @@ def capture_stream() -> torch.cuda.Stream:
     if device not in _CAPTURE_STREAMS:
         _CAPTURE_STREAMS[device] = torch.cuda.Stream(device)
     return _CAPTURE_STREAMS[device]
+
+
+def replace_capture_stream() -> None:
+    """Use a new capture stream from now on (after a failure left the old one capturing)."""
+    _CAPTURE_STREAMS.pop(torch.cuda.current_device(), None)
 
 
 def new_pool() -> GraphPool:

@@ -210,7 +210,7 @@ def trace_and_split(fn: Callable[[], Any], compiler: PiecewiseCompiler) -> Calla
     try:
         with _recompile_limit():
             compiled()
-    except torch._dynamo.exc.Unsupported as exc:
+    except (torch._dynamo.exc.Unsupported, torch._dynamo.exc.UserError) as exc:
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise GraphCaptureError(
             f"tc_piecewise: dynamo cannot trace fn with fullgraph=True ({detail}). Use "

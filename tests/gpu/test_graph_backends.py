@@ -24,10 +24,9 @@ HEAD_DIM = HIDDEN // HEADS
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """[rows, heads, head_dim] x3 -> [rows, heads * head_dim], causal over rows."""
-    out = F.scaled_dot_product_attention(
-        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True
-    )
-    return out.transpose(0, 1).reshape(q.shape[0], -1)
+    q, k, v = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))  # [1, heads, rows, dim]
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return out.squeeze(0).transpose(0, 1).reshape(q.shape[2], -1)
 
 
 attend_break = eager_on_graph(causal_attention)
@@ -313,6 +312,16 @@ def test_two_captures_share_one_pool() -> None:
         small.refill()
         g_small.replay()
         assert torch.equal(out_small, fn_small())
+
+
+def test_pool_is_reusable_after_all_its_graphs_are_deleted() -> None:
+    x = torch.randn(ROWS, device="cuda")
+    pool = new_pool()
+    for scale in (2.0, 3.0, 4.0):
+        graph, out = get_backend("breakable").capture(lambda s=scale: bump(x * s) * 2, pool=pool)
+        graph.replay()
+        assert torch.equal(out, (x * scale + 1) * 2)
+        del graph, out
 
 
 def test_debug_mode_runs_uncapturable_code_through_the_replay_path() -> None:

@@ -17,9 +17,9 @@ HIDDEN, HEADS, LAYERS = 1024, 8, 8
 
 def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     rows = q.shape[0]
-    q, k, v = (t.view(rows, HEADS, -1).transpose(0, 1) for t in (q, k, v))
+    q, k, v = (t.view(rows, HEADS, -1).transpose(0, 1).unsqueeze(0) for t in (q, k, v))
     out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    return out.transpose(0, 1).reshape(rows, -1)
+    return out.squeeze(0).transpose(0, 1).reshape(rows, -1)
 
 
 attention_break = eager_on_graph(_attention)
