@@ -80,11 +80,11 @@ def test_deleting_graphs_returns_memory(names: tuple[str, ...]) -> None:
     settle()
     reserved, allocated = torch.cuda.memory_reserved(), torch.cuda.memory_allocated()
     pool = new_pool()
-    graphs = [get_backend(name).capture(fn, pool=pool) for name in names]
-    for graph, _ in graphs:
+    graphs = [get_backend(name).capture(fn, pool=pool)[0] for name in names]
+    for graph in graphs:
         graph.replay()
     assert pool.reserved_bytes() > 0
-    del graphs, pool
+    del graphs, graph, pool  # `graph` too: a loop variable would keep the last one alive
     settle()
     assert torch.cuda.memory_allocated() == allocated
     assert torch.cuda.memory_reserved() == reserved
