@@ -113,11 +113,14 @@ class Engine:
     def _graph_runner(
         self, path: str, backend: str, kv: KVCache, shapes: list[ShapeKey]
     ) -> GraphRunner:
+        # debug mode: every captured path becomes one eager break through the same buffers
+        graph_backend = (
+            get_backend("breakable", debug=True) if self.config.debug_cuda_graph
+            else get_backend(backend)
+        )  # fmt: skip
         return GraphRunner(
-            path, self.model, self.attention, kv.k, kv.v,
-            get_backend(backend, debug=True) if self.config.debug_cuda_graph
-            else get_backend(backend),
-            shapes, kv.pages_needed(self.max_model_len), kv.page_size, self.device,
+            path, self.model, self.attention, kv.k, kv.v, graph_backend, shapes,
+            kv.pages_needed(self.max_model_len), kv.page_size, self.device,
         )  # fmt: skip
 
     def _build_kv_cache_and_runners(self) -> tuple[KVCache, ModelRunner]:
@@ -135,7 +138,8 @@ class Engine:
                 # smaller shapes reuse the largest one's pool; keep a margin for their outputs
                 self.memory.graph_reserve += int(probe.pool_bytes() * GRAPH_RESERVE_MARGIN)
                 probe.release()
-            del scratch, probe
+                del probe
+            del scratch
             gc.collect()
             torch.cuda.empty_cache()
         kv = KVCache(self.model_config, self._num_pages(), self.config.page_size, self.dtype,

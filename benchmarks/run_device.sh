@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# What the H200 runs for nanograph: `bash benchmarks/run_device.sh STAGE OUTDIR`.
+# Stages: tests (tests/gpu), bench-prefill, bench-decode, bench-misc (build, memory, size).
+# Run from the repo root; logs and JSON land in OUTDIR (copy them to benchmarks/results/).
+set -uo pipefail
+stage=$1 out=${2:-benchmarks/results}
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+mkdir -p "$out"
+nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv | tee "$out/device.txt"
+case $stage in
+  tests)
+    python3 -m pytest -q -s -p no:cacheprovider tests/gpu 2>&1 | tee "$out/gpu_tests.log" ;;
+  bench-prefill)
+    python3 -m nanograph bench prefill --models "${MODELS:-qwen3-0.6b,qwen3-8b}" \
+      --repeats 5 --out "$out/prefill.json" 2>&1 | tee "$out/prefill.log" ;;
+  bench-decode)
+    python3 -m nanograph bench decode --models "${MODELS:-qwen3-0.6b,qwen3-8b}" \
+      --arms "${ARMS:-none,full,breakable}" --transformers \
+      --out "$out/decode.json" 2>&1 | tee "$out/decode.log" ;;
+  bench-misc)
+    python3 -m nanograph bench build --out "$out/build.json" 2>&1 | tee "$out/build.log"
+    python3 -m nanograph bench memory --out "$out/memory.json" 2>&1 | tee "$out/memory.log"
+    python3 -m nanograph bench size --out "$out/size.json" 2>&1 | tee "$out/size.log" ;;
+  *) echo "unknown stage $stage" >&2; exit 2 ;;
+esac
