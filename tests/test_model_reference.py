@@ -66,3 +66,15 @@ def test_config_round_trip():
 def test_unsupported_architecture_is_a_clear_error():
     with pytest.raises(ValueError, match="unsupported model_type 'mamba'"):
         ModelConfig.from_hf_dict({**TINY["llama"], "model_type": "mamba"})
+
+
+def test_hf_state_dict_round_trip():
+    """Our weights exported under HF names rebuild the same transformers model."""
+    from nanograph.models.reference import transformers_model
+
+    hf = make_hf_model("qwen3")
+    model, _ = ours_from(hf, "qwen3")
+    rebuilt = transformers_model(model.config, state_dict=model.hf_state_dict())
+    ids = torch.randint(0, 256, (1, 9), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        torch.testing.assert_close(rebuilt(ids).logits, hf(ids).logits, atol=1e-5, rtol=1e-5)

@@ -55,16 +55,11 @@ def measure_arm(model: str, arm: str, batches: list[int], prompt_len: int, new_t
 
 def transformers_generate(model: str, prompt_len: int, new_tokens: int) -> float:
     """tokens/s of transformers ``generate`` at batch 1 (random weights, same architecture)."""
-    import transformers
-
     from nanograph.loader import resolve_model
+    from nanograph.models.reference import transformers_model
 
-    fields = resolve_model(model, "dummy").config.to_hf_dict()
-    arch = fields.pop("architectures")[0]
-    fields.pop("model_type")
-    config = getattr(transformers, arch.replace("ForCausalLM", "Config"))(**fields)
-    with torch.device("cuda"):
-        hf = getattr(transformers, arch)(config).to(torch.bfloat16).eval()
+    config = resolve_model(model, "dummy").config
+    hf = transformers_model(config, torch.bfloat16, "cuda")
     ids = torch.randint(0, config.vocab_size, (1, prompt_len), device="cuda")
     kwargs = dict(do_sample=False, eos_token_id=None, pad_token_id=0)
     hf.generate(ids, max_new_tokens=4, min_new_tokens=4, **kwargs)

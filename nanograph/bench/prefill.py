@@ -54,34 +54,20 @@ def measure_arm(model: str, arm: str, lengths: list[int], repeats: int) -> dict:
     runner = llm.engine.runner.graph_runners.get("prefill")
     if runner is not None:
         result["replays"], result["fallbacks"] = runner.replays, runner.fallbacks
-    hf_state = {
-        name: _hf_tensor(llm.engine.model, name) for name in llm.engine.model.hf_weight_names()
-    }
+    hf_state = {name: t.clone() for name, t in llm.engine.model.hf_state_dict().items()}
     free_engine(llm)
     return result, hf_state
-
-
-def _hf_tensor(model, name: str) -> torch.Tensor:
-    param, rows = model.hf_weight_target(name)
-    return param if rows is None else param[rows]
 
 
 def measure_peer(model: str, hf_state: dict, lengths: list[int], repeats: int) -> dict:
     """transformers + torch.compile(reduce-overhead) on the same weights."""
     import time
 
-    import transformers
-
     from nanograph.loader import resolve_model
+    from nanograph.models.reference import transformers_model
 
     config = resolve_model(model, "dummy").config
-    fields = config.to_hf_dict()
-    arch = fields.pop("architectures")[0]
-    fields.pop("model_type")
-    config_cls = getattr(transformers, arch.replace("ForCausalLM", "Config"))
-    with torch.device("cuda"):
-        hf = getattr(transformers, arch)(config_cls(**fields)).to(torch.bfloat16).eval()
-    hf.load_state_dict(hf_state, strict=False)
+    hf = transformers_model(config, torch.bfloat16, "cuda", hf_state)
     compiled = torch.compile(hf, mode="reduce-overhead", dynamic=False)
     result = {"compile_s": {}, "samples_ms": {}, "median_ms": {}}
     g = torch.Generator().manual_seed(0)

@@ -183,6 +183,14 @@ class CausalLM(nn.Module):
             raise KeyError(name)
         return params[name], rows
 
+    def hf_state_dict(self) -> dict[str, torch.Tensor]:
+        """Our weights under Hugging Face names (views, no copies)."""
+        out = {}
+        for name in self.hf_weight_names():
+            param, rows = self.hf_weight_target(name)
+            out[name] = param if rows is None else param[rows]
+        return out
+
     def hf_weight_names(self) -> list[str]:
         """The Hugging Face tensor names this model expects (for missing-weight checks)."""
         cfg = self.config

@@ -13,18 +13,13 @@ CUDA = torch.device("cuda")
 
 def qwen3_06b_pair(dtype: torch.dtype):
     """transformers' Qwen3 and ours with the same random weights (qwen3-0.6b preset config)."""
-    import transformers
-
     from nanograph.loader import load_weights, resolve_model
     from nanograph.models import build_model
+    from nanograph.models.reference import transformers_model
 
     config = resolve_model("qwen3-0.6b", "dummy").config
-    fields = config.to_hf_dict()
-    del fields["model_type"], fields["architectures"]
-    hf_config = transformers.Qwen3Config(**fields)
     torch.manual_seed(0)
-    with torch.device(CUDA):
-        hf = transformers.Qwen3ForCausalLM(hf_config).to(dtype).eval()
+    hf = transformers_model(config, dtype, CUDA)
     ours = build_model(config, dtype, CUDA)
     load_weights(ours, hf.state_dict().items(), progress=False)
     return config, hf, ours
