@@ -65,3 +65,17 @@ def test_chat_answer_is_sensible(llm):
     out = llm.chat(PROMPT, SamplingParams(max_tokens=24, temperature=0))[0]
     assert "Paris" in out.text
     assert out.finish_reason in ("stop", "length")
+
+
+def test_stop_string_cuts_the_text(llm):
+    full = llm.chat(PROMPT, SamplingParams(max_tokens=24, temperature=0))[0]
+    assert "Paris" in full.text
+    cut = llm.chat(PROMPT, SamplingParams(max_tokens=24, temperature=0, stop=["Paris"]))[0]
+    assert cut.finish_reason == "stop"
+    assert cut.text == full.text[: full.text.index("Paris")]
+
+
+def test_seeded_sampling_is_reproducible(llm):
+    params = SamplingParams(max_tokens=16, temperature=0.9, top_p=0.95, top_k=50, seed=11)
+    first, second = (llm.chat(PROMPT, params)[0].text for _ in range(2))
+    assert first == second and first
