@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # What the H200 runs for nanograph: `bash benchmarks/run_device.sh STAGE OUTDIR`.
-# Stages: tests (tests/gpu), bench-prefill, bench-decode, bench-misc (build, memory, size).
+# Stages: tests (tests/gpu), bench-prefill, bench-decode, bench-misc (build, memory, size),
+#   report (the foundation issue's qwen3-8b eager figures, and the kernel floor),
+#   remaining (what the first H200 session could not fit: 8b prefill arms, decode arms).
 # Run from the repo root; logs and JSON land in OUTDIR (copy them to benchmarks/results/).
 set -uo pipefail
 stage=$1 out=${2:-benchmarks/results}
@@ -21,5 +23,17 @@ case $stage in
     python3 -m nanograph bench build --out "$out/build.json" 2>&1 | tee "$out/build.log"
     python3 -m nanograph bench memory --out "$out/memory.json" 2>&1 | tee "$out/memory.log"
     python3 -m nanograph bench size --out "$out/size.json" 2>&1 | tee "$out/size.log" ;;
+  report)
+    python3 -m nanograph bench decode --models qwen3-8b --arms none --batches 1,64 \
+      --out "$out/report_decode.json" 2>&1 | tee "$out/report.log"
+    python3 -m nanograph bench prefill --models qwen3-8b --arms eager --lengths 2048 \
+      --peer-lengths '' --out "$out/report_prefill.json" 2>&1 | tee -a "$out/report.log"
+    python3 -m nanograph bench floor --out "$out/floor.json" 2>&1 | tee "$out/floor.log" ;;
+  remaining)
+    python3 -m nanograph bench prefill --models qwen3-8b --peer-lengths 256 --repeats 5 \
+      --out "$out/prefill_8b.json" 2>&1 | tee "$out/prefill_8b.log"
+    python3 -m nanograph bench decode --models qwen3-0.6b,qwen3-8b --batches 1,8 \
+      --arms breakable,tc_piecewise --transformers --out "$out/decode_arms.json" 2>&1 \
+      | tee "$out/decode_arms.log" ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;
 esac

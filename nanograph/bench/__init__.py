@@ -14,6 +14,7 @@ BENCHES = {
     "build": "nanograph.bench.build",
     "memory": "nanograph.bench.memory",
     "size": "nanograph.bench.size",
+    "floor": "nanograph.bench.floor",
     "attention": "nanograph.bench.attention",
     "graph": "nanograph.bench.graph_overhead",
 }

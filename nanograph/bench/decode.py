@@ -33,7 +33,10 @@ def measure_arm(model: str, arm: str, batches: list[int], prompt_len: int, new_t
     params = SamplingParams(max_tokens=new_tokens, temperature=0, ignore_eos=True)
     vocab = llm.engine.model_config.vocab_size
     g = torch.Generator().manual_seed(0)
-    result = {"samples_tok_s": {}, "median_tok_s": {}, "weights_bytes": llm.engine.weights_bytes}
+    result = {
+        "samples_tok_s": {}, "median_tok_s": {}, "weights_bytes": llm.engine.weights_bytes,
+        "load_s": llm.engine.load_seconds,  # weights, KV pool and graph capture
+    }  # fmt: skip
     for batch in batches:
         prompts = [torch.randint(0, vocab, (prompt_len,), generator=g).tolist()
                    for _ in range(batch)]  # fmt: skip

@@ -45,12 +45,14 @@ def measure_arm(model: str, arm: str, lengths: list[int], repeats: int) -> dict:
     params = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
     g = torch.Generator().manual_seed(0)
     vocab = llm.engine.model_config.vocab_size
-    result = {"build_s": build_seconds(llm), "samples_ms": {}, "median_ms": {}}
+    result = {"build_s": build_seconds(llm), "load_s": llm.engine.load_seconds,
+              "samples_ms": {}, "median_ms": {}, "tokens_per_s": {}}  # fmt: skip
     for length in lengths:
         prompt = torch.randint(0, vocab, (length,), generator=g).tolist()
         samples = [1000 * s for s in timed(lambda p=prompt: llm.generate([p], params), repeats)]
         result["samples_ms"][length] = samples
         result["median_ms"][length] = median(samples)
+        result["tokens_per_s"][length] = length / (median(samples) / 1000)
     runner = llm.engine.runner.graph_runners.get("prefill")
     if runner is not None:
         result["replays"], result["fallbacks"] = runner.replays, runner.fallbacks
