@@ -11,6 +11,7 @@ Invariants:
 
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import dataclass
 
@@ -38,11 +39,11 @@ class ForwardBatch:
     def num_requests(self) -> int:
         return len(self.seq_lens)
 
-    @property
+    @functools.cached_property
     def mode(self) -> str:
         return "decode" if all(q == 1 for q in self.query_lens) else "extend"
 
-    @property
+    @functools.cached_property
     def max_pages(self) -> int:
         return max((len(p) for p in self.page_tables), default=1) or 1
 

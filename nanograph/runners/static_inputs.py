@@ -12,6 +12,9 @@ Invariants:
 
 from __future__ import annotations
 
+import itertools
+
+import numpy as np
 import torch
 
 from nanograph.attention.base import AttentionMetadata
@@ -23,26 +26,30 @@ class StaticInputs:
     def __init__(
         self, max_tokens: int, max_slots: int, max_pages: int, page_size: int, device: torch.device
     ) -> None:
-        def buf(*shape: int, dtype: torch.dtype = torch.int32) -> torch.Tensor:
-            return torch.zeros(shape, dtype=dtype, device=device)
-
         self.max_tokens, self.max_slots, self.max_pages = max_tokens, max_slots, max_pages
         self.page_size = page_size
-        self.input_ids = buf(max_tokens, dtype=torch.long)
-        self.positions = buf(max_tokens, dtype=torch.long)
-        self.slot_mapping = buf(max_tokens, dtype=torch.long)
-        self.page_table = buf(max_slots, max_pages)
-        self.seq_lens = buf(max_slots)
-        self.query_lens = buf(max_slots)
-        self.query_start_loc = buf(max_slots + 1)
-        self.num_tokens = buf(1)
-        self.seq_lens_cpu: list[int] = [0] * max_slots
-        self.query_lens_cpu: list[int] = [0] * max_slots
-        # staging on the host: one pinned copy per step instead of many small transfers
+        m = max_slots
+        # Three device blocks, each refilled by one host-to-device copy per step; the named
+        # buffers are fixed views into them (graphs were captured against those addresses).
+        self._tokens = torch.zeros(3, max_tokens, dtype=torch.long, device=device)
+        self._lens = torch.zeros(3 * m + 2, dtype=torch.int32, device=device)
+        self.page_table = torch.zeros(m, max_pages, dtype=torch.int32, device=device)
+        self.input_ids, self.positions, self.slot_mapping = self._tokens
+        self.seq_lens = self._lens[:m]
+        self.query_lens = self._lens[m : 2 * m]
+        self.query_start_loc = self._lens[2 * m : 3 * m + 1]
+        self.num_tokens = self._lens[3 * m + 1 :]
+        # pinned host mirrors of the same layout, written through numpy views
         pin = device.type == "cuda"
         self._host_tokens = torch.zeros(3, max_tokens, dtype=torch.long, pin_memory=pin)
-        self._host_slots = torch.zeros(3 * max_slots + 2, dtype=torch.int32, pin_memory=pin)
-        self._host_pages = torch.zeros(max_slots, max_pages, dtype=torch.int32, pin_memory=pin)
+        self._host_lens = torch.zeros(3 * m + 2, dtype=torch.int32, pin_memory=pin)
+        self._host_pages = torch.zeros(m, max_pages, dtype=torch.int32, pin_memory=pin)
+        self._tokens_np = self._host_tokens.numpy()
+        self._lens_np = self._host_lens.numpy()
+        self._pages_np = self._host_pages.numpy()
+        self._page_width = 0  # columns the last batch wrote (cleared before the next one)
+        self.seq_lens_cpu: list[int] = [0] * m
+        self.query_lens_cpu: list[int] = [0] * m
 
     def fits(self, batch: ForwardBatch) -> bool:
         return (
@@ -52,36 +59,39 @@ class StaticInputs:
         )
 
     def copy_from(self, batch: ForwardBatch, shape: ShapeKey) -> None:
-        """Writes ``batch`` padded to ``shape`` into the buffers (which must fit it)."""
-        n, s, t, r = shape.num_tokens, shape.num_slots, batch.num_tokens, batch.num_requests
-        tokens = self._host_tokens[:, :n]
-        tokens.zero_()
-        tokens[0, :t] = torch.tensor(batch.input_ids)
-        tokens[1, :t] = torch.tensor(batch.positions)
-        tokens[2, :t] = torch.tensor(batch.slot_mapping)
+        """Writes ``batch`` padded to ``shape`` into the buffers (which must fit it).
+
+        Page-table entries past a request's page count are never read (lengths bound every
+        read), so only the columns the last two batches used are cleared and refilled.
+        """
+        s, t, r, m = shape.num_slots, batch.num_tokens, batch.num_requests, self.max_slots
+        tokens = self._tokens_np
+        tokens[0, :t], tokens[1, :t], tokens[2, :t] = (
+            batch.input_ids, batch.positions, batch.slot_mapping,
+        )  # fmt: skip
+        tokens[:2, t:] = 0
         tokens[2, t:] = -1
-        lens = self._host_slots
-        lens.zero_()
-        lens[:r] = torch.tensor(batch.seq_lens)
-        lens[s : s + r] = torch.tensor(batch.query_lens)
-        starts = lens[2 * s : 3 * s + 1]
-        torch.cumsum(lens[s : s + r], 0, out=starts[1 : r + 1])
+        lens = self._lens_np
+        lens[:] = 0
+        lens[:r] = batch.seq_lens
+        lens[m : m + r] = batch.query_lens
+        starts = lens[2 * m : 3 * m + 1]
+        np.cumsum(batch.query_lens, out=starts[1 : r + 1])
         starts[r + 1 :] = t  # sentinels parked after the real tokens
-        lens[3 * s + 1] = t
-        pages = self._host_pages[:s]
-        pages.zero_()
-        for i, row in enumerate(batch.page_tables):
-            pages[i, : len(row)] = torch.tensor(row, dtype=torch.int32)
-        self.input_ids[:n].copy_(tokens[0], non_blocking=True)
-        self.positions[:n].copy_(tokens[1], non_blocking=True)
-        self.slot_mapping[:n].copy_(tokens[2], non_blocking=True)
-        self.seq_lens[:s].copy_(lens[:s], non_blocking=True)
-        self.query_lens[:s].copy_(lens[s : 2 * s], non_blocking=True)
-        self.query_start_loc[: s + 1].copy_(starts, non_blocking=True)
-        self.num_tokens.copy_(lens[3 * s + 1 : 3 * s + 2], non_blocking=True)
-        self.page_table[:s].copy_(pages, non_blocking=True)
-        self.seq_lens_cpu[:] = batch.seq_lens + [0] * (self.max_slots - r)
-        self.query_lens_cpu[:] = batch.query_lens + [0] * (self.max_slots - r)
+        lens[3 * m + 1] = t
+        width = batch.max_pages
+        pages = self._pages_np
+        pages[:s, : max(width, self._page_width)] = 0  # sentinels point at scratch page 0
+        counts = [len(row) for row in batch.page_tables]
+        flat = np.fromiter(itertools.chain.from_iterable(batch.page_tables), np.int32, sum(counts))
+        row_starts = np.repeat(np.cumsum(counts) - counts, counts)
+        pages[np.repeat(np.arange(r), counts), np.arange(len(flat)) - row_starts] = flat
+        self._page_width = width
+        self._tokens.copy_(self._host_tokens, non_blocking=True)
+        self._lens.copy_(self._host_lens, non_blocking=True)
+        self.page_table[:s].copy_(self._host_pages[:s], non_blocking=True)
+        self.seq_lens_cpu[:] = batch.seq_lens + [0] * (m - r)
+        self.query_lens_cpu[:] = batch.query_lens + [0] * (m - r)
 
     def metadata(self, shape: ShapeKey, max_query_len: int) -> AttentionMetadata:
         """Views of the buffers for ``shape``; built once per captured shape."""
