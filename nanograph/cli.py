@@ -173,6 +173,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="nanograph", description="A compact LLM inference engine built around CUDA graphs."
     )
+    parser.add_argument(
+        "-v", "--verbose", action="store_true",
+        help="debug logs: every captured graph shape with its capture seconds and pool bytes",
+    )  # fmt: skip
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser(
         "generate",
@@ -224,8 +228,9 @@ def _bench(name: str, argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(
-        level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr
-    )
     args = build_parser().parse_args(argv)
+    level = logging.DEBUG if args.verbose else logging.INFO
+    logging.basicConfig(
+        level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
     return args.func(args)

@@ -117,7 +117,10 @@ class GraphRunner:
             graph, _ = self.backend.capture(forward, pool=self.pool)
         self.graphs[shape], self.contexts[shape] = graph, ctx
         self.records[shape] = ShapeRecord(time.perf_counter() - t0, self.pool_bytes())
-        logger.debug("%s graph %s: %r", self.path, shape, graph)
+        logger.debug(
+            "%s graph %s: %.3f s, pool %.1f MiB: %r", self.path, shape,
+            self.records[shape].capture_s, self.records[shape].pool_bytes / 2**20, graph,
+        )  # fmt: skip
 
     def _dummy_batch(self, shape: ShapeKey) -> ForwardBatch:
         """A batch that fills ``shape`` and writes no KV (slot -1), reading the scratch page."""
