@@ -11,7 +11,7 @@ import torch
 
 from nanograph import LLM, SamplingParams
 from nanograph.engine.config import EngineConfig
-from nanograph.graph import get_backend
+from nanograph.graph import GraphCaptureError, get_backend
 from nanograph.runners.forward_batch import ForwardBatch
 from nanograph.runners.graph_runner import GraphRunner
 from nanograph.runners.shapes import (
@@ -148,3 +148,34 @@ def test_prefill_graph_tokens_validation():
     assert EngineConfig(prefill_graph_tokens=(64, 16, 64)).prefill_graph_tokens == (16, 64)
     with pytest.raises(ValueError, match="chunked_prefill_size"):
         EngineConfig(chunked_prefill_size=256, prefill_graph_tokens=(512,))
+
+
+class FailingBackend:
+    """The eager backend, except that capturing a shape of ``fail_rows`` tokens fails."""
+
+    name = "failing"
+
+    def __init__(self, fail_rows: int) -> None:
+        self.inner, self.fail_rows = get_backend("eager"), fail_rows
+
+    def capture(self, fn, pool=None):
+        if fn().shape[0] == self.fail_rows:
+            raise GraphCaptureError("capture failed at model.py:1: `x.item()`")
+        return self.inner.capture(fn, pool)
+
+
+def test_a_shape_that_fails_to_capture_stays_eager_with_one_warning(llm, caplog):
+    e = llm.engine
+    runner = GraphRunner(
+        "prefill", e.model, e.attention, e.kv_cache.k, e.kv_cache.v, FailingBackend(32),
+        prefill_shapes([16, 32, 64], slots=2), e.kv_cache.pages_needed(e.max_model_len),
+        e.kv_cache.page_size, CPU,
+    )  # fmt: skip
+    with caplog.at_level("WARNING", logger="nanograph"):
+        runner.capture(progress=False)
+    warnings = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "1 of 3 shapes" in warnings[0].getMessage()
+    assert set(runner.graphs) == {ShapeKey(16, 2), ShapeKey(64, 2)}
+    assert list(runner.failed) == [ShapeKey(32, 2)]
+    assert runner.dispatch(batch_of([(0, 40)])) == ShapeKey(64, 2)  # next captured shape
+    assert runner.dispatch(batch_of([(0, 20)])) is None  # 64 > 2 x 20 tokens: eager

@@ -8,6 +8,7 @@ Invariants:
   static buffers and replays what comes back.
 - A batch it cannot take (too many tokens or requests, too much padding, a shape that failed to
   capture) returns ``None`` from ``forward``: the caller runs it eagerly. Nothing is half-done.
+  A failed capture never fails start-up: the shape stays eager, with one warning for all.
 - Capture runs inside the same ``forward_context`` as replay (per shape, built once), so breaks
   and split ops see the static metadata both times.
 """
@@ -70,6 +71,8 @@ class GraphRunner:
         self.graphs: dict[ShapeKey, Graph] = {}
         self.contexts: dict[ShapeKey, ForwardContext] = {}
         self.records: dict[ShapeKey, ShapeRecord] = {}
+        self.failed: dict[ShapeKey, BaseException] = {}  # shapes that stay eager
+        self._captured: list[ShapeKey] = []  # sorted, for dispatch
         self.replays = 0
         self.fallbacks = 0
 
@@ -78,19 +81,29 @@ class GraphRunner:
 
     # ---- capture ------------------------------------------------------------------------
     def capture(self, progress: bool = True) -> None:
-        """Captures every shape, largest first; a shape that fails for memory stays eager."""
+        """Captures every shape, largest first. A shape that fails (out of memory, or an op
+        that cannot be captured) runs eagerly; all failures are reported in one warning."""
         order = sorted(self.shapes, reverse=True)
         start = time.perf_counter()
+        failed: dict[ShapeKey, BaseException] = {}
         bar = progress_bar(order, desc=f"capture {self.path} ({self.backend.name})", show=progress)
         for shape in bar:
             try:
                 self._capture_one(shape)
-            except torch.cuda.OutOfMemoryError:
-                logger.warning(
-                    "%s graph %s: out of memory during capture; this shape runs eagerly",
-                    self.path, shape,
-                )  # fmt: skip
-                torch.cuda.empty_cache()
+            except (torch.cuda.OutOfMemoryError, GraphCaptureError) as e:
+                failed[shape] = e
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+        if failed:
+            first = next(iter(failed.values()))
+            logger.warning(
+                "%s graphs: %d of %d shapes could not be captured and run eagerly (%s). "
+                "First error: %s: %s",
+                self.path, len(failed), len(order), ", ".join(map(str, failed)),
+                type(first).__name__, first,
+            )  # fmt: skip
+        self.failed = failed
+        self._captured = sorted(self.graphs)
         logger.info(
             "%s graphs: %d shapes on %s in %.1f s, pool %.0f MiB",
             self.path, len(self.graphs), self.backend.name, time.perf_counter() - start,
@@ -148,10 +161,11 @@ class GraphRunner:
     def dispatch(self, batch: ForwardBatch) -> ShapeKey | None:
         if batch.max_pages > self.static.max_pages:
             return None
-        shape = choose_shape(
-            self.shapes, batch.num_tokens, batch.num_requests, limit_padding=self.path == "prefill"
-        )
-        return shape if shape in self.graphs else None
+        # only captured shapes: a batch whose bucket failed to capture takes the next one up
+        return choose_shape(
+            self._captured, batch.num_tokens, batch.num_requests,
+            limit_padding=self.path == "prefill",
+        )  # fmt: skip
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor | None:
@@ -170,6 +184,7 @@ class GraphRunner:
         """Drops every graph and the pool (memory goes back once the caller empties the cache)."""
         self.graphs.clear()
         self.contexts.clear()
+        self._captured = []
         self.pool = new_pool()
 
     def __repr__(self) -> str:
@@ -179,4 +194,4 @@ class GraphRunner:
         )
 
 
-__all__ = ["GraphCaptureError", "GraphRunner", "ShapeRecord"]
+__all__ = ["GraphRunner", "ShapeRecord"]
