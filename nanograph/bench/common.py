@@ -6,6 +6,7 @@ import json
 import os
 import statistics
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -24,7 +25,10 @@ def environment() -> dict[str, Any]:
             ).stdout.strip()
         except (OSError, subprocess.CalledProcessError):
             commit = "unknown"
-    env: dict[str, Any] = {"torch": torch.__version__, "commit": commit, "time": time.ctime()}
+    env: dict[str, Any] = {
+        "torch": torch.__version__, "commit": commit, "time": time.ctime(),
+        "command": "nanograph " + " ".join(sys.argv[1:]),
+    }  # fmt: skip
     if torch.cuda.is_available():
         import triton
 
