@@ -179,3 +179,30 @@ def test_a_shape_that_fails_to_capture_stays_eager_with_one_warning(llm, caplog)
     assert list(runner.failed) == [ShapeKey(32, 2)]
     assert runner.dispatch(batch_of([(0, 40)])) == ShapeKey(64, 2)  # next captured shape
     assert runner.dispatch(batch_of([(0, 20)])) is None  # 64 > 2 x 20 tokens: eager
+
+
+def test_model_traces_fullgraph_and_splits_at_attention(llm):
+    """tc_piecewise's CPU half on the real model: dynamo traces the forward in one graph, it
+    splits once per layer at the attention op, and the split program matches eager."""
+    from nanograph.attention.op import ForwardContext, forward_context
+    from nanograph.graph.piecewise import PiecewiseCompiler, trace_and_split
+
+    e = llm.engine
+    batch = batch_of([(0, 9), (4, 3)])
+    static = StaticInputs(16, 2, 16, e.kv_cache.page_size, CPU)
+    static.copy_from(batch, ShapeKey(16, 2))
+    ctx = ForwardContext(e.attention, static.metadata(ShapeKey(16, 2), 16), e.kv_cache.k,
+                         e.kv_cache.v)  # fmt: skip
+
+    def forward():
+        return e.model(static.input_ids, static.positions)
+
+    compiler = PiecewiseCompiler("eager")
+    with forward_context(ctx), torch.inference_mode():
+        expected = forward()
+        compiled = trace_and_split(forward, compiler)
+        got = compiled()
+    layers = e.model_config.num_hidden_layers
+    assert compiler.splits == {"nanograph::attention": layers}
+    assert len(compiler.pieces) == layers + 1
+    torch.testing.assert_close(got[: batch.num_tokens], expected[: batch.num_tokens])
