@@ -131,3 +131,28 @@ def test_bad_requests_fail_alone_and_engine_keeps_serving(tiny):
 def test_unknown_engine_argument(tiny):
     with pytest.raises(TypeError, match="unknown engine argument"):
         LLM(str(tiny), not_a_flag=1)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_random_workloads_match_a_big_pool(tiny, seed):
+    """Random prompt lengths, max_tokens, chunk sizes, seat limits and tight pools: every
+    request finishes with the tokens it gets alone in a roomy engine, and no page leaks."""
+    g = torch.Generator().manual_seed(100 + seed)
+    n = int(torch.randint(4, 10, (1,), generator=g))
+    batch = [torch.randint(0, 256, (int(k),), generator=g).tolist()
+             for k in torch.randint(1, 60, (n,), generator=g)]  # fmt: skip
+    params = [SamplingParams(max_tokens=int(m), temperature=0.0, ignore_eos=True)
+              for m in torch.randint(1, 20, (n,), generator=g)]  # fmt: skip
+    reference = [o.token_ids for o in make_llm(tiny).generate(batch, params)]
+    per_page = 4 * 2 * 2 * 2 * 16 * 4  # page_size x k/v x layers x kv heads x head_dim x fp32
+    tight = make_llm(
+        tiny,
+        kv_cache_bytes=int(torch.randint(22, 40, (1,), generator=g)) * per_page,
+        chunked_prefill_size=int(torch.randint(3, 40, (1,), generator=g)),
+        max_num_seqs=int(torch.randint(1, 6, (1,), generator=g)),
+    )
+    outs = tight.generate(batch, params)
+    assert [o.token_ids for o in outs] == reference
+    allocator = tight.engine.kv_cache.allocator
+    assert allocator.num_free == allocator.num_usable
+    assert not tight.engine.has_work()
