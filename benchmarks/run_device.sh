@@ -28,7 +28,9 @@ case $stage in
       --out "$out/report_decode.json" 2>&1 | tee "$out/report.log"
     python3 -m nanograph bench prefill --models qwen3-8b --arms eager --lengths 2048 \
       --peer-lengths '' --out "$out/report_prefill.json" 2>&1 | tee -a "$out/report.log"
-    python3 -m nanograph bench floor --out "$out/floor.json" 2>&1 | tee "$out/floor.log" ;;
+    python3 -m nanograph bench floor --out "$out/floor.json" 2>&1 | tee "$out/floor.log"
+    python3 -m nanograph bench floor --model qwen3-8b --lengths 512 --decode-batch 1 \
+      --out "$out/floor_decode_8b.json" 2>&1 | tee -a "$out/floor.log" ;;
   remaining)
     python3 -m nanograph bench prefill --models qwen3-8b --peer-lengths 256 --repeats 5 \
       --out "$out/prefill_8b.json" 2>&1 | tee "$out/prefill_8b.log"

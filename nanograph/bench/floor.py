@@ -1,5 +1,6 @@
-"""``nanograph bench floor``: the kernel floor of one prefill forward (sum of GPU kernel times
-from the profiler), with the fused kernels, at a few prompt lengths.
+"""``nanograph bench floor``: the kernel floor of one forward (sum of GPU kernel times from the
+profiler), with the fused kernels: prefill at a few prompt lengths, or one decode step of a
+batch at a given context (``--decode-batch``).
 
 A CUDA graph removes launch gaps; the floor is what remains, the sum of the kernels it replays.
 Also lists the most expensive kernels, to show where the floor goes.
@@ -11,32 +12,43 @@ import argparse
 
 import torch
 
-from nanograph.bench.common import environment, free_engine, write
+from nanograph.bench.common import environment, free_engine, sync, write
 
 
-def kernel_floor(llm, length: int, repeats: int) -> dict:
+def kernel_floor(llm, length: int, repeats: int, decode_batch: int = 0) -> dict:
+    """Prefill of ``length`` tokens, or (``decode_batch`` > 0) one decode step of that many
+    requests with ``length`` tokens of context each."""
     from torch.profiler import ProfilerActivity, profile
 
     from nanograph.runners.forward_batch import ForwardBatch
 
     kv = llm.engine.kv_cache
-    pages = kv.allocator.allocate(kv.pages_needed(length))
-    ids = torch.randint(0, llm.engine.model_config.vocab_size, (length,)).tolist()
-    batch = ForwardBatch.build([ids], [0], [length], [pages], kv.page_size, [True])
+    requests = max(decode_batch, 1)
+    pages = [kv.allocator.allocate(kv.pages_needed(length)) for _ in range(requests)]
+    ids = [torch.randint(0, llm.engine.model_config.vocab_size, (length,)).tolist()
+           for _ in range(requests)]  # fmt: skip
+    done, new = ([length - 1] * requests, [1] * requests) if decode_batch else ([0], [length])
+    batch = ForwardBatch.build(ids, done, new, pages, kv.page_size, [True] * requests)
     runner = llm.engine.runner
+    cuda = torch.cuda.is_available()
     for _ in range(3):
         runner.forward(batch)
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    sync()
+    # on CPU (smoke runs) the figure is CPU operator time, not a kernel floor
+    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
         for _ in range(repeats):
             runner.forward(batch)
-        torch.cuda.synchronize()
-    kv.allocator.free(pages)
+        sync()
+    for p in pages:
+        kv.allocator.free(p)
     kernels = {}
     for event in prof.key_averages():
-        device_us = getattr(event, "self_device_time_total", None)
-        if device_us is None:
-            device_us = event.self_cuda_time_total
+        if cuda:
+            device_us = getattr(event, "self_device_time_total", None)
+            if device_us is None:
+                device_us = event.self_cuda_time_total
+        else:
+            device_us = event.self_cpu_time_total
         if device_us > 0:
             kernels[event.key] = device_us / repeats / 1000  # ms per forward
     top = sorted(kernels.items(), key=lambda kv: -kv[1])[:12]
@@ -48,22 +60,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="qwen3-0.6b")
     parser.add_argument("--lengths", default="256,2048")
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument(
+        "--decode-batch",
+        type=int,
+        default=0,
+        help="profile one decode step of this many requests (context = length)",
+    )
     parser.add_argument("--out", default="benchmarks/results/floor.json")
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        raise SystemExit("bench floor profiles GPU kernels: it needs CUDA")
     from nanograph import LLM
 
     lengths = [int(n) for n in args.lengths.split(",")]
     llm = LLM(
         args.model, load_format="dummy", decode_cuda_graph="none", prefill_cuda_graph="none",
-        chunked_prefill_size=max(lengths), max_num_seqs=2, max_model_len=max(lengths) + 16,
+        chunked_prefill_size=max(lengths), max_num_seqs=max(2, args.decode_batch),
+        max_model_len=max(lengths) + 16,
         progress=False,
     )  # fmt: skip
     report = {"bench": "floor", "env": environment(), "config": vars(args), "lengths": {}}
     for length in lengths:
-        r = report["lengths"][length] = kernel_floor(llm, length, args.repeats)
-        print(f"{args.model} prefill {length} tokens: kernel floor {r['floor_ms']:.2f} ms "
+        r = report["lengths"][length] = kernel_floor(llm, length, args.repeats, args.decode_batch)
+        what = f"decode x{args.decode_batch} at" if args.decode_batch else "prefill"
+        print(f"{args.model} {what} {length} tokens: kernel floor {r['floor_ms']:.2f} ms "
               f"over {r['kernels']} kernel kinds; top: " +
               ", ".join(f"{k[:40]} {v:.2f}" for k, v in list(r["top_ms"].items())[:4]))  # fmt: skip
     write(args.out, report)
