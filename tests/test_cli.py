@@ -49,3 +49,14 @@ def test_readme_main_job():
     assert out.returncode == 0, out.stderr
     assert "Paris" in out.stdout
     assert "tok/s" in out.stderr
+
+
+def test_bench_size_writes_json(tmp_path):
+    import json
+
+    out = tmp_path / "size.json"
+    assert main(["bench", "size", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert set(report["backends"]) == {"eager", "full", "breakable", "tc_piecewise"}
+    assert "breakable" in report["backends"]["breakable"]["modules"]
+    assert report["env"]["command"].startswith("nanograph")
