@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -26,6 +25,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from nanograph.bench.common import environment, median
 from nanograph.kernels.testing import PagedBatch, make_paged_batch
 
 HEADS = {"num_q_heads": 32, "num_kv_heads": 8, "head_dim": 128}
@@ -74,11 +74,6 @@ def _bench(fn: Callable[[], object], rep_ms: int) -> list[float]:
     with torch.cuda.graph(graph):
         fn()
     return list(triton.testing.do_bench(graph.replay, warmup=25, rep=rep_ms, return_mode="all"))
-
-
-def _median(samples: list[float]) -> float:
-    ordered = sorted(samples)
-    return ordered[len(ordered) // 2]
 
 
 def _paged_batch(case: Case) -> PagedBatch:
@@ -143,7 +138,7 @@ def _copy_bandwidth_gbps(rep_ms: int) -> float:
     # Eager, not a graph replay: a captured copy_ becomes a memcpy node, which measured ~2.7 TB/s
     # on the H200 against ~4.2 TB/s for the copy kernel; a 1 GiB copy hides the launch anyway.
     samples = triton.testing.do_bench(lambda: dst.copy_(src), rep=rep_ms, return_mode="all")
-    return 2 * src.numel() / (_median(list(samples)) * 1e-3) / 1e9
+    return 2 * src.numel() / (median(list(samples)) * 1e-3) / 1e9
 
 
 def _metrics(case: Case, ms: float) -> dict[str, float]:
@@ -183,7 +178,7 @@ def _sweep(case: Case, batch: PagedBatch, rep_ms: int, deadline: float) -> list[
             fn = _triton_fn(case, batch, tiles)
             # every configuration must compute the same attention (up to summation order)
             diff = (fn().float() - default_out.float()).abs().max().item()
-            ms = _median(_bench(fn, rep_ms))
+            ms = median(_bench(fn, rep_ms))
         except Exception as error:  # out of shared memory, registers: record and go on
             results.append({"tiles": asdict(tiles), "error": repr(error)[:200]})
             continue
@@ -192,18 +187,6 @@ def _sweep(case: Case, batch: PagedBatch, rep_ms: int, deadline: float) -> list[
              **_metrics(case, ms)}
         )  # fmt: skip
     return results
-
-
-def _versions() -> dict[str, str]:
-    import triton
-
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        commit = "unknown"
-    return {"torch": torch.__version__, "triton": triton.__version__, "commit": commit}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -221,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
 
     report: dict = {
         "device": torch.cuda.get_device_name(),
-        "versions": _versions(),
+        "env": environment(),
         "config": {**HEADS, "dtype": "bfloat16", "page_size": PAGE_SIZE, "rep_ms": args.rep_ms},
         "ceilings": {"tflops": CEILING_TFLOPS, "copy_gbps": CEILING_GBPS},
         "measured_copy_gbps": _copy_bandwidth_gbps(args.rep_ms),
@@ -234,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         triton_samples = _bench(_triton_fn(case, batch), args.rep_ms)
         sdpa_run, sdpa_note = _sdpa_fn(case)
         sdpa_samples = _bench(sdpa_run, args.rep_ms)
-        t_ms, s_ms = _median(triton_samples), _median(sdpa_samples)
+        t_ms, s_ms = median(triton_samples), median(sdpa_samples)
         n = case.requests * case.new_tokens
         tiles = choose_tiles(
             torch.device("cuda"), n, case.requests, HEADS["num_q_heads"], HEADS["num_kv_heads"],

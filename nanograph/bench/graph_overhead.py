@@ -19,7 +19,6 @@ import argparse
 import gc
 import json
 import statistics
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from nanograph.bench.common import environment
 from nanograph.graph import eager_on_graph, get_backend, new_pool, split_op
 
 BACKENDS = ("eager", "full", "breakable", "tc_piecewise")
@@ -203,9 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {
         "benchmark": "graph_overhead",
         "device": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
+        "env": environment(),
         "cuda": torch.version.cuda,
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "break_overhead": {},
         "stack": {},
