@@ -156,3 +156,14 @@ def test_random_workloads_match_a_big_pool(tiny, seed):
     allocator = tight.engine.kv_cache.allocator
     assert allocator.num_free == allocator.num_usable
     assert not tight.engine.has_work()
+
+
+def test_max_tokens_past_the_context_stops_at_the_context(tiny):
+    """A pool that holds exactly one full context serves a request whose max_tokens would run
+    past the context: it stops with "length" at max_model_len instead of failing."""
+    per_page = 4 * 2 * 2 * 2 * 16 * 4  # page_size x k/v x layers x kv heads x head_dim x fp32
+    llm = make_llm(tiny, max_model_len=32, kv_cache_bytes=(32 // 4 + 1) * per_page)
+    out = llm.generate([list(range(1, 11))], SamplingParams(max_tokens=100, temperature=0,
+                                                            ignore_eos=True))[0]  # fmt: skip
+    assert out.finish_reason == "length", out.error
+    assert len(out.token_ids) == 32 - 10

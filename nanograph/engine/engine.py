@@ -71,7 +71,9 @@ class Engine:
             weights=sum(p.numel() * p.element_size() for p in self.model.parameters())
         )
         self.kv_cache, self.runner = self._build_kv_cache_and_runners()
-        self.scheduler = Scheduler(self.kv_cache, config.chunked_prefill_size, config.max_num_seqs)
+        self.scheduler = Scheduler(
+            self.kv_cache, config.chunked_prefill_size, config.max_num_seqs, self.max_model_len
+        )
         self.sampler = Sampler(self.device, seed=config.seed)
         self.eos_token_ids = set(self.model_config.eos_token_ids)
         if self.tokenizer is not None:

@@ -30,8 +30,11 @@ class ScheduledStep:
 
 
 class Scheduler:
-    def __init__(self, kv_cache: KVCache, chunked_prefill_size: int, max_num_seqs: int) -> None:
+    def __init__(
+        self, kv_cache: KVCache, chunked_prefill_size: int, max_num_seqs: int, max_model_len: int
+    ) -> None:
         self.kv = kv_cache
+        self.max_model_len = max_model_len
         self.chunk = chunked_prefill_size
         self.max_num_seqs = max_num_seqs
         self.waiting: deque[Request] = deque()
@@ -66,7 +69,8 @@ class Scheduler:
         self.waiting.appendleft(request)
 
     def _fits_alone(self, request: Request) -> bool:
-        total = len(request.prompt_ids) + request.params.max_tokens
+        """Whether the request's whole life (capped at the context length) fits the pool."""
+        total = min(len(request.prompt_ids) + request.params.max_tokens, self.max_model_len)
         return self.kv.pages_needed(total) <= self.kv.allocator.num_usable
 
     def schedule(self) -> tuple[ScheduledStep, list[Request]]:
