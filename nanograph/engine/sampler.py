@@ -47,9 +47,11 @@ class Sampler:
         if any(p.top_k > 0 or p.top_p < 1 or p.min_p > 0 for p in params):
             logits = _filter(logits, params)
         probs = torch.softmax(logits, dim=-1)
-        noise = torch.empty_like(probs)
+        # one draw for the batch; seeded rows then redraw from their own generators
+        noise = torch.empty_like(probs).exponential_(generator=self.generator)
         for row, (rid, p) in enumerate(zip(request_ids, params)):
-            noise[row].exponential_(generator=self._generator_for(rid, p))
+            if p.seed is not None:
+                noise[row].exponential_(generator=self._generator_for(rid, p))
         sampled = (probs / noise).argmax(dim=-1)
         greedy = torch.tensor([p.greedy for p in params], device=dev)
         # greedy rows of a mixed batch take the argmax of the unscaled logits (same order)
