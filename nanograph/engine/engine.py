@@ -135,7 +135,10 @@ class Engine:
             self.memory.activation_peak = self._measure_activation_peak(scratch)
             for path, backend in backends.items():
                 largest = max(self._shapes(path))
-                probe = self._graph_runner(path, backend, scratch, [largest])
+                # tc_piecewise would compile the probe shape a second time (seconds per shape);
+                # a breakable capture holds the same activations (measured: a larger pool)
+                probe_backend = "breakable" if backend == "tc_piecewise" else backend
+                probe = self._graph_runner(path, probe_backend, scratch, [largest])
                 probe.capture(progress=False)
                 # smaller shapes reuse the largest one's pool; keep a margin for their outputs
                 self.memory.graph_reserve += int(probe.pool_bytes() * GRAPH_RESERVE_MARGIN)
