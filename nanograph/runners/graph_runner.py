@@ -129,7 +129,7 @@ class GraphRunner:
         with forward_context(ctx), torch.inference_mode():
             graph, _ = self.backend.capture(forward, pool=self.pool)
         self.graphs[shape], self.contexts[shape] = graph, ctx
-        self.records[shape] = ShapeRecord(time.perf_counter() - t0, self.pool_bytes())
+        self.records[shape] = ShapeRecord(time.perf_counter() - t0, graph.stats.pool_bytes)
         logger.debug(
             "%s graph %s: %.3f s, pool %.1f MiB: %r", self.path, shape,
             self.records[shape].capture_s, self.records[shape].pool_bytes / 2**20, graph,
