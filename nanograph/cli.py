@@ -89,7 +89,10 @@ def _prompts(args: argparse.Namespace) -> list:
         messages = json.loads(source)
         prompts += [messages] if messages and isinstance(messages[0], dict) else messages
     for ids in args.prompt_ids or []:
-        prompts.append([int(t) for t in ids.split(",")])
+        try:
+            prompts.append([int(t) for t in ids.split(",") if t.strip()])
+        except ValueError:
+            raise ValueError(f"--prompt-ids takes comma-separated integers, got {ids!r}") from None
     if not prompts:
         raise SystemExit("nothing to generate: give --prompt, --messages or --prompt-ids")
     return prompts

@@ -28,6 +28,8 @@ def test_bad_flags_are_clear_errors(capsys, tiny_model_dir):
     assert main(["generate", "--prompt-ids", "1,2", "--model", str(tiny_model_dir("qwen3")),
                  "--temperature", "-1"]) == 2  # fmt: skip
     assert "temperature" in capsys.readouterr().err
+    assert main(["generate", "--prompt-ids", "1,x", "--model", str(tiny_model_dir("qwen3"))]) == 2
+    assert "comma-separated integers" in capsys.readouterr().err
 
 
 def test_generate_token_ids_on_a_model_without_tokenizer(capsys, tiny_model_dir):
