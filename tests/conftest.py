@@ -77,6 +77,14 @@ def make_hf_model(arch: str, seed: int = 0):
     return model
 
 
+@pytest.fixture(scope="session", autouse=True)
+def private_cache(tmp_path_factory):
+    """Tests never read or write the user's ~/.cache/nanograph."""
+    import os
+
+    os.environ["NANOGRAPH_CACHE_DIR"] = str(tmp_path_factory.mktemp("nanograph-cache"))
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """Folder factory: ``tiny_model_dir(arch)`` -> path of a saved tiny HF model."""

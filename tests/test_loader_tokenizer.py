@@ -110,3 +110,25 @@ def test_no_chat_template(tokenizer, tmp_path):
 def test_bad_tokenizer_folder(tmp_path):
     with pytest.raises(ModelLoadError, match="cannot build a tokenizer"):
         Tokenizer.from_hf_folder(tmp_path)
+
+
+def test_converted_tokenizer_is_cached(tokenizer, tmp_path, monkeypatch):
+    """The first GGUF conversion is saved; the next build loads it and behaves the same."""
+    monkeypatch.setenv("NANOGRAPH_CACHE_DIR", str(tmp_path))
+    first = Tokenizer.from_gguf(smollm2_gguf(), extra_eos_token_ids=[2])
+    entries = list((tmp_path / "tokenizers").iterdir())
+    assert len(entries) == 1 and (entries[0] / "tokenizer.json").is_file()
+    second = Tokenizer.from_gguf(smollm2_gguf(), extra_eos_token_ids=[2])
+    for text in TEXTS:
+        assert second.encode(text) == first.encode(text) == tokenizer.encode(text)
+    for messages in MESSAGES:
+        assert second.apply_chat_template(messages) == tokenizer.apply_chat_template(messages)
+    assert second.eos_token_ids == tokenizer.eos_token_ids
+    assert second.bos_token_id == tokenizer.bos_token_id
+
+
+def test_unwritable_cache_is_skipped(tmp_path, monkeypatch):
+    blocked = tmp_path / "file"
+    blocked.write_text("not a folder")
+    monkeypatch.setenv("NANOGRAPH_CACHE_DIR", str(blocked))
+    assert Tokenizer.from_gguf(smollm2_gguf()).encode("Paris") != []

@@ -1,8 +1,11 @@
 """Tokenizer: a Hugging Face fast tokenizer built from a GGUF file or an HF folder.
 
 Invariants:
-- Never downloads: transformers is called with ``local_files_only=True``; a GGUF tokenizer is
-  converted in memory by transformers from the file's metadata, nothing is written to disk.
+- Never downloads: transformers is called with ``local_files_only=True``. A GGUF tokenizer is
+  converted by transformers from the file's metadata (seconds for a 49k vocabulary), then saved
+  under ``$NANOGRAPH_CACHE_DIR`` (default ``~/.cache/nanograph``), keyed by the file's path, size
+  and mtime and the transformers version, so later start-ups load it in a fraction of a second.
+  An unwritable cache is skipped, never an error.
 - ``apply_chat_template`` renders the model's own template (GGUF metadata or tokenizer_config)
   and encodes the text without adding special tokens: the template already holds them, exactly
   as transformers' ``apply_chat_template(tokenize=True)`` does.
@@ -54,6 +57,9 @@ class Tokenizer:
     ) -> Tokenizer:
         """Built by transformers' GGUF tokenizer conversion from the file's metadata."""
         path = Path(path).resolve()
+        cached = _cache_dir(path)
+        if cached is not None and (cached / "tokenizer.json").is_file():
+            return cls(_auto_tokenizer(str(cached)), extra_eos_token_ids=extra_eos_token_ids)
         hf = _auto_tokenizer(str(path.parent), gguf_file=path.name)
         if not hf.chat_template:
             # older transformers releases do not carry the template over from GGUF metadata
@@ -61,6 +67,8 @@ class Tokenizer:
 
             field = open_gguf(path).fields.get("tokenizer.chat_template")
             hf.chat_template = None if field is None else field.contents()
+        if cached is not None:
+            _save_atomically(hf, cached)
         return cls(hf, extra_eos_token_ids=extra_eos_token_ids)
 
     @classmethod
@@ -108,6 +116,38 @@ class Tokenizer:
         """Token ids of the rendered chat, ending with the assistant header when
         ``add_generation_prompt`` is true."""
         return self.encode(self.render_chat(messages, add_generation_prompt), False)
+
+
+def _cache_dir(gguf: Path) -> Path | None:
+    """Where the converted tokenizer of ``gguf`` lives (None when the file cannot be stat'ed)."""
+    import hashlib
+
+    import transformers
+
+    try:
+        st = gguf.stat()
+    except OSError:
+        return None
+    key = f"{gguf}|{st.st_size}|{st.st_mtime_ns}|{transformers.__version__}"
+    root = Path(os.environ.get("NANOGRAPH_CACHE_DIR", Path.home() / ".cache" / "nanograph"))
+    return root / "tokenizers" / hashlib.sha256(key.encode()).hexdigest()[:24]
+
+
+def _save_atomically(hf: PreTrainedTokenizerBase, target: Path) -> None:
+    """Save to a sibling temp folder and rename, so a reader never sees half a cache entry."""
+    import shutil
+    import tempfile
+
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-"))
+        hf.save_pretrained(tmp)
+        try:
+            tmp.rename(target)
+        except OSError:  # another process saved it first
+            shutil.rmtree(tmp, ignore_errors=True)
+    except OSError:
+        pass  # read-only home, full disk: convert again next time
 
 
 def _auto_tokenizer(folder: str, **kwargs: Any) -> PreTrainedTokenizerBase:
