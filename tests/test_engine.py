@@ -167,3 +167,13 @@ def test_max_tokens_past_the_context_stops_at_the_context(tiny):
                                                             ignore_eos=True))[0]  # fmt: skip
     assert out.finish_reason == "length", out.error
     assert len(out.token_ids) == 32 - 10
+
+
+def test_pending_tokens_equal_the_joined_slice():
+    from nanograph.engine.request import Request
+
+    r = Request(0, [1, 2, 3, 4], SamplingParams(), output_ids=[5, 6, 7])
+    for start in range(8):
+        for n in range(8 - start):
+            r.num_computed = start
+            assert r.pending_tokens(n) == r.token_ids[start : start + n]

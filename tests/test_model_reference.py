@@ -31,7 +31,7 @@ def run_chunks(model, kv, ids: list[int], chunks: list[int]) -> torch.Tensor:
     pages = kv.allocator.allocate(kv.pages_needed(len(ids)))
     out, done = [], 0
     for n in chunks:
-        batch = ForwardBatch.build([ids], [done], [n], [pages], kv.page_size, [True])
+        batch = ForwardBatch.build([ids[done : done + n]], [done], [pages], kv.page_size, [True])
         ctx = ForwardContext(TORCH_NATIVE, batch.metadata(CPU), kv.k, kv.v)
         with forward_context(ctx):
             hidden = model(torch.tensor(batch.input_ids), torch.tensor(batch.positions))

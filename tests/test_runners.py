@@ -60,7 +60,8 @@ def batch_of(lengths: list[tuple[int, int]], page_size: int = 4) -> ForwardBatch
         ids.append(list(range(100, 100 + cached + n)))
         done.append(cached)
         new.append(n)
-    return ForwardBatch.build(ids, done, new, pages, page_size, [True] * len(lengths))
+    new_ids = [i[c : c + k] for i, c, k in zip(ids, done, new)]
+    return ForwardBatch.build(new_ids, done, pages, page_size, [True] * len(lengths))
 
 
 def test_padding_and_sentinels():

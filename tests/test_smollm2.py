@@ -35,7 +35,7 @@ def test_logits_match_transformers(llm, hf_model):
         ref = hf_model(torch.tensor([ids])).logits[0, -1]
     kv = llm.engine.kv_cache
     pages = kv.allocator.allocate(kv.pages_needed(len(ids)))
-    batch = ForwardBatch.build([ids], [0], [len(ids)], [pages], kv.page_size, [True])
+    batch = ForwardBatch.build([ids], [0], [pages], kv.page_size, [True])
     ours = llm.engine.runner.forward(batch)[0]
     kv.allocator.free(pages)
     torch.testing.assert_close(ours, ref, atol=2e-4, rtol=1e-4)

@@ -28,7 +28,8 @@ def kernel_floor(llm, length: int, repeats: int, decode_batch: int = 0) -> dict:
     ids = [torch.randint(0, llm.engine.model_config.vocab_size, (length,)).tolist()
            for _ in range(requests)]  # fmt: skip
     done, new = ([length - 1] * requests, [1] * requests) if decode_batch else ([0], [length])
-    batch = ForwardBatch.build(ids, done, new, pages, kv.page_size, [True] * requests)
+    new_ids = [i[c : c + k] for i, c, k in zip(ids, done, new)]
+    batch = ForwardBatch.build(new_ids, done, pages, kv.page_size, [True] * requests)
     runner = llm.engine.runner
     cuda = torch.cuda.is_available()
     for _ in range(3):

@@ -240,9 +240,8 @@ class Engine:
             return failed
         samples = [step.samples(i) for i in range(len(step.requests))]
         batch = ForwardBatch.build(
-            [r.token_ids for r in step.requests],
+            [r.pending_tokens(n) for r, n in zip(step.requests, step.num_new)],
             [r.num_computed for r in step.requests],
-            step.num_new,
             [r.pages for r in step.requests],
             self.config.page_size,
             samples,

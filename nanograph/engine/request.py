@@ -42,6 +42,15 @@ class Request:
     def token_ids(self) -> list[int]:
         return self.prompt_ids + self.output_ids
 
+    def pending_tokens(self, n: int) -> list[int]:
+        """The next ``n`` tokens to compute, sliced without joining prompt and output (a
+        decode step must not copy the whole context of every request)."""
+        start, split = self.num_computed, len(self.prompt_ids)
+        if start >= split:
+            return self.output_ids[start - split : start - split + n]
+        head = self.prompt_ids[start : start + n]
+        return head + self.output_ids[: n - len(head)] if len(head) < n else head
+
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_ids) + len(self.output_ids)

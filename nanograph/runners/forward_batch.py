@@ -49,23 +49,23 @@ class ForwardBatch:
 
     @staticmethod
     def build(
-        token_ids: list[list[int]],
+        new_token_ids: list[list[int]],
         num_computed: list[int],
-        num_new: list[int],
         pages: list[list[int]],
         page_size: int,
         sample: list[bool],
     ) -> ForwardBatch:
-        """One request per entry: computes ``token_ids[r][num_computed[r]:][:num_new[r]]``."""
+        """One request per entry: computes ``new_token_ids[r]``, which sit right after the
+        request's ``num_computed[r]`` cached tokens."""
         input_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
         sample_rows: list[int] = []
-        for ids, start, n, req_pages, do_sample in zip(
-            token_ids, num_computed, num_new, pages, sample, strict=True
+        for ids, start, req_pages, do_sample in zip(
+            new_token_ids, num_computed, pages, sample, strict=True
         ):
-            input_ids += ids[start : start + n]
-            pos = range(start, start + n)
+            input_ids += ids
+            pos = range(start, start + len(ids))
             positions += pos
             slots += [req_pages[p // page_size] * page_size + p % page_size for p in pos]
             if do_sample:
@@ -73,8 +73,8 @@ class ForwardBatch:
         return ForwardBatch(
             input_ids=input_ids,
             positions=positions,
-            seq_lens=[c + n for c, n in zip(num_computed, num_new)],
-            query_lens=list(num_new),
+            seq_lens=[c + len(ids) for c, ids in zip(num_computed, new_token_ids)],
+            query_lens=[len(ids) for ids in new_token_ids],
             page_tables=pages,
             slot_mapping=slots,
             sample_rows=sample_rows,

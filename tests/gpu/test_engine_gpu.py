@@ -33,7 +33,7 @@ def prefill_logits(model, config, ids: list[int], dtype, attention: str = "trito
 
     kv = KVCache(config, num_pages=len(ids) // 16 + 2, page_size=16, dtype=dtype, device=CUDA)
     pages = kv.allocator.allocate(kv.pages_needed(len(ids)))
-    batch = ForwardBatch.build([ids], [0], [len(ids)], [pages], 16, [True])
+    batch = ForwardBatch.build([ids], [0], [pages], 16, [True])
     batch = ForwardBatch(**{**batch.__dict__, "sample_rows": list(range(len(ids)))})
     runner = ModelRunner(model, get_attention_backend(attention, CUDA), kv.k, kv.v, CUDA)
     return runner.forward(batch)
