@@ -14,6 +14,7 @@ import gc
 import itertools
 import logging
 import time
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -37,6 +38,9 @@ from nanograph.runners.shapes import (
     prefill_shapes,
     prefill_token_buckets,
 )
+
+if TYPE_CHECKING:
+    from nanograph.loader.tokenizer import IncrementalDecoder
 
 logger = logging.getLogger("nanograph")
 
@@ -79,6 +83,7 @@ class Engine:
         if self.tokenizer is not None:
             self.eos_token_ids |= set(self.tokenizer.eos_token_ids)
         self._ids = itertools.count()
+        self._decoders: dict[int, IncrementalDecoder] = {}  # stop-string requests only
         self.load_seconds = time.perf_counter() - start
         if config.progress:
             logger.info("%s", self.memory.table())
@@ -261,6 +266,7 @@ class Engine:
                 request.finish(reason)
                 self.scheduler.finish(request)
                 self.sampler.release(request.request_id)
+                self._decoders.pop(request.request_id, None)
                 finished.append(request)
         return finished
 
@@ -273,10 +279,18 @@ class Engine:
             return "stop"
         request.output_ids.append(token)
         if params.stop and self.tokenizer is not None:
-            text = self.tokenizer.decode(request.output_ids)
-            hits = [text.index(s) for s in params.stop if s in text]
+            # incremental text: each token decodes once, and only the new tail is searched
+            decoder = self._decoders.get(request.request_id)
+            if decoder is None:
+                decoder = self._decoders[request.request_id] = self.tokenizer.decode_stream()
+            seen = len(request.text)
+            request.text += decoder.step(token)
+            hits = [
+                i for stop in params.stop
+                if (i := request.text.find(stop, max(0, seen - len(stop) + 1))) >= 0
+            ]  # fmt: skip
             if hits:
-                request.text = text[: min(hits)]
+                request.text = request.text[: min(hits)]
                 return "stop"
         if len(request.output_ids) >= params.max_tokens or request.num_tokens >= self.max_model_len:
             return "length"
