@@ -144,6 +144,25 @@ def test_target_verify(num_splits):
     _check_attention(batch, torch.float32, max_query_len=4, num_splits=num_splits)
 
 
+def test_split_counters_reset_and_min_split_blocks():
+    # The last slice of each tile merges and re-zeroes its counter, so back-to-back launches
+    # (a graph replay, the next layer) start from zero; a key range shorter than
+    # min_split_blocks x block_n runs as one slice whatever num_splits allows.
+    from dataclasses import replace
+
+    batch = _batch([5, 40, 0, 23], [3, 9, 6, 1], seed=11)
+    scale = batch.q.shape[-1] ** -0.5
+    args = (batch.q, batch.k_cache, batch.v_cache, *batch.metadata(), batch.page_size, scale)
+    base = attention.choose_tiles(torch.device("cpu"), batch.q.shape[0], 6, 4, 2, 16, None, 4)
+    want = reference.paged_attention(*[_f64(a) for a in args[:3]], *args[3:])
+    real = int(batch.num_tokens[0])
+    for tiles in (base, base, replace(base, min_split_blocks=100)):
+        got = attention.paged_attention(*args, tiles=tiles)
+        torch.testing.assert_close(got[:real].double(), want[:real], atol=2e-4, rtol=2e-4)
+        counters = attention._COUNTERS[batch.q.device][-1]
+        assert int(counters.abs().sum()) == 0
+
+
 def test_preallocated_out_keeps_padded_rows():
     batch = _batch([3, 10], [2, 5], seed=8)
     out = torch.full_like(batch.q, 7.0)

@@ -40,7 +40,8 @@ def measure_arm(model: str, arm: str, batches: list[int], prompt_len: int, new_t
     for batch in batches:
         prompts = [torch.randint(0, vocab, (prompt_len,), generator=g).tolist()
                    for _ in range(batch)]  # fmt: skip
-        llm.generate(prompts, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
+        # warm-up long enough for the allocator, clocks and every kernel variant to settle
+        llm.generate(prompts, SamplingParams(max_tokens=32, temperature=0, ignore_eos=True))
         samples = []
         for _ in range(repeats):
             outs = llm.generate(prompts, params)
@@ -80,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--arms", default=",".join(ARMS))
     parser.add_argument("--prompt-len", type=int, default=512)
     parser.add_argument("--new-tokens", type=int, default=256)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--transformers", action="store_true", help="add the transformers peer")
     parser.add_argument("--out", default="benchmarks/results/decode.json")
     args = parser.parse_args(argv)

@@ -18,9 +18,13 @@ Invariants:
   allocated here is zero-filled, so those rows read as zeros.
 - Work split: a program owns BLOCK_Q query tokens x the whole GQA group of one kv head (the
   group, padded to a power of two, is packed into the M dim of the tile so K/V are loaded once
-  per group) and one of NUM_SPLITS slices of the key range. With NUM_SPLITS > 1 it writes a
-  normalized partial output plus its log-sum-exp and ``_merge_splits_kernel`` combines them
-  (flash-decoding), which is how one long sequence still fills the GPU.
+  per group) and one of NUM_SPLITS slices of the key range (flash-decoding: how one long
+  sequence still fills the GPU). NUM_SPLITS is a static upper bound; at run time a tile uses
+  only as many slices as its key range fills with MIN_SPLIT_BLOCKS key blocks each, so a short
+  range takes one slice and writes its output directly. A split tile writes a normalized partial
+  output plus its log-sum-exp; the last of its slices to finish (an atomic counter per tile)
+  merges them, then resets the counter to zero for the next launch. The counters live in one
+  persistent buffer per device, so launches on one device must not run concurrently.
 - Two static layouts of the first grid dim: "flat" (extend: ``N // BLOCK_Q + S`` programs, each
   finds its request by binary search over ``query_start_loc``) and "per request" (decode and
   verify: ``S * cdiv(max_query_len, BLOCK_Q)`` programs); ``max_query_len`` is a static hint.
@@ -55,7 +59,8 @@ class AttentionTiles:
     block_q: int  # query tokens per program
     group_pad: int  # q heads per kv head, padded to a power of two (BLOCK_M = block_q * group_pad)
     block_n: int  # keys per inner iteration
-    num_splits: int  # key-range slices (power of two); > 1 adds the merge kernel
+    num_splits: int  # most key-range slices per tile (power of two)
+    min_split_blocks: int  # a slice gets at least this many key blocks
     per_request: bool  # per-request grid (needs max_query_len) instead of the flat one
     num_warps: int
     num_stages: int
@@ -156,6 +161,7 @@ def _paged_attention_kernel(
     out_ptr,
     part_out_ptr,  # fp32 [N, Hq, NUM_SPLITS, HEAD_DIM], used when NUM_SPLITS > 1
     part_lse_ptr,  # fp32 [N, Hq, NUM_SPLITS], log2 domain
+    counters_ptr,  # int32 [grid0 * num_kv_heads], zero between launches
     sinks_ptr,
     page_table_ptr,
     seq_lens_ptr,
@@ -184,6 +190,7 @@ def _paged_attention_kernel(
     PAGE_SIZE: tl.constexpr,
     Q_BLOCKS_PER_REQUEST: tl.constexpr,  # 0: flat layout
     NUM_SPLITS: tl.constexpr,
+    MIN_SPLIT_BLOCKS: tl.constexpr,
     USE_WINDOW: tl.constexpr,
     USE_SOFTCAP: tl.constexpr,
     HAS_SINKS: tl.constexpr,
@@ -232,7 +239,11 @@ def _paged_attention_kernel(
         full_lo = tl.cdiv(tl.maximum(last_pos - sliding_window + 1, 0), BLOCK_N) * BLOCK_N
     kv_hi = last_pos + 1
     full_hi = tl.maximum(((first_pos + 1) // BLOCK_N) * BLOCK_N, full_lo)
-    blocks_per_split = tl.cdiv(tl.cdiv(kv_hi - kv_lo, BLOCK_N), NUM_SPLITS)
+    num_blocks = tl.cdiv(kv_hi - kv_lo, BLOCK_N)
+    blocks_per_split = tl.maximum(tl.cdiv(num_blocks, NUM_SPLITS), MIN_SPLIT_BLOCKS)
+    active_splits = tl.cdiv(num_blocks, blocks_per_split)
+    if split >= active_splits:
+        return  # the key range is too short to use this slice
     split_lo = kv_lo + split * blocks_per_split * BLOCK_N
     split_hi = tl.minimum(split_lo + blocks_per_split * BLOCK_N, kv_hi)
 
@@ -261,66 +272,62 @@ def _paged_attention_kernel(
         BLOCK_N, HEAD_DIM, PAGE_SIZE, True, USE_WINDOW, USE_SOFTCAP, DOT_PRECISION,
     )  # fmt: skip
 
-    if NUM_SPLITS == 1:
-        if HAS_SINKS:
-            # The sink logit joins the denominator only: exp(sink) adds to l, nothing to acc.
-            sink = tl.load(sinks_ptr + q_head, mask=head_valid, other=float("-inf"))
-            sink = sink.to(tl.float32) * 1.4426950408889634
-            m_fin = tl.maximum(m_i, sink)
-            m_sub = tl.where(m_fin == float("-inf"), 0.0, m_fin)
-            alpha = tl.math.exp2(m_i - m_sub)
-            l_i = l_i * alpha + tl.math.exp2(sink - m_sub)
-            acc = acc * alpha[:, None]
-        out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
-        o_ptrs = out_ptr + token[:, None] * stride_o_tok + q_head[:, None] * stride_o_head
-        tl.store(
-            o_ptrs + offs_d[None, :], out.to(out_ptr.dtype.element_ty), mask=row_valid[:, None]
-        )
-    else:
-        # An empty slice (l = 0) writes lse = -inf and a zero partial; the merge ignores it.
+    o_ptrs = out_ptr + token[:, None] * stride_o_tok + q_head[:, None] * stride_o_head
+    if active_splits > 1:
+        # Write this slice's normalized partial (an empty slice writes lse = -inf), then count
+        # it in; the barrier orders every thread's stores before the counting atomic.
+        row = (token * NUM_Q_HEADS + q_head) * NUM_SPLITS
         part = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
         lse = tl.where(l_i > 0.0, m_i + tl.math.log2(tl.where(l_i > 0.0, l_i, 1.0)), float("-inf"))
-        row = (token * NUM_Q_HEADS + q_head) * NUM_SPLITS + split
-        tl.store(part_out_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], part,
+        tl.store(part_out_ptr + (row + split)[:, None] * HEAD_DIM + offs_d[None, :], part,
                  mask=row_valid[:, None])  # fmt: skip
-        tl.store(part_lse_ptr + row, lse, mask=row_valid)
+        tl.store(part_lse_ptr + row + split, lse, mask=row_valid)
+        tl.debug_barrier()
+        counter = counters_ptr + tl.program_id(0) * tl.num_programs(1) + kv_head
+        if tl.atomic_add(counter, 1, sem="acq_rel") != active_splits - 1:
+            return  # another slice is still running; the last one merges
+        # The last slice: combine every slice's partial (read past L1: other SMs wrote them).
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+        for s in range(0, active_splits):
+            lse = tl.load(part_lse_ptr + row + s, mask=row_valid, other=float("-inf"),
+                          cache_modifier=".cg")  # fmt: skip
+            part = tl.load(part_out_ptr + (row + s)[:, None] * HEAD_DIM + offs_d[None, :],
+                           mask=row_valid[:, None], other=0.0, cache_modifier=".cg")  # fmt: skip
+            m_new = tl.maximum(m_i, lse)
+            m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.math.exp2(m_i - m_sub)
+            weight = tl.math.exp2(lse - m_sub)
+            l_i = l_i * alpha + weight
+            acc = acc * alpha[:, None] + part * weight[:, None]
+            m_i = m_new
+        tl.store(counter, 0)  # every slice has counted in: ready for the next launch
+    if HAS_SINKS:
+        # The sink logit joins the denominator only: exp(sink) adds to l, nothing to acc.
+        sink = tl.load(sinks_ptr + q_head, mask=head_valid, other=float("-inf"))
+        sink = sink.to(tl.float32) * 1.4426950408889634
+        m_fin = tl.maximum(m_i, sink)
+        m_sub = tl.where(m_fin == float("-inf"), 0.0, m_fin)
+        alpha = tl.math.exp2(m_i - m_sub)
+        l_i = l_i * alpha + tl.math.exp2(sink - m_sub)
+        acc = acc * alpha[:, None]
+    out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+    tl.store(o_ptrs + offs_d[None, :], out.to(out_ptr.dtype.element_ty), mask=row_valid[:, None])
 
 
-@triton.jit
-def _merge_splits_kernel(
-    out_ptr,
-    part_out_ptr,
-    part_lse_ptr,
-    sinks_ptr,
-    query_start_loc_ptr,
-    num_seqs,
-    stride_o_tok,
-    stride_o_head,
-    NUM_Q_HEADS: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
-    HAS_SINKS: tl.constexpr,
-):
-    token = tl.program_id(0)
-    head = tl.program_id(1)
-    if token >= tl.load(query_start_loc_ptr + num_seqs):
-        return  # padded row: no partials were written for it
-    offs_s = tl.arange(0, NUM_SPLITS)
-    offs_d = tl.arange(0, HEAD_DIM)
-    row0 = (token.to(tl.int64) * NUM_Q_HEADS + head) * NUM_SPLITS
-    lse = tl.load(part_lse_ptr + row0 + offs_s)
-    m = tl.max(lse, 0)
-    if HAS_SINKS:
-        sink = tl.load(sinks_ptr + head).to(tl.float32) * 1.4426950408889634
-        m = tl.maximum(m, sink)
-    weights = tl.math.exp2(lse - m)
-    denom = tl.sum(weights, 0)
-    if HAS_SINKS:
-        denom += tl.math.exp2(sink - m)
-    parts = tl.load(part_out_ptr + (row0 + offs_s)[:, None] * HEAD_DIM + offs_d[None, :])
-    out = tl.sum(parts * weights[:, None], 0) / denom
-    o_ptrs = out_ptr + token.to(tl.int64) * stride_o_tok + head * stride_o_head + offs_d
-    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty))
+_COUNTERS: dict[torch.device, list[torch.Tensor]] = {}
+
+
+def _split_counters(device: torch.device, size: int) -> torch.Tensor:
+    """A zeroed int32 buffer of at least ``size`` counters that the kernel leaves zeroed.
+
+    Outgrown buffers are kept, never freed: captured CUDA graphs still point at them.
+    """
+    buffers = _COUNTERS.setdefault(device, [])
+    if not buffers or buffers[-1].numel() < size:
+        buffers.append(torch.zeros(_next_pow2(max(size, 1024)), dtype=torch.int32, device=device))
+    return buffers[-1]
 
 
 @functools.lru_cache(maxsize=8)
@@ -374,7 +381,13 @@ def choose_tiles(
             num_splits = min(_next_pow2(triton.cdiv(wanted, max(programs, 1))), MAX_SPLITS)
     if num_splits & (num_splits - 1):
         raise ValueError(f"num_splits must be a power of two, got {num_splits}")
-    return AttentionTiles(block_q, group_pad, block_n, num_splits, small, num_warps, num_stages)
+    # An extend tile's partial (128 rows x head_dim, fp32) costs as much memory traffic as a few
+    # key blocks, so extend splits only ranges of at least 8 blocks (a 256-token prompt never
+    # splits); a decode tile's partial is small. CPU: 1, so the tests exercise splitting.
+    min_split_blocks = 8 if on_gpu and not small else 1
+    return AttentionTiles(
+        block_q, group_pad, block_n, num_splits, min_split_blocks, small, num_warps, num_stages
+    )
 
 
 def paged_attention(
@@ -446,8 +459,9 @@ def paged_attention(
     use_softcap = softcap > 0.0
     # Without softcap, fold log2(e) into the scale so the loop uses exp2 directly.
     qk_scale = scale if use_softcap else scale * math.log2(math.e)
+    counters = _split_counters(q.device, grid0 * num_kv_heads) if tiles.num_splits > 1 else out
     _paged_attention_kernel[(grid0, num_kv_heads, tiles.num_splits)](
-        q, k_cache, v_cache, out, part_out, part_lse,
+        q, k_cache, v_cache, out, part_out, part_lse, counters,
         sinks if sinks is not None else out,
         page_table, seq_lens, query_lens, query_start_loc,
         num_seqs, page_table.stride(0),
@@ -464,6 +478,7 @@ def paged_attention(
         PAGE_SIZE=page_size,
         Q_BLOCKS_PER_REQUEST=q_blocks_per_request,
         NUM_SPLITS=tiles.num_splits,
+        MIN_SPLIT_BLOCKS=tiles.min_split_blocks,
         USE_WINDOW=sliding_window > 0,
         USE_SOFTCAP=use_softcap,
         HAS_SINKS=sinks is not None,
@@ -472,15 +487,4 @@ def paged_attention(
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
     )  # fmt: skip
-    if tiles.num_splits > 1:
-        _merge_splits_kernel[(num_tokens, num_q_heads)](
-            out, part_out, part_lse,
-            sinks if sinks is not None else out,
-            query_start_loc, num_seqs, out.stride(0), out.stride(1),
-            NUM_Q_HEADS=num_q_heads,
-            HEAD_DIM=head_dim,
-            NUM_SPLITS=tiles.num_splits,
-            HAS_SINKS=sinks is not None,
-            num_warps=4,
-        )  # fmt: skip
     return out
