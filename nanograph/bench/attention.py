@@ -149,6 +149,19 @@ def _metrics(case: Case, ms: float) -> dict[str, float]:
     return {"gbps": gbps, "fraction_of_ceiling": gbps / (CEILING_GBPS)}
 
 
+def _last_compiled_resources() -> dict:
+    """Registers and spills of the attention kernel variant compiled last (Triton internals:
+    best effort, empty where this Triton version keeps them elsewhere)."""
+    from nanograph.kernels.attention import _paged_attention_kernel
+
+    try:
+        caches = _paged_attention_kernel.device_caches[torch.cuda.current_device()][0]
+        kernel = list(caches.values())[-1]
+        return {"n_regs": kernel.n_regs, "n_spills": kernel.n_spills}
+    except Exception:  # noqa: BLE001 - diagnostics only
+        return {}
+
+
 def _sweep(case: Case, batch: PagedBatch, rep_ms: int, deadline: float) -> list[dict]:
     from nanograph.kernels.attention import choose_tiles
 
@@ -159,14 +172,19 @@ def _sweep(case: Case, batch: PagedBatch, rep_ms: int, deadline: float) -> list[
     )  # fmt: skip
     if case.kind == "extend":
         grid = [
-            {"block_n": bn, "num_warps": 4, "num_stages": st} for bn in (64, 32) for st in (3, 4, 2)
+            {"block_n": bn, "num_warps": w, "num_stages": st, "num_splits": sp}
+            for w in (8, 4)
+            for bn in (64, 32)
+            for st in (3, 2)
+            for sp in sorted({1, base.num_splits})
         ]
     else:
         grid = [
-            {"block_n": bn, "num_splits": sp, "num_warps": 4, "num_stages": st}
-            for bn in (64, 32, 128)
-            for sp in ((1, 2) if case.requests > 1 else (64, 32, 16))
-            for st in (2, 3, 4)
+            {"block_n": bn, "num_splits": sp, "num_warps": w, "num_stages": st}
+            for bn in (64, 128)
+            for sp in ((1, 2) if case.requests > 1 else (64, 32, 128))
+            for w in (4, 8)
+            for st in (2, 3)
         ]
     default_out = _triton_fn(case, batch)().clone()
     results = []
@@ -184,7 +202,7 @@ def _sweep(case: Case, batch: PagedBatch, rep_ms: int, deadline: float) -> list[
             continue
         results.append(
             {"tiles": asdict(tiles), "median_ms": ms, "max_abs_diff_vs_default": diff,
-             **_metrics(case, ms)}
+             **_metrics(case, ms), **_last_compiled_resources()}
         )  # fmt: skip
     return results
 
@@ -226,7 +244,12 @@ def main(argv: list[str] | None = None) -> int:
         entry = {
             "case": asdict(case),
             "tiles": asdict(tiles),
-            "triton": {"median_ms": t_ms, **_metrics(case, t_ms), "samples_ms": triton_samples},
+            "triton": {
+                "median_ms": t_ms,
+                **_metrics(case, t_ms),
+                **_last_compiled_resources(),
+                "samples_ms": triton_samples,
+            },  # fmt: skip
             "sdpa_flash": {
                 "median_ms": s_ms,
                 **_metrics(case, s_ms),

@@ -191,6 +191,7 @@ def _paged_attention_kernel(
     Q_BLOCKS_PER_REQUEST: tl.constexpr,  # 0: flat layout
     NUM_SPLITS: tl.constexpr,
     MIN_SPLIT_BLOCKS: tl.constexpr,
+    MERGE_ROWS: tl.constexpr,
     USE_WINDOW: tl.constexpr,
     USE_SOFTCAP: tl.constexpr,
     HAS_SINKS: tl.constexpr,
@@ -272,39 +273,52 @@ def _paged_attention_kernel(
         BLOCK_N, HEAD_DIM, PAGE_SIZE, True, USE_WINDOW, USE_SOFTCAP, DOT_PRECISION,
     )  # fmt: skip
 
-    o_ptrs = out_ptr + token[:, None] * stride_o_tok + q_head[:, None] * stride_o_head
-    if active_splits > 1:
-        # Write this slice's normalized partial (an empty slice writes lse = -inf), then count
-        # it in; the barrier orders every thread's stores before the counting atomic.
-        row = (token * NUM_Q_HEADS + q_head) * NUM_SPLITS
-        part = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
-        lse = tl.where(l_i > 0.0, m_i + tl.math.log2(tl.where(l_i > 0.0, l_i, 1.0)), float("-inf"))
-        tl.store(part_out_ptr + (row + split)[:, None] * HEAD_DIM + offs_d[None, :], part,
-                 mask=row_valid[:, None])  # fmt: skip
-        tl.store(part_lse_ptr + row + split, lse, mask=row_valid)
-        tl.debug_barrier()
-        counter = counters_ptr + tl.program_id(0) * tl.num_programs(1) + kv_head
-        if tl.atomic_add(counter, 1, sem="acq_rel") != active_splits - 1:
-            return  # another slice is still running; the last one merges
-        # The last slice: combine every slice's partial (read past L1: other SMs wrote them).
-        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-        l_i = tl.zeros([BLOCK_M], tl.float32)
-        acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-        for s in range(0, active_splits):
-            lse = tl.load(part_lse_ptr + row + s, mask=row_valid, other=float("-inf"),
-                          cache_modifier=".cg")  # fmt: skip
-            part = tl.load(part_out_ptr + (row + s)[:, None] * HEAD_DIM + offs_d[None, :],
-                           mask=row_valid[:, None], other=0.0, cache_modifier=".cg")  # fmt: skip
-            m_new = tl.maximum(m_i, lse)
-            m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.math.exp2(m_i - m_sub)
-            weight = tl.math.exp2(lse - m_sub)
-            l_i = l_i * alpha + weight
-            acc = acc * alpha[:, None] + part * weight[:, None]
-            m_i = m_new
-        tl.store(counter, 0)  # every slice has counted in: ready for the next launch
+    if NUM_SPLITS > 1:
+        if active_splits > 1:
+            # Write this slice's normalized partial (an empty slice writes lse = -inf), then
+            # count it in; the barrier orders every thread's stores before the atomic.
+            row = (token * NUM_Q_HEADS + q_head) * NUM_SPLITS + split
+            part = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+            l_safe = tl.where(l_i > 0.0, l_i, 1.0)
+            lse = tl.where(l_i > 0.0, m_i + tl.math.log2(l_safe), float("-inf"))
+            tl.store(part_out_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], part,
+                     mask=row_valid[:, None])  # fmt: skip
+            tl.store(part_lse_ptr + row, lse, mask=row_valid)
+            tl.debug_barrier()
+            counter = counters_ptr + tl.program_id(0) * tl.num_programs(1) + kv_head
+            if tl.atomic_add(counter, 1, sem="acq_rel") != active_splits - 1:
+                return  # another slice is still running; the last one merges
+            for r0 in tl.static_range(0, BLOCK_M, MERGE_ROWS):
+                _merge_rows(
+                    out_ptr, part_out_ptr, part_lse_ptr, sinks_ptr, r0, q_start, q_block, q_len,
+                    kv_head, active_splits, stride_o_tok, stride_o_head,
+                    NUM_Q_HEADS, GROUP, GROUP_PAD, BLOCK_Q, MERGE_ROWS, HEAD_DIM, NUM_SPLITS,
+                    HAS_SINKS,
+                )  # fmt: skip
+            tl.store(counter, 0)  # every slice has counted in: ready for the next launch
+            return
+    _store_rows(acc, m_i, l_i, out_ptr, sinks_ptr, token, q_head, head_valid, row_valid,
+                stride_o_tok, stride_o_head, HEAD_DIM, HAS_SINKS)  # fmt: skip
+
+
+@triton.jit
+def _store_rows(
+    acc,
+    m_i,
+    l_i,
+    out_ptr,
+    sinks_ptr,
+    token,
+    q_head,
+    head_valid,
+    row_valid,
+    stride_o_tok,
+    stride_o_head,
+    HEAD_DIM: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
+):
+    """Normalize and store finished rows; a sink logit joins the denominator only."""
     if HAS_SINKS:
-        # The sink logit joins the denominator only: exp(sink) adds to l, nothing to acc.
         sink = tl.load(sinks_ptr + q_head, mask=head_valid, other=float("-inf"))
         sink = sink.to(tl.float32) * 1.4426950408889634
         m_fin = tl.maximum(m_i, sink)
@@ -313,7 +327,46 @@ def _paged_attention_kernel(
         l_i = l_i * alpha + tl.math.exp2(sink - m_sub)
         acc = acc * alpha[:, None]
     out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+    offs_d = tl.arange(0, HEAD_DIM)
+    o_ptrs = out_ptr + token[:, None] * stride_o_tok + q_head[:, None] * stride_o_head
     tl.store(o_ptrs + offs_d[None, :], out.to(out_ptr.dtype.element_ty), mask=row_valid[:, None])
+
+
+@triton.jit
+def _merge_rows(out_ptr, part_out_ptr, part_lse_ptr, sinks_ptr, r0, q_start, q_block, q_len,
+                kv_head, active_splits, stride_o_tok, stride_o_head,
+                NUM_Q_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
+                BLOCK_Q: tl.constexpr, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                NUM_SPLITS: tl.constexpr, HAS_SINKS: tl.constexpr):  # fmt: skip
+    """Combine every slice's partial for rows [r0, r0 + ROWS) of a tile. A few rows at a time
+    keep the merge's registers small (it is compiled into the attention kernel). Loads go past
+    L1: other SMs wrote the partials."""
+    offs_m = r0 + tl.arange(0, ROWS)
+    offs_d = tl.arange(0, HEAD_DIM)
+    q_local = q_block * BLOCK_Q + offs_m // GROUP_PAD
+    head_in_group = offs_m % GROUP_PAD
+    q_head = kv_head * GROUP + head_in_group
+    head_valid = head_in_group < GROUP
+    row_valid = (q_local < q_len) & head_valid
+    token = (q_start + q_local).to(tl.int64)
+    row = (token * NUM_Q_HEADS + q_head) * NUM_SPLITS
+    m_i = tl.full([ROWS], float("-inf"), tl.float32)
+    l_i = tl.zeros([ROWS], tl.float32)
+    acc = tl.zeros([ROWS, HEAD_DIM], tl.float32)
+    for s in range(0, active_splits):
+        lse_s = tl.load(part_lse_ptr + row + s, mask=row_valid, other=float("-inf"),
+                        cache_modifier=".cg")  # fmt: skip
+        part_s = tl.load(part_out_ptr + (row + s)[:, None] * HEAD_DIM + offs_d[None, :],
+                         mask=row_valid[:, None], other=0.0, cache_modifier=".cg")  # fmt: skip
+        m_new = tl.maximum(m_i, lse_s)
+        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.math.exp2(m_i - m_sub)
+        weight = tl.math.exp2(lse_s - m_sub)
+        l_i = l_i * alpha + weight
+        acc = acc * alpha[:, None] + part_s.to(tl.float32) * weight[:, None]
+        m_i = m_new
+    _store_rows(acc, m_i, l_i, out_ptr, sinks_ptr, token, q_head, head_valid, row_valid,
+                stride_o_tok, stride_o_head, HEAD_DIM, HAS_SINKS)  # fmt: skip
 
 
 _COUNTERS: dict[torch.device, list[torch.Tensor]] = {}
@@ -479,6 +532,7 @@ def paged_attention(
         Q_BLOCKS_PER_REQUEST=q_blocks_per_request,
         NUM_SPLITS=tiles.num_splits,
         MIN_SPLIT_BLOCKS=tiles.min_split_blocks,
+        MERGE_ROWS=min(tiles.block_q * tiles.group_pad, 16),
         USE_WINDOW=sliding_window > 0,
         USE_SOFTCAP=use_softcap,
         HAS_SINKS=sinks is not None,
