@@ -40,9 +40,10 @@ import torch
 import triton
 import triton.language as tl
 
-# Largest split count of the flash-decoding path: 64 slices of a 32k context are 512 keys each,
-# still several key blocks per program; beyond that the merge kernel starts to cost.
-MAX_SPLITS = 64
+# Largest split count. The last split of a tile merges the partials one split at a time, so
+# more splits cost merge latency: on the H200, 1 x 32k decode (qwen3-8b heads) took 58 us at 32
+# splits, 66 at 64 and 97 at 128 (``nanograph bench attention --sweep``).
+MAX_SPLITS = 32
 # A grid this many times the SM count keeps every SM busy through the tail of the launch.
 PROGRAMS_PER_SM = 4
 # The small-query (memory-bound) regime: query tokens x padded group rows per request up to this
