@@ -2,7 +2,8 @@
 # What the H200 runs for nanograph: `bash benchmarks/run_device.sh STAGE OUTDIR`.
 # Stages: tests (tests/gpu), bench-prefill, bench-decode, bench-misc (build, memory, size),
 #   report (the foundation issue's qwen3-8b eager figures, and the kernel floor),
-#   remaining (what the first H200 session could not fit: 8b prefill arms, decode arms).
+#   remaining (what earlier sessions could not fit: 0.6b tc_piecewise decode with the
+#   transformers generate peer, and the build bench on the default ladder).
 # Run from the repo root; logs and JSON land in OUTDIR (copy them to benchmarks/results/).
 set -uo pipefail
 stage=$1 out=${2:-benchmarks/results}
@@ -32,10 +33,9 @@ case $stage in
     python3 -m nanograph bench floor --model qwen3-8b --lengths 512 --decode-batch 1 \
       --out "$out/floor_decode_8b.json" 2>&1 | tee -a "$out/floor.log" ;;
   remaining)
-    python3 -m nanograph bench prefill --models qwen3-8b --peer-lengths 256 --repeats 5 \
-      --out "$out/prefill_8b.json" 2>&1 | tee "$out/prefill_8b.log"
-    python3 -m nanograph bench decode --models qwen3-0.6b,qwen3-8b --batches 1,8 \
-      --arms breakable,tc_piecewise --transformers --out "$out/decode_arms.json" 2>&1 \
-      | tee "$out/decode_arms.log" ;;
+    python3 -m nanograph bench decode --models qwen3-0.6b --batches 1,8 --arms tc_piecewise \
+      --transformers --out "$out/decode_arms_06b.json" 2>&1 | tee "$out/decode_arms_06b.log"
+    python3 -m nanograph bench build --out "$out/build_default.json" 2>&1 \
+      | tee "$out/build_default.log" ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;
 esac
