@@ -21,7 +21,7 @@ class Status(enum.Enum):
     FINISHED = "finished"
 
 
-@dataclass
+@dataclass(eq=False)  # identity: the scheduler looks requests up in its lists every step
 class Request:
     request_id: int
     prompt_ids: list[int]

@@ -80,14 +80,15 @@ class Scheduler:
         num_new: list[int] = []
         failed: list[Request] = []
         for request in list(self.running):
-            if request not in self.running or budget == 0:
+            if request.status is not Status.RUNNING or budget == 0:
                 continue  # preempted by an earlier request of this loop
             n = min(request.num_pending, budget)
             while not self._grow(request, request.num_computed + n):
-                victims = [r for r in self.running if r not in chosen and r is not request]
-                if not victims:
+                # the most recently admitted request not yet given tokens this step
+                victim = self.running[-1]
+                if victim is request:
                     break
-                self._preempt(victims[-1])
+                self._preempt(victim)
             else:
                 chosen.append(request)
                 num_new.append(n)
