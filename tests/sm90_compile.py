@@ -1,0 +1,145 @@
+"""Compile every Triton kernel variant the engine launches for sm_90 (H100/H200) on a machine
+without a GPU, through the real launch wrappers: each kernel's launch is replaced by a compile.
+
+The interpreter (tests/test_kernels_triton.py) runs kernels as numpy and never sees the
+compiler, so errors like a loop-carried dtype change surface only on the device. This catches
+them on CPU. Run by tests/test_kernels_compile.py in a process without TRITON_INTERPRET (the
+kernels must be real JIT functions); exits non-zero listing the variants that failed.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from dataclasses import replace
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from nanograph.kernels import attention, fused
+from nanograph.kernels.testing import make_paged_batch
+
+TARGET = GPUTarget("cuda", 90, 32)
+POINTER = {
+    torch.bfloat16: "*bf16",
+    torch.float16: "*fp16",
+    torch.float32: "*fp32",
+    torch.int32: "*i32",
+    torch.int64: "*i64",
+}
+
+
+class CompileOnly:
+    """Stands in for a ``@triton.jit`` kernel: ``kernel[grid](*args, **kwargs)`` compiles."""
+
+    def __init__(self, kernel) -> None:
+        self.kernel = kernel
+        self.compiled = 0
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            options = {k: kwargs.pop(k) for k in ("num_warps", "num_stages") if k in kwargs}
+            values = dict(zip(self.kernel.arg_names, args))
+            values.update(kwargs)
+            signature, constexprs = {}, {}
+            for i, param in enumerate(self.kernel.params):
+                value = values[param.name]
+                if param.is_constexpr:
+                    signature[param.name] = "constexpr"
+                    constexprs[(i,)] = value
+                elif isinstance(value, torch.Tensor):
+                    signature[param.name] = POINTER[value.dtype]
+                elif isinstance(value, bool):
+                    signature[param.name] = "i1"
+                elif isinstance(value, int):
+                    signature[param.name] = "i32" if abs(value) < 2**31 else "i64"
+                else:
+                    signature[param.name] = "fp32"
+            source = ASTSource(fn=self.kernel, signature=signature, constexprs=constexprs)
+            triton.compile(source, target=TARGET, options=options)
+            self.compiled += 1
+
+        return launch
+
+
+def _attention_cases():
+    """(name, kwargs for paged_attention) with H200-like tiles (choose_tiles needs CUDA)."""
+    gpu_extend = attention.AttentionTiles(
+        block_q=32, group_pad=4, block_n=64, num_splits=1, min_split_blocks=8,
+        per_request=False, num_warps=4, num_stages=3,
+    )  # fmt: skip
+    gpu_decode = attention.AttentionTiles(
+        block_q=1, group_pad=16, block_n=64, num_splits=32, min_split_blocks=1,
+        per_request=True, num_warps=4, num_stages=2,
+    )  # fmt: skip
+    sinks = torch.zeros(32, dtype=torch.float32)
+    yield "extend", {"tiles": gpu_extend}, None
+    yield "extend split", {"tiles": replace(gpu_extend, num_splits=2)}, None
+    yield "extend split window sinks softcap", {
+        "tiles": replace(gpu_extend, num_splits=4, block_n=32),
+        "sliding_window": 128, "sinks": sinks, "softcap": 30.0,
+    }, None  # fmt: skip
+    yield "extend fp16", {"tiles": replace(gpu_extend, num_splits=2)}, torch.float16
+    yield "decode split", {"tiles": gpu_decode, "max_query_len": 1}, None
+    yield "decode", {"tiles": replace(gpu_decode, num_splits=1), "max_query_len": 1}, None
+    yield "verify split", {
+        "tiles": replace(gpu_decode, block_q=4, group_pad=4, num_splits=2), "max_query_len": 4,
+    }, None  # fmt: skip
+
+
+def main() -> int:
+    failures: list[str] = []
+    checked = 0
+    attention._paged_attention_kernel = CompileOnly(attention._paged_attention_kernel)
+    for name in ("_rmsnorm_kernel", "_silu_and_mul_kernel", "_rope_store_kv_kernel"):
+        setattr(fused, name, CompileOnly(getattr(fused, name)))
+
+    kernels = [attention._paged_attention_kernel, fused._rmsnorm_kernel,
+               fused._silu_and_mul_kernel, fused._rope_store_kv_kernel]  # fmt: skip
+
+    def check(name, fn, *args, **kwargs):
+        nonlocal checked
+        before = sum(k.compiled for k in kernels)
+        try:
+            fn(*args, **kwargs)
+            if sum(k.compiled for k in kernels) == before:
+                raise AssertionError("the wrapper launched no kernel: nothing was compiled")
+            checked += 1
+        except Exception:  # noqa: BLE001 - report every failing variant, then fail
+            failures.append(f"{name}:\n{traceback.format_exc(limit=-3)}")
+
+    for name, kwargs, dtype in _attention_cases():
+        batch = make_paged_batch(
+            [40, 7], [9, 1], num_q_heads=32, num_kv_heads=8, head_dim=128, page_size=16,
+            dtype=dtype or torch.bfloat16, num_sentinels=2,
+        )  # fmt: skip
+        args = (batch.q, batch.k_cache, batch.v_cache, *batch.metadata(), batch.page_size, 0.1)
+        check(f"paged_attention {name}", attention.paged_attention, *args, **kwargs)
+
+    x = torch.randn(4, 1024, dtype=torch.bfloat16)
+    w = torch.ones(1024, dtype=torch.bfloat16)
+    check("rmsnorm", fused.rmsnorm, x, w, 1e-6)
+    check("add_rmsnorm", fused.add_rmsnorm, x, x.clone(), w, 1e-6)
+    check("silu_and_mul", fused.silu_and_mul, torch.randn(4, 2048, dtype=torch.bfloat16))
+    for norm in (False, True):
+        q = torch.randn(4, 32, 128, dtype=torch.bfloat16)
+        k, v = torch.randn(2, 4, 8, 128, dtype=torch.bfloat16)
+        cache = torch.zeros(64, 8, 128, dtype=torch.bfloat16)
+        cos_sin = torch.randn(256, 128)
+        weight = torch.ones(128, dtype=torch.bfloat16) if norm else None
+        check(
+            f"rope_store_kv norm={norm}", fused.rope_store_kv,
+            q, k, v, torch.arange(4), cos_sin, cache, cache.clone(), torch.arange(4),
+            q_norm_weight=weight, k_norm_weight=weight,
+            num_tokens=torch.tensor([4], dtype=torch.int32),
+        )  # fmt: skip
+    print(f"compiled {checked} kernel variants for sm_90; {len(failures)} failed")
+    for failure in failures:
+        print(failure, file=sys.stderr)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
