@@ -2,8 +2,9 @@
 # What the H200 runs for nanograph: `bash benchmarks/run_device.sh STAGE OUTDIR`.
 # Stages: tests (tests/gpu), bench-prefill, bench-decode, bench-misc (build, memory, size),
 #   report (the foundation issue's qwen3-8b eager figures, and the kernel floor),
-#   remaining (what earlier sessions could not fit: 0.6b tc_piecewise decode with the
-#   transformers generate peer, and the build bench on the default ladder).
+#   remaining-decode, remaining-build (what earlier sessions could not fit: decode arms
+#   breakable/tc_piecewise at batch 32/128 and on qwen3-0.6b, the transformers generate peer,
+#   and the build bench on the default ladder).
 # Run from the repo root; logs and JSON land in OUTDIR (copy them to benchmarks/results/).
 set -uo pipefail
 stage=$1 out=${2:-benchmarks/results}
@@ -32,9 +33,11 @@ case $stage in
     python3 -m nanograph bench floor --out "$out/floor.json" 2>&1 | tee "$out/floor.log"
     python3 -m nanograph bench floor --model qwen3-8b --lengths 512 --decode-batch 1 \
       --out "$out/floor_decode_8b.json" 2>&1 | tee -a "$out/floor.log" ;;
-  remaining)
-    python3 -m nanograph bench decode --models qwen3-0.6b --batches 1,8 --arms tc_piecewise \
-      --transformers --out "$out/decode_arms_06b.json" 2>&1 | tee "$out/decode_arms_06b.log"
+  remaining-decode)  # ~8 min: the decode arms at every batch, with the transformers peer
+    python3 -m nanograph bench decode --models qwen3-0.6b,qwen3-8b --batches 1,8,32,128 \
+      --arms breakable,tc_piecewise --transformers --out "$out/decode_arms.json" 2>&1 \
+      | tee "$out/decode_arms.log" ;;
+  remaining-build)  # ~6 min: prefill graph build on the default ladder (~40 shapes)
     python3 -m nanograph bench build --out "$out/build_default.json" 2>&1 \
       | tee "$out/build_default.log" ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;
