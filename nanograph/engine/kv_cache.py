@@ -55,12 +55,13 @@ class KVCache:
         self.page_size = page_size
         self.num_pages = num_pages
         shape = (num_pages * page_size, config.num_key_value_heads, config.head_dim)
-        self.k = [
-            torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)
-        ]
-        self.v = [
-            torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)
-        ]
+        # A slot is always written before it is read. On CUDA the zero fill is one fast memset
+        # and keeps stray reads (a capture's dummy batch) finite; on CPU, zeroing the default
+        # 512 MiB pool took 0.9 s of start-up, while empty pages cost nothing until written.
+        alloc = torch.zeros if device.type == "cuda" else torch.empty
+        layers = config.num_hidden_layers
+        self.k = [alloc(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.v = [alloc(shape, dtype=dtype, device=device) for _ in range(layers)]
         self.allocator = PageAllocator(num_pages)
         self.nbytes = sum(t.numel() * t.element_size() for t in self.k + self.v)
 

@@ -12,6 +12,8 @@ Invariants:
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 
@@ -178,10 +180,15 @@ class CausalLM(nn.Module):
         name = name.replace("self_attn.q_norm.weight", "self_attn.q_norm").replace(
             "self_attn.k_norm.weight", "self_attn.k_norm"
         )
-        params = dict(self.named_parameters())
+        params = self._parameters_by_name
         if name not in params:
             raise KeyError(name)
         return params[name], rows
+
+    @functools.cached_property
+    def _parameters_by_name(self) -> dict[str, nn.Parameter]:
+        # built once: a checkpoint load resolves every tensor name through it
+        return dict(self.named_parameters())
 
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
         """Our weights under Hugging Face names (views, no copies)."""
