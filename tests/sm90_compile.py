@@ -43,7 +43,8 @@ class CompileOnly:
             options = {k: kwargs.pop(k) for k in ("num_warps", "num_stages") if k in kwargs}
             values = dict(zip(self.kernel.arg_names, args))
             values.update(kwargs)
-            signature, constexprs = {}, {}
+            signature, constexprs, attrs = {}, {}, {}
+            aligned = [["tt.divisibility", 16]]
             for i, param in enumerate(self.kernel.params):
                 value = values[param.name]
                 if param.is_constexpr:
@@ -51,13 +52,21 @@ class CompileOnly:
                     constexprs[(i,)] = value
                 elif isinstance(value, torch.Tensor):
                     signature[param.name] = POINTER[value.dtype]
+                    if value.data_ptr() % 16 == 0:
+                        attrs[(i,)] = aligned
                 elif isinstance(value, bool):
                     signature[param.name] = "i1"
                 elif isinstance(value, int):
                     signature[param.name] = "i32" if abs(value) < 2**31 else "i64"
+                    if value % 16 == 0:
+                        attrs[(i,)] = aligned
                 else:
                     signature[param.name] = "fp32"
-            source = ASTSource(fn=self.kernel, signature=signature, constexprs=constexprs)
+            # Like a launch, mark 16-byte-aligned pointers and multiples of 16: without these
+            # hints the compiler emits no async copies and the variant is not the one that runs.
+            source = ASTSource(
+                fn=self.kernel, signature=signature, constexprs=constexprs, attrs=attrs
+            )
             triton.compile(source, target=TARGET, options=options)
             self.compiled += 1
 
