@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What the H200 runs for nanograph: `bash benchmarks/run_device.sh STAGE OUTDIR`.
-# Stages: tests (tests/gpu), bench-prefill, bench-decode, bench-misc (build, memory, size),
+# Stages: tests (tests/gpu), verify (tests, attention, decode full), bench-prefill, bench-decode, bench-misc (build, memory, size),
 #   report (the foundation issue's qwen3-8b eager figures, and the kernel floor),
 #   remaining-decode, remaining-build (what earlier sessions could not fit: decode arms
 #   breakable/tc_piecewise at batch 32/128 and on qwen3-0.6b, the transformers generate peer,
@@ -14,6 +14,12 @@ nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv | tee "$out/devi
 case $stage in
   tests)
     python3 -m pytest -q -s -p no:cacheprovider tests/gpu 2>&1 | tee "$out/gpu_tests.log" ;;
+  verify)  # ~9 min: a session's first call after CUDA-path changes, plus the figures they move
+    python3 -m pytest -q -p no:cacheprovider tests/gpu > "$out/gpu_tests.log" 2>&1
+    tail -1 "$out/gpu_tests.log"
+    python3 -m nanograph bench attention --out "$out/attention.json" 2>&1 | tee "$out/attention.log"
+    python3 -m nanograph bench decode --models qwen3-0.6b,qwen3-8b --arms full --batches 1,32,128 \
+      --repeats 3 --out "$out/decode_full.json" 2>&1 | tee "$out/decode_full.log" ;;
   bench-prefill)
     python3 -m nanograph bench prefill --models "${MODELS:-qwen3-0.6b,qwen3-8b}" \
       --repeats 5 --out "$out/prefill.json" 2>&1 | tee "$out/prefill.log" ;;
