@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # What the H200 runs for nanograph: `bash benchmarks/run_device.sh STAGE OUTDIR`.
-# Stages: tests (tests/gpu), verify (tests, attention, decode full), bench-prefill, bench-decode, bench-misc (build, memory, size),
+# Stages: tests (tests/gpu), verify (tests, attention, decode full), bench-prefill,
+#   bench-decode, bench-misc (build, memory, size),
 #   report (the foundation issue's qwen3-8b eager figures, and the kernel floor),
 #   remaining-decode, remaining-build (what earlier sessions could not fit: decode arms
 #   breakable/tc_piecewise at batch 32/128 and on qwen3-0.6b, the transformers generate peer,
