@@ -116,9 +116,11 @@ def test_extend_model_features(features):
 # -- paged attention: decode and target-verify (per-request grid) -----------------------------
 
 
-@pytest.mark.parametrize("num_splits", [1, 8])
+@pytest.mark.parametrize("num_splits", [1, 8, 32])
 def test_decode(num_splits):
-    contexts = [0, 3, 16, 47, 8, 29]  # 0: the first generated token sees only itself
+    # 0: the first generated token sees only itself; 300 keys fill 19 of 32 slices, more than
+    # one chunk of the merge's unrolled loop
+    contexts = [0, 3, 16, 47, 8, 29, 300]
     batch = _batch(contexts, [1] * len(contexts), sentinels=3, seed=4)
     _check_attention(batch, torch.float32, max_query_len=1, num_splits=num_splits)
 
