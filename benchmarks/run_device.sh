@@ -40,10 +40,11 @@ case $stage in
     python3 -m nanograph bench floor --out "$out/floor.json" 2>&1 | tee "$out/floor.log"
     python3 -m nanograph bench floor --model qwen3-8b --lengths 512 --decode-batch 1 \
       --out "$out/floor_decode_8b.json" 2>&1 | tee -a "$out/floor.log" ;;
-  remaining-decode)  # ~8 min: the decode arms at every batch, with the transformers peer
-    python3 -m nanograph bench decode --models qwen3-0.6b,qwen3-8b --batches 1,8,32,128 \
-      --arms breakable,tc_piecewise --transformers --out "$out/decode_arms.json" 2>&1 \
-      | tee "$out/decode_arms.log" ;;
+  remaining-decode)  # one model per call (~8 min): tc_piecewise compiles ~12 s per decode shape
+    m=${MODELS:-qwen3-0.6b}
+    python3 -m nanograph bench decode --models "$m" --batches 1,8,32,128 \
+      --arms breakable,tc_piecewise --transformers --out "$out/decode_arms_$m.json" 2>&1 \
+      | tee "$out/decode_arms_$m.log" ;;
   remaining-build)  # ~6 min: prefill graph build on the default ladder (~40 shapes)
     python3 -m nanograph bench build --out "$out/build_default.json" 2>&1 \
       | tee "$out/build_default.log" ;;
