@@ -20,7 +20,10 @@ case $stage in
     tail -1 "$out/gpu_tests.log"
     python3 -m nanograph bench attention --out "$out/attention.json" 2>&1 | tee "$out/attention.log"
     python3 -m nanograph bench decode --models qwen3-0.6b,qwen3-8b --arms full --batches 1,32,128 \
-      --repeats 3 --out "$out/decode_full.json" 2>&1 | tee "$out/decode_full.log" ;;
+      --repeats 3 --out "$out/decode_full.json" 2>&1 | tee "$out/decode_full.log"
+    # the GPU time of one 0.6b decode step: wall time per step minus this is host overhead
+    python3 -m nanograph bench floor --model qwen3-0.6b --lengths 512 --decode-batch 1 \
+      --out "$out/floor_decode_06b.json" 2>&1 | tee "$out/floor_decode_06b.log" ;;
   bench-prefill)
     python3 -m nanograph bench prefill --models "${MODELS:-qwen3-0.6b,qwen3-8b}" \
       --repeats 5 --out "$out/prefill.json" 2>&1 | tee "$out/prefill.log" ;;
