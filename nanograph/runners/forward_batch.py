@@ -15,6 +15,7 @@ import functools
 import itertools
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from nanograph.attention.base import AttentionMetadata
@@ -83,16 +84,17 @@ class ForwardBatch:
 
     def metadata(self, device: torch.device) -> AttentionMetadata:
         """Exact-size metadata for an eager forward (graph runners pad into static buffers)."""
-        table = torch.zeros(self.num_requests, self.max_pages, dtype=torch.int32)
+        # filled in numpy: a torch.tensor per request row cost ~1 ms a step at 128 requests
+        table = np.zeros((self.num_requests, self.max_pages), dtype=np.int32)
         for r, pages in enumerate(self.page_tables):
-            table[r, : len(pages)] = torch.tensor(pages, dtype=torch.int32)
+            table[r, : len(pages)] = pages
         starts = [0, *itertools.accumulate(self.query_lens)]
 
         def dev(values: list[int], dtype: torch.dtype) -> torch.Tensor:
             return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
 
         return AttentionMetadata(
-            page_table=table.to(device, non_blocking=True),
+            page_table=torch.from_numpy(table).to(device, non_blocking=True),
             seq_lens=dev(self.seq_lens, torch.int32),
             query_lens=dev(self.query_lens, torch.int32),
             query_start_loc=dev(starts, torch.int32),
