@@ -12,8 +12,6 @@ Invariants:
 
 from __future__ import annotations
 
-import functools
-
 import torch
 from torch import nn
 
@@ -180,15 +178,19 @@ class CausalLM(nn.Module):
         name = name.replace("self_attn.q_norm.weight", "self_attn.q_norm").replace(
             "self_attn.k_norm.weight", "self_attn.k_norm"
         )
-        params = self._parameters_by_name
+        params = self._parameters_by_name()
         if name not in params:
             raise KeyError(name)
         return params[name], rows
 
-    @functools.cached_property
     def _parameters_by_name(self) -> dict[str, nn.Parameter]:
-        # built once: a checkpoint load resolves every tensor name through it
-        return dict(self.named_parameters())
+        # Cached: a checkpoint load resolves every tensor name through it. Rebuilt when the
+        # parameters were replaced (``to_empty``, a device move replaces them all at once).
+        cached = self.__dict__.get("_param_map")
+        embedding = self.model.embed_tokens.weight
+        if cached is None or cached["model.embed_tokens.weight"] is not embedding:
+            cached = self.__dict__["_param_map"] = dict(self.named_parameters())
+        return cached
 
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
         """Our weights under Hugging Face names (views, no copies)."""
