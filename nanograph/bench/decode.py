@@ -10,12 +10,12 @@ optionally, transformers ``generate`` on the same weights at batch 1.
 from __future__ import annotations
 
 import argparse
-import time
+import functools
 from pathlib import Path
 
 import torch
 
-from nanograph.bench.common import environment, figure, free_engine, median, write
+from nanograph.bench.common import environment, figure, free_engine, median, timed, write
 
 ARMS = ("none", "full", "breakable", "tc_piecewise")
 COPY_BANDWIDTH = 4.3e12  # H200 device copy, measured (bytes/s)
@@ -57,21 +57,28 @@ def measure_arm(model: str, arm: str, batches: list[int], prompt_len: int, new_t
     return result
 
 
-def transformers_generate(model: str, prompt_len: int, new_tokens: int) -> float:
-    """tokens/s of transformers ``generate`` at batch 1 (random weights, same architecture)."""
+def transformers_generate(
+    model: str, prompt_len: int, new_tokens: int, repeats: int = 3
+) -> list[float]:
+    """tokens/s samples of transformers ``generate`` at batch 1 (random weights, same
+    architecture), after a short warm-up."""
     from nanograph.loader import resolve_model
     from nanograph.models.reference import transformers_model
 
     config = resolve_model(model, "dummy").config
-    hf = transformers_model(config, torch.bfloat16, "cuda")
-    ids = torch.randint(0, config.vocab_size, (1, prompt_len), device="cuda")
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: smoke runs only
+    hf = transformers_model(config, torch.bfloat16, device)
+    ids = torch.randint(0, config.vocab_size, (1, prompt_len), device=device)
     kwargs = dict(do_sample=False, eos_token_id=None, pad_token_id=0)
-    hf.generate(ids, max_new_tokens=4, min_new_tokens=4, **kwargs)
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    hf.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, **kwargs)
-    torch.cuda.synchronize()
-    return new_tokens / (time.perf_counter() - start)
+    hf.generate(ids, max_new_tokens=8, min_new_tokens=8, **kwargs)
+
+    run = functools.partial(
+        hf.generate, ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, **kwargs
+    )
+    seconds = timed(run, repeats, warmup=0)
+    del hf, run  # the partial holds the model too
+    free_engine(None)  # collect it and give its memory back before the next engine sizes KV
+    return [new_tokens / s for s in seconds]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,9 +105,10 @@ def main(argv: list[str] | None = None) -> int:
         weights = next(iter(entry["arms"].values()))["weights_bytes"]
         entry["roofline_batch1_tok_s"] = COPY_BANDWIDTH / weights
         if args.transformers:
-            entry["transformers_batch1_tok_s"] = transformers_generate(
-                model, args.prompt_len, args.new_tokens
-            )
+            samples = transformers_generate(model, args.prompt_len, args.new_tokens)
+            entry["transformers_batch1_samples_tok_s"] = samples
+            entry["transformers_batch1_tok_s"] = median(samples)
+            print(f"{model} transformers generate at batch 1: {median(samples):.1f} tok/s")
         write(args.out, report)
         series = {arm: (batches, [d["median_tok_s"][b] for b in batches])
                   for arm, d in entry["arms"].items()}  # fmt: skip
