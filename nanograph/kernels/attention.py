@@ -338,7 +338,8 @@ def _merge_rows(out_ptr, part_out_ptr, part_lse_ptr, sinks_ptr, r0, q_start, q_b
                 kv_head, active_splits, stride_o_tok, stride_o_head,
                 NUM_Q_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
                 BLOCK_Q: tl.constexpr, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr,
-                NUM_SPLITS: tl.constexpr, HAS_SINKS: tl.constexpr):  # fmt: skip
+                NUM_SPLITS: tl.constexpr, HAS_SINKS: tl.constexpr,
+                MERGE_UNROLL: tl.constexpr = 8):  # fmt: skip
     """Combine every slice's partial for rows [r0, r0 + ROWS) of a tile. A few rows at a time
     keep the merge's registers small (it is compiled into the attention kernel). Loads go past
     L1: other SMs wrote the partials."""
@@ -351,21 +352,27 @@ def _merge_rows(out_ptr, part_out_ptr, part_lse_ptr, sinks_ptr, r0, q_start, q_b
     row_valid = (q_local < q_len) & head_valid
     token = (q_start + q_local).to(tl.int64)
     row = (token * NUM_Q_HEADS + q_head) * NUM_SPLITS
-    m_i = tl.full([ROWS], float("-inf"), tl.float32)
-    l_i = tl.zeros([ROWS], tl.float32)
+    # Every slice's lse in one load gives the final max and denominator up front, so the
+    # partials then only accumulate: their loads do not wait on one another, and a chunk of
+    # MERGE_UNROLL of them is in flight at once (a serial online merge paid one L2 round trip
+    # per slice).
+    offs_s = tl.arange(0, NUM_SPLITS)
+    lse = tl.load(part_lse_ptr + row[:, None] + offs_s[None, :],
+                  mask=row_valid[:, None] & (offs_s[None, :] < active_splits),
+                  other=float("-inf"), cache_modifier=".cg")  # fmt: skip
+    m_i = tl.max(lse, 1)
+    m_sub = tl.where(m_i == float("-inf"), 0.0, m_i)
+    l_i = tl.sum(tl.math.exp2(lse - m_sub[:, None]), 1)
     acc = tl.zeros([ROWS, HEAD_DIM], tl.float32)
-    for s in range(0, active_splits):
-        lse_s = tl.load(part_lse_ptr + row + s, mask=row_valid, other=float("-inf"),
-                        cache_modifier=".cg")  # fmt: skip
-        part_s = tl.load(part_out_ptr + (row + s)[:, None] * HEAD_DIM + offs_d[None, :],
-                         mask=row_valid[:, None], other=0.0, cache_modifier=".cg")  # fmt: skip
-        m_new = tl.maximum(m_i, lse_s)
-        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.math.exp2(m_i - m_sub)
-        weight = tl.math.exp2(lse_s - m_sub)
-        l_i = l_i * alpha + weight
-        acc = acc * alpha[:, None] + part_s.to(tl.float32) * weight[:, None]
-        m_i = m_new
+    for first in range(0, active_splits, MERGE_UNROLL):
+        for j in tl.static_range(MERGE_UNROLL):
+            s = first + j
+            use = row_valid & ((offs_m * 0 + s) < active_splits)  # a [ROWS] mask
+            lse_s = tl.load(part_lse_ptr + row + s, mask=use, other=float("-inf"),
+                            cache_modifier=".cg")  # fmt: skip
+            part_s = tl.load(part_out_ptr + (row + s)[:, None] * HEAD_DIM + offs_d[None, :],
+                             mask=use[:, None], other=0.0, cache_modifier=".cg")  # fmt: skip
+            acc += part_s.to(tl.float32) * tl.math.exp2(lse_s - m_sub)[:, None]
     _store_rows(acc, m_i, l_i, out_ptr, sinks_ptr, token, q_head, head_valid, row_valid,
                 stride_o_tok, stride_o_head, HEAD_DIM, HAS_SINKS)  # fmt: skip
 
