@@ -279,8 +279,8 @@ def _paged_attention_kernel(
             # Write this slice's normalized partial (an empty slice writes lse = -inf), then
             # count it in; the barrier orders every thread's stores before the atomic.
             row = (token * NUM_Q_HEADS + q_head) * NUM_SPLITS + split
-            part = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
             l_safe = tl.where(l_i > 0.0, l_i, 1.0)
+            part = acc / l_safe[:, None]
             lse = tl.where(l_i > 0.0, m_i + tl.math.log2(l_safe), float("-inf"))
             tl.store(part_out_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], part,
                      mask=row_valid[:, None])  # fmt: skip
