@@ -164,6 +164,7 @@ def test_tc_piecewise_splits_at_registered_ops(compile_backend: str) -> None:
         assert len(compiler.pieces) == 4
         # Pieces after a split op take its output: that input is copied at replay.
         assert [p.split_fed for p in compiler.pieces] == [(), (0,), (0,), (0,)]
+        _assert_split_ops_called_directly(compiler, 3)
         for scale in (2.0, 3.0):  # the op reads caller state at call time
             STATE["scale"] = scale
             x.copy_(torch.randn(4, 16))
@@ -184,7 +185,15 @@ def test_tc_piecewise_split_ops_at_the_edges_and_with_tuple_outputs() -> None:
         compiled = trace_and_split(fn, compiler)
         assert compiler.splits == {"nanograph_test::halves": 2, "nanograph_test::scale_add": 1}
         assert len(compiler.pieces) == 2  # the cat, and the add
+        _assert_split_ops_called_directly(compiler, 3)
         torch.testing.assert_close(compiled(), fn())
+
+
+def _assert_split_ops_called_directly(compiler: PiecewiseCompiler, count: int) -> None:
+    # At replay each split op runs as a plain call of its implementation, not through the
+    # dispatcher (whose bookkeeping for mutating custom ops costs more than the op's launches).
+    direct = [v for v in vars(compiler.split_gm).values() if type(v).__name__ == "_DirectSplit"]
+    assert len(direct) == count
 
 
 def test_tc_piecewise_untraceable_fn_suggests_breakable() -> None:

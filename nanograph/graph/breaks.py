@@ -34,6 +34,10 @@ use_capture_stub: contextvars.ContextVar[bool] = contextvars.ContextVar(
 )
 # Every split op declared in this process: OpOverload -> qualified name ("ns::name").
 SPLIT_OPS: dict[torch._ops.OpOverload, str] = {}
+# ... and -> its Python implementation, which tc_piecewise calls directly at replay: the
+# dispatcher path of a custom op that mutates arguments costs ~50 us a call (version bumps,
+# default filling), more than the op's own launches.
+SPLIT_IMPLS: dict[torch._ops.OpOverload, Callable[..., Any]] = {}
 
 
 def break_name(fn: Callable[..., Any]) -> str:
@@ -109,6 +113,7 @@ def split_op(
         op.register_fake(fake or _fake_like_first_tensor)
         overload = getattr(getattr(torch.ops, namespace), op_name).default
         SPLIT_OPS[overload] = qualname
+        SPLIT_IMPLS[overload] = implementation
         as_break = eager_on_graph(fn, capture_stub=capture_stub)
 
         @functools.wraps(fn)

@@ -4,8 +4,10 @@ Invariants:
 - dynamo traces fn once per capture (fullgraph, static shapes). The FX graph is split so that
   every split-op call sits alone in its own submodule; each other submodule (a "piece") is
   compiled with `compile_backend` and, at capture, captured as its own CUDA graph in the pool.
-- Split ops run eagerly on every call, between pieces. A piece input that comes from a split op
-  has a fresh address each call: it is copied into the tensor the piece was captured with.
+- Split ops run eagerly on every call, between pieces, as plain calls of their Python
+  implementation (the dispatcher's bookkeeping for a custom op that mutates arguments cost
+  ~100 us a call on the dev CPU). A piece input that comes from a split op has a fresh address
+  each call: it is copied into the tensor the piece was captured with.
 - Piece outputs are held by weak alias when this capture allocated them (capture order = replay
   order, as in breakable.py); the graph keeps `out` alive itself.
 - Replay calls the compiled function: dynamo's guards and the split graph's Python run every time
@@ -34,7 +36,7 @@ from nanograph.graph.base import (
     paused_gc,
     require_cuda,
 )
-from nanograph.graph.breaks import SPLIT_OPS, break_name, use_capture_stub
+from nanograph.graph.breaks import SPLIT_IMPLS, SPLIT_OPS, break_name, use_capture_stub
 from nanograph.graph.capture import SegmentRecorder
 from nanograph.graph.memory import GraphPool, new_pool, weak_alias
 from nanograph.graph.structure import OutputCopy, flatten, map_tensors
@@ -84,6 +86,37 @@ def _split_fed_inputs(split_gm: torch.fx.GraphModule, splits: Mapping[str, str])
         for n in split_gm.graph.nodes
         if n.op == "call_module"
     }
+
+
+class _DirectSplit:
+    """A split submodule (placeholders -> one split-op call -> its result) run as a plain call
+    of the op's Python implementation, skipping the dispatcher. Same function, same arguments."""
+
+    def __init__(self, impl: Callable[..., Any], spec: tuple, kwargs: dict) -> None:
+        self.impl, self.spec, self.kwargs = impl, spec, kwargs
+
+    @classmethod
+    def of(cls, module: torch.fx.GraphModule) -> _DirectSplit | None:
+        nodes = list(module.graph.nodes)
+        placeholders = [n for n in nodes if n.op == "placeholder"]
+        calls = [n for n in nodes if n.op not in ("placeholder", "output")]
+        output = nodes[-1]
+        if len(calls) != 1 or output.op != "output" or output.args[0] is not calls[0]:
+            return None
+        call = calls[0]
+        impl = SPLIT_IMPLS.get(call.target)
+        if impl is None or any(isinstance(v, torch.fx.Node) for v in call.kwargs.values()):
+            return None
+        index = {node: i for i, node in enumerate(placeholders)}
+        if any(isinstance(a, torch.fx.Node) and a not in index for a in call.args):
+            return None
+        # (True, i): the i-th input of the submodule; (False, value): a constant of the trace
+        spec = tuple((True, index[a]) if isinstance(a, torch.fx.Node) else (False, a)
+                     for a in call.args)  # fmt: skip
+        return cls(impl, spec, dict(call.kwargs))
+
+    def __call__(self, *args: Any) -> Any:
+        return self.impl(*[args[v] if is_input else v for is_input, v in self.spec], **self.kwargs)
 
 
 class _Piece:
@@ -189,6 +222,10 @@ class PiecewiseCompiler:
         for name, piece in zip(names, self.pieces, strict=True):
             # Shadow the child module: plain callables skip nn.Module's call machinery.
             split_gm.__dict__[name] = piece
+        for name in splits:
+            direct = _DirectSplit.of(split_gm.get_submodule(name))
+            if direct is not None:
+                split_gm.__dict__[name] = direct
         self.splits = Counter(splits.values())
         self.split_gm = split_gm
         return split_gm
