@@ -62,3 +62,15 @@ def test_bench_size_writes_json(tmp_path):
     assert set(report["backends"]) == {"eager", "full", "breakable", "tc_piecewise"}
     assert "breakable" in report["backends"]["breakable"]["modules"]
     assert report["env"]["command"].startswith("nanograph")
+
+
+def test_bench_host_profiles_an_arm(tmp_path):
+    import json
+
+    out = tmp_path / "host.json"
+    argv = ["bench", "host", "--model", "smollm2-135m", "--arms", "none", "--tokens", "16",
+            "--repeats", "1", "--top", "5", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    arm = json.loads(out.read_text())["arms"]["none"]
+    assert arm["median_ms"] > 0 and len(arm["samples_ms"]) == 1
+    assert "tottime" in arm["profile"] and "linear" in arm["profile"]

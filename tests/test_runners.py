@@ -204,7 +204,7 @@ def test_model_traces_fullgraph_and_splits_at_attention(llm):
         compiled = trace_and_split(forward, compiler)
         got = compiled()
     layers = e.model_config.num_hidden_layers
-    assert compiler.splits == {"nanograph::attention": layers}
+    assert compiler.splits == {"nanograph::attend": layers}
     assert len(compiler.pieces) == layers + 1
     # the attention op (it mutates q and k) runs as a direct call, not through the dispatcher
     direct = [v for v in vars(compiler.split_gm).values() if type(v).__name__ == "_DirectSplit"]

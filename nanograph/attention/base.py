@@ -2,7 +2,9 @@
 
 Invariants:
 - The new k/v of a forward are already in the paged cache when ``forward`` runs (the layer's
-  fused rope+store op writes them), so a backend only reads the cache.
+  fused rope+store op writes them), so a backend only reads the cache. It writes its output
+  into a caller-owned zeroed buffer (allocated inside the graph, so an eager break has nothing
+  to copy out).
 - ``AttentionMetadata`` tensors live on the model's device and have static shapes for a given
   (tokens, request slots) pair; a graph runner owns one instance sized at its maximum and
   rewrites it in place before every replay.
@@ -56,5 +58,5 @@ class AttentionBackend(ABC):
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
-    ) -> torch.Tensor:  # [N, num_q_heads, head_dim]
-        ...
+        out: torch.Tensor,  # [N, num_q_heads, head_dim], zeroed: rows of no request stay zero
+    ) -> None: ...

@@ -1,14 +1,18 @@
 """The model's single call into attention, and the scoped context it reads.
 
 Invariants:
-- ``attention`` is a ``split_op``: an eager break under the breakable graph backend, a split
-  point under tc_piecewise, and an ordinary call (captured inline) under full graphs or eager.
-- Its tensor arguments are activations and weights only. The per-forward state (backend,
+- ``attention`` is two steps. (1) ``rope_store_kv``: rotate q/k (after optional q/k-norm) and
+  write k/v into the cache at the metadata's slot mapping, one fused graph-safe kernel on CUDA,
+  so it is captured inside the graph under every backend (an opaque custom op to dynamo).
+  (2) ``attend``: a ``split_op`` that fills a zeroed output buffer allocated by the caller, i.e.
+  inside the graph: an eager break under the breakable graph backend, a split point under
+  tc_piecewise, and an ordinary call (captured inline) under full graphs or eager. Writing into
+  a caller buffer and returning nothing means a break has no output to copy, and the only work
+  left eager at a break is the backend's attention itself.
+- Their tensor arguments are activations and weights only. The per-forward state (backend,
   metadata, KV cache) comes from ``forward_context``, a contextvar the runner sets around a
   forward or a replay, so the KV cache is never a traced input and a break always reads the
   live batch's metadata.
-- It rotates q/k (after optional q/k-norm) and writes k/v into the cache at the metadata's slot
-  mapping before attending, in one fused kernel on CUDA.
 """
 
 from __future__ import annotations
@@ -47,11 +51,50 @@ def forward_context(ctx: ForwardContext) -> Iterator[None]:
         _current.reset(token)
 
 
-def _attention_fake(q, k, v, positions, cos_sin_cache, q_norm, k_norm, layer, scale, eps):
-    return torch.empty_like(q)
+def _context() -> ForwardContext:
+    ctx = _current.get()
+    if ctx is None:
+        raise RuntimeError(
+            "attention ran outside forward_context(...): run the model through a runner, or "
+            "wrap the call in nanograph.attention.op.forward_context"
+        )
+    return ctx
 
 
-@split_op("nanograph::attention", fake=_attention_fake, mutates_args=("q", "k"))
+def rope_store_kv(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    q_norm: torch.Tensor | None,
+    k_norm: torch.Tensor | None,
+    layer: int,
+    eps: float,
+) -> None:
+    """In place on q/k; writes this forward's k/v into layer's cache (from forward_context)."""
+    ctx = _context()
+    ops.rope_store_kv(
+        q, k, v, positions, cos_sin_cache, ctx.k_caches[layer], ctx.v_caches[layer],
+        ctx.meta.slot_mapping, q_norm_weight=q_norm, k_norm_weight=k_norm, eps=eps,
+        num_tokens=ctx.meta.num_tokens,
+    )  # fmt: skip
+
+
+# What dynamo records while tracing (tc_piecewise): one opaque node inside a compiled piece.
+_rope_store_kv_op = torch.library.custom_op("nanograph::rope_store_kv", mutates_args=("q", "k"))(
+    rope_store_kv
+)
+_rope_store_kv_op.register_fake(lambda *args: None)
+
+
+@split_op("nanograph::attend", fake=lambda q, out, layer, scale: None, mutates_args=("out",))
+def attend(q: torch.Tensor, out: torch.Tensor, layer: int, scale: float) -> None:
+    """out[N, Hq, D] (zeroed) <- attention of the rotated q over layer's cache."""
+    ctx = _context()
+    ctx.backend.forward(q, ctx.k_caches[layer], ctx.v_caches[layer], ctx.meta, scale, out)
+
+
 def attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -65,15 +108,8 @@ def attention(
     eps: float,
 ) -> torch.Tensor:
     """q [N, Hq, D], k/v [N, Hkv, D] of this forward -> attention output [N, Hq, D]."""
-    ctx = _current.get()
-    if ctx is None:
-        raise RuntimeError(
-            "attention ran outside forward_context(...): run the model through a runner, or "
-            "wrap the call in nanograph.attention.op.forward_context"
-        )
-    k_cache, v_cache = ctx.k_caches[layer], ctx.v_caches[layer]
-    ops.rope_store_kv(
-        q, k, v, positions, cos_sin_cache, k_cache, v_cache, ctx.meta.slot_mapping,
-        q_norm_weight=q_norm, k_norm_weight=k_norm, eps=eps, num_tokens=ctx.meta.num_tokens,
-    )  # fmt: skip
-    return ctx.backend.forward(q, k_cache, v_cache, ctx.meta, scale)
+    rope = _rope_store_kv_op if torch.compiler.is_compiling() else rope_store_kv
+    rope(q, k, v, positions, cos_sin_cache, q_norm, k_norm, layer, eps)
+    out = torch.zeros_like(q)  # padded rows stay zero
+    attend(q, out, layer, scale)
+    return out

@@ -24,8 +24,8 @@ class TorchNativeAttention(AttentionBackend):
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
-    ) -> torch.Tensor:
-        out = torch.zeros_like(q)  # padded rows stay zero
+        out: torch.Tensor,
+    ) -> None:
         page_size = meta.page_size
         start = 0
         for slot, (seq_len, q_len) in enumerate(zip(meta.seq_lens_cpu, meta.query_lens_cpu)):
@@ -45,4 +45,3 @@ class TorchNativeAttention(AttentionBackend):
             )
             out[start : start + q_len] = o.transpose(0, 1)
             start += q_len
-        return out

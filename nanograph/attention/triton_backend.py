@@ -23,10 +23,11 @@ class TritonAttention(AttentionBackend):
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
-    ) -> torch.Tensor:
+        out: torch.Tensor,
+    ) -> None:
         from nanograph.kernels.attention import paged_attention
 
-        return paged_attention(
+        paged_attention(
             q,
             k_cache,
             v_cache,
@@ -37,4 +38,5 @@ class TritonAttention(AttentionBackend):
             meta.page_size,
             scale,
             max_query_len=meta.max_query_len,
+            out=out,
         )

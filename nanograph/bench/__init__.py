@@ -17,6 +17,7 @@ BENCHES = {
     "floor": "nanograph.bench.floor",
     "attention": "nanograph.bench.attention",
     "graph": "nanograph.bench.graph_overhead",
+    "host": "nanograph.bench.host",
 }
 
 

@@ -10,9 +10,10 @@ output into the boundary buffers that the following segments were captured again
 Invariants:
 - Replay order is capture order, and every pool block is live (in the allocator's view) during
   capture exactly where replay needs it. Hence tensors that cross a break are held by
-  `weak_alias` when this capture allocated them in the pool: break inputs are read at the
-  break's position, boundary buffers are written there, and both are then free for later
-  segments to reuse, as in a full graph. Everything else (caller buffers, weights, CPU tensors,
+  `weak_alias` when this capture allocated them in the pool: break inputs are read (or, for
+  an output buffer passed in, written) at the break's position, boundary buffers are written
+  there, and each is free for later segments to reuse once the capture stopped using it, as in
+  a full graph. Everything else (caller buffers, weights, CPU tensors,
   pool blocks alive before this capture began) is held strongly.
 - A break's output keeps its structure, shapes, dtypes and non-tensor values across replays;
   otherwise replay raises naming the function. Its internals are never traced or inspected:

@@ -93,7 +93,9 @@ def split_op(
 
     `name` is the custom op's name, "namespace::op" (default namespace "nanograph"). `fn` must
     be typed like a torch.library custom op (Tensors, ints, floats, bools, strs, lists of them;
-    returns a Tensor or a tuple of Tensors, never an alias of an input). `fake` computes output
+    returns a Tensor, a tuple of Tensors, never an alias of an input, or None). An op that
+    writes its result into a caller-allocated argument (listed in `mutates_args`) and returns
+    None is the cheapest break: there is no output to copy out at replay. `fake` computes output
     metadata for tracing; by default the output is shaped like the first tensor argument.
     `mutates_args` names the tensor arguments `fn` writes in place. Anything else the op needs
     (attention metadata, KV cache, a host-side plan) it reads from caller-owned state when it

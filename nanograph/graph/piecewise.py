@@ -92,8 +92,8 @@ class _DirectSplit:
     """A split submodule (placeholders -> one split-op call -> its result) run as a plain call
     of the op's Python implementation, skipping the dispatcher. Same function, same arguments."""
 
-    def __init__(self, impl: Callable[..., Any], spec: tuple, kwargs: dict) -> None:
-        self.impl, self.spec, self.kwargs = impl, spec, kwargs
+    def __init__(self, impl: Callable[..., Any], spec: tuple, kwargs: dict, returns: bool) -> None:
+        self.impl, self.spec, self.kwargs, self.returns = impl, spec, kwargs, returns
 
     @classmethod
     def of(cls, module: torch.fx.GraphModule) -> _DirectSplit | None:
@@ -101,7 +101,11 @@ class _DirectSplit:
         placeholders = [n for n in nodes if n.op == "placeholder"]
         calls = [n for n in nodes if n.op not in ("placeholder", "output")]
         output = nodes[-1]
-        if len(calls) != 1 or output.op != "output" or output.args[0] is not calls[0]:
+        if len(calls) != 1 or output.op != "output":
+            return None
+        # The submodule returns the op's result, or nothing (an op that only mutates inputs).
+        returns = output.args[0] is calls[0]
+        if not returns and output.args[0] not in ((), None):
             return None
         call = calls[0]
         impl = SPLIT_IMPLS.get(call.target)
@@ -113,10 +117,13 @@ class _DirectSplit:
         # (True, i): the i-th input of the submodule; (False, value): a constant of the trace
         spec = tuple((True, index[a]) if isinstance(a, torch.fx.Node) else (False, a)
                      for a in call.args)  # fmt: skip
-        return cls(impl, spec, dict(call.kwargs))
+        return cls(impl, spec, dict(call.kwargs), returns)
 
     def __call__(self, *args: Any) -> Any:
-        return self.impl(*[args[v] if is_input else v for is_input, v in self.spec], **self.kwargs)
+        result = self.impl(
+            *[args[v] if is_input else v for is_input, v in self.spec], **self.kwargs
+        )
+        return result if self.returns else ()
 
 
 class _Piece:

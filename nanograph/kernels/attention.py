@@ -400,6 +400,7 @@ def _next_pow2(x: int) -> int:
     return 1 << max(x - 1, 0).bit_length()
 
 
+@functools.lru_cache(maxsize=512)  # called by every eager attention launch (each break)
 def choose_tiles(
     device: torch.device,
     num_tokens: int,

@@ -45,6 +45,18 @@ def attend_split(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Ten
     return causal_attention(q, k, v)
 
 
+@split_op("nanograph_gpu_test::attend_into", fake=lambda q, k, v, out: None, mutates_args=("out",))
+def attend_into(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor) -> None:
+    out.copy_(causal_attention(q, k, v))
+
+
+def attend_via_out(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """The engine's pattern: the graph allocates the output, the split op only writes it."""
+    out = torch.empty(q.shape[0], q.shape[1] * q.shape[2], device=q.device, dtype=q.dtype)
+    attend_into(q, k, v, out)
+    return out
+
+
 def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
@@ -118,6 +130,13 @@ CASES = {
     "full": ("full", {}, attend_break, 1, {}),
     "breakable": ("breakable", {}, attend_break, LAYERS + 1, {"causal_attention": LAYERS}),
     "breakable_split_op": ("breakable", {}, attend_split, LAYERS + 1, {"attend_split": LAYERS}),
+    "breakable_split_op_into": (
+        "breakable",
+        {},
+        attend_via_out,
+        LAYERS + 1,
+        {"attend_into": LAYERS},
+    ),
     "debug": ("breakable", {"debug": True}, attend_break, 0, None),  # fn itself is the break
 }
 
@@ -133,11 +152,18 @@ def test_backend_matches_eager_bitwise(case: str) -> None:
     check_replays(graph, out, fn, inputs)
 
 
-def test_tc_piecewise_matches_eager() -> None:
-    model, inputs, fn = make(attend_split)
+@pytest.mark.parametrize(
+    "attend, op",
+    [
+        (attend_split, "nanograph_gpu_test::attend"),
+        (attend_via_out, "nanograph_gpu_test::attend_into"),
+    ],
+)
+def test_tc_piecewise_matches_eager(attend, op: str) -> None:
+    model, inputs, fn = make(attend)
     graph, out = get_backend("tc_piecewise").capture(fn, pool=new_pool())
     stats = graph.stats
-    assert stats.breaks == {"nanograph_gpu_test::attend": LAYERS}
+    assert stats.breaks == {op: LAYERS}
     assert stats.segments == LAYERS + 1  # before, between and after the attention ops
     assert stats.compile_s > 0 and stats.capture_s > 0 and stats.pool_bytes > 0
     check_replays(graph, out, fn, inputs, exact=False)
