@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # What the H200 runs for nanograph: `bash benchmarks/run_device.sh STAGE OUTDIR`.
-# Stages: tests (tests/gpu), verify (tests, attention, decode full), bench-prefill,
+# Stages: tests (tests/gpu), verify (tests, attention, decode full), check (tests, attention,
+#   host profiles of prefill arms), bench-prefill,
 #   bench-decode, bench-misc (build, memory, size),
 #   report (the foundation issue's qwen3-8b eager figures, and the kernel floor),
 #   remaining-decode, remaining-build (what earlier sessions could not fit: decode arms
@@ -24,6 +25,14 @@ case $stage in
     # the GPU time of one 0.6b decode step: wall time per step minus this is host overhead
     python3 -m nanograph bench floor --model qwen3-0.6b --lengths 512 --decode-batch 1 \
       --out "$out/floor_decode_06b.json" 2>&1 | tee "$out/floor_decode_06b.log" ;;
+  check)  # ~8 min: a session's first call after CUDA-path changes, and where host time goes
+    timeout 330 python3 -m pytest -q -p no:cacheprovider tests/gpu > "$out/gpu_tests.log" 2>&1
+    tail -3 "$out/gpu_tests.log"
+    timeout 100 python3 -m nanograph bench attention --out "$out/attention.json" 2>&1 \
+      | tee "$out/attention.log"
+    timeout 150 python3 -m nanograph bench host --arms full,breakable,tc_piecewise \
+      --out "$out/host_prefill.json" > "$out/host_prefill.log" 2>&1
+    grep "^==" "$out/host_prefill.log" ;;
   bench-prefill)
     python3 -m nanograph bench prefill --models "${MODELS:-qwen3-0.6b,qwen3-8b}" \
       --repeats 5 --out "$out/prefill.json" 2>&1 | tee "$out/prefill.log" ;;
