@@ -34,6 +34,8 @@ ENGINE_HELP = {
     "debug_cuda_graph": "run captured paths as one eager break through the graph buffers and "
     "replay path (if a bug persists, it is in the model or runner)",
     "cuda_graph_max_bs": "largest decode batch captured",
+    "cuda_graph_bs": "comma-separated decode batch sizes to capture (default: 1, 2, 4, 8, then "
+    "steps of 8 up to --cuda-graph-max-bs)",
     "prefill_graph_tokens": "comma-separated prefill token buckets (default: ~40 up to "
     "--chunked-prefill-size)",
     "prefill_graph_slots": "request slots per prefill graph; more requests run eagerly",

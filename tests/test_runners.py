@@ -151,6 +151,14 @@ def test_prefill_graph_tokens_validation():
         EngineConfig(chunked_prefill_size=256, prefill_graph_tokens=(512,))
 
 
+def test_cuda_graph_bs_validation():
+    assert EngineConfig(max_num_seqs=8, cuda_graph_bs=(8, 1, 8)).cuda_graph_bs == (1, 8)
+    with pytest.raises(ValueError, match="max_num_seqs"):
+        EngineConfig(max_num_seqs=4, cuda_graph_bs=(8,))
+    with pytest.raises(ValueError, match="positive"):
+        EngineConfig(cuda_graph_bs=(0, 2))
+
+
 class FailingBackend:
     """The eager backend, except that capturing a shape of ``fail_rows`` tokens fails."""
 

@@ -27,7 +27,7 @@ def measure_arm(model: str, arm: str, batches: list[int], prompt_len: int, new_t
 
     llm = LLM(
         model, load_format="dummy", decode_cuda_graph=arm, prefill_cuda_graph="none",
-        cuda_graph_max_bs=max(batches), max_num_seqs=max(batches),
+        cuda_graph_bs=tuple(batches), max_num_seqs=max(batches),
         max_model_len=prompt_len + new_tokens + 16, progress=False,
     )  # fmt: skip
     params = SamplingParams(max_tokens=new_tokens, temperature=0, ignore_eos=True)

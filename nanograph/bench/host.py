@@ -29,7 +29,7 @@ def engine_for(model: str, workload: str, arm: str, tokens: int, batch: int, new
         return prefill_engine(model, arm, [tokens])
     return LLM(
         model, load_format="dummy", decode_cuda_graph=arm, prefill_cuda_graph="none",
-        cuda_graph_max_bs=batch, max_num_seqs=batch, max_model_len=tokens + new_tokens + 16,
+        cuda_graph_bs=(batch,), max_num_seqs=batch, max_model_len=tokens + new_tokens + 16,
         progress=False,
     )  # fmt: skip
 

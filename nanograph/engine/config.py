@@ -39,6 +39,8 @@ class EngineConfig:
     debug_cuda_graph: bool = False
     # largest decode batch captured (1, 2, 4, 8, then steps of 8)
     cuda_graph_max_bs: int = 256
+    # decode batch sizes captured instead of that ladder (SGLang's --cuda-graph-bs)
+    cuda_graph_bs: tuple[int, ...] | None = None
     # prefill token buckets; None = ~40 buckets up to chunked_prefill_size
     prefill_graph_tokens: tuple[int, ...] | None = None
     # request slots per prefill graph (SGLang: 16); more requests in one forward run eagerly
@@ -74,6 +76,16 @@ class EngineConfig:
                     f"{flag}={value!r} needs CUDA, but the engine runs on {self.torch_device}; "
                     "use 'auto' or 'none' (eager) on this machine"
                 )
+        if self.cuda_graph_bs is not None:
+            sizes = tuple(sorted({int(b) for b in self.cuda_graph_bs}))
+            if not sizes or sizes[0] <= 0:
+                raise ValueError("cuda_graph_bs must be positive batch sizes")
+            if sizes[-1] > self.max_num_seqs:
+                raise ValueError(
+                    f"cuda_graph_bs go up to {sizes[-1]} but at most max_num_seqs="
+                    f"{self.max_num_seqs} requests decode at once"
+                )
+            object.__setattr__(self, "cuda_graph_bs", sizes)
         if self.prefill_graph_tokens is not None:
             tokens = tuple(sorted({int(t) for t in self.prefill_graph_tokens}))
             if not tokens or tokens[0] <= 0:

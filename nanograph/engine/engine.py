@@ -113,7 +113,7 @@ class Engine:
         cfg = self.config
         if path == "decode":
             max_bs = min(cfg.cuda_graph_max_bs, cfg.max_num_seqs)
-            return decode_shapes(decode_batch_sizes(max_bs))
+            return decode_shapes(list(cfg.cuda_graph_bs or decode_batch_sizes(max_bs)))
         tokens = cfg.prefill_graph_tokens or prefill_token_buckets(cfg.chunked_prefill_size)
         return prefill_shapes(list(tokens), cfg.prefill_graph_slots)
 
