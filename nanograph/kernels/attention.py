@@ -40,6 +40,8 @@ import torch
 import triton
 import triton.language as tl
 
+from nanograph.kernels.launch import LaunchCache
+
 # Largest split count. The last split of a tile merges the partials one split at a time, so
 # more splits cost merge latency: on the H200, 1 x 32k decode (qwen3-8b heads) took 58 us at 32
 # splits, 66 at 64 and 97 at 128 (``nanograph bench attention --sweep``).
@@ -377,6 +379,7 @@ def _merge_rows(out_ptr, part_out_ptr, part_lse_ptr, sinks_ptr, r0, q_start, q_b
                 stride_o_tok, stride_o_head, HEAD_DIM, HAS_SINKS)  # fmt: skip
 
 
+_launch_attention = LaunchCache(_paged_attention_kernel)
 _COUNTERS: dict[torch.device, list[torch.Tensor]] = {}
 
 
@@ -522,32 +525,39 @@ def paged_attention(
     # Without softcap, fold log2(e) into the scale so the loop uses exp2 directly.
     qk_scale = scale if use_softcap else scale * math.log2(math.e)
     counters = _split_counters(q.device, grid0 * num_kv_heads) if tiles.num_splits > 1 else out
-    _paged_attention_kernel[(grid0, num_kv_heads, tiles.num_splits)](
-        q, k_cache, v_cache, out, part_out, part_lse, counters,
-        sinks if sinks is not None else out,
-        page_table, seq_lens, query_lens, query_start_loc,
-        num_seqs, page_table.stride(0),
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
-        v_cache.stride(0), v_cache.stride(1), out.stride(0), out.stride(1),
-        qk_scale, float(softcap), int(sliding_window),
-        NUM_Q_HEADS=num_q_heads,
-        GROUP=num_q_heads // num_kv_heads,
-        GROUP_PAD=tiles.group_pad,
-        BLOCK_Q=tiles.block_q,
-        BLOCK_M=tiles.block_q * tiles.group_pad,
-        BLOCK_N=tiles.block_n,
-        HEAD_DIM=head_dim,
-        PAGE_SIZE=page_size,
-        Q_BLOCKS_PER_REQUEST=q_blocks_per_request,
-        NUM_SPLITS=tiles.num_splits,
-        MIN_SPLIT_BLOCKS=tiles.min_split_blocks,
-        MERGE_ROWS=min(tiles.block_q * tiles.group_pad, 16),
-        USE_WINDOW=sliding_window > 0,
-        USE_SOFTCAP=use_softcap,
-        HAS_SINKS=sinks is not None,
-        # fp32 inputs: exact products (tests, references); 16-bit inputs: the default
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,
-        num_warps=tiles.num_warps,
-        num_stages=tiles.num_stages,
+    _launch_attention(
+        (grid0, num_kv_heads, tiles.num_splits),
+        (
+            q, k_cache, v_cache, out, part_out, part_lse, counters,
+            sinks if sinks is not None else out,
+            page_table, seq_lens, query_lens, query_start_loc,
+        ),
+        (
+            num_seqs, page_table.stride(0),
+            q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
+            v_cache.stride(0), v_cache.stride(1), out.stride(0), out.stride(1),
+            qk_scale, float(softcap), int(sliding_window),
+        ),
+        dict(
+            NUM_Q_HEADS=num_q_heads,
+            GROUP=num_q_heads // num_kv_heads,
+            GROUP_PAD=tiles.group_pad,
+            BLOCK_Q=tiles.block_q,
+            BLOCK_M=tiles.block_q * tiles.group_pad,
+            BLOCK_N=tiles.block_n,
+            HEAD_DIM=head_dim,
+            PAGE_SIZE=page_size,
+            Q_BLOCKS_PER_REQUEST=q_blocks_per_request,
+            NUM_SPLITS=tiles.num_splits,
+            MIN_SPLIT_BLOCKS=tiles.min_split_blocks,
+            MERGE_ROWS=min(tiles.block_q * tiles.group_pad, 16),
+            USE_WINDOW=sliding_window > 0,
+            USE_SOFTCAP=use_softcap,
+            HAS_SINKS=sinks is not None,
+            # fp32 inputs: exact products (tests, references); 16-bit inputs: the default
+            DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,
+            num_warps=tiles.num_warps,
+            num_stages=tiles.num_stages,
+        ),
     )  # fmt: skip
     return out

@@ -20,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
+from nanograph.kernels.launch import LaunchCache
+
 
 def _warps_for(block: int) -> int:
     return 4 if block <= 1024 else 8 if block <= 4096 else 16
@@ -61,20 +63,37 @@ def _rmsnorm_kernel(
              mask=mask)  # fmt: skip
 
 
-def rmsnorm(
-    x: torch.Tensor, weight: torch.Tensor, eps: float, *, out: torch.Tensor | None = None
+_launch_norm = LaunchCache(_rmsnorm_kernel)
+
+
+def _norm(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    weight: torch.Tensor,
+    eps: float,
+    out: torch.Tensor | None,
 ) -> torch.Tensor:
-    """``x * rsqrt(mean(x^2) + eps) * weight`` over the last dim."""
+    """rmsnorm of ``x`` (of ``residual += x`` when a residual is given) into ``out``."""
     rows = _rows(x)
+    res_rows = rows if residual is None else _rows(residual)
     out = torch.empty_like(x) if out is None else out
     out_rows = _rows(out)
     hidden = rows.shape[1]
     block = triton.next_power_of_2(hidden)
-    _rmsnorm_kernel[(rows.shape[0],)](
-        rows, rows, weight, out_rows, rows.stride(0), rows.stride(0), out_rows.stride(0),
-        hidden, eps, BLOCK=block, HAS_RESIDUAL=False, num_warps=_warps_for(block),
-    )  # fmt: skip
+    _launch_norm(
+        (rows.shape[0],),
+        (rows, res_rows, weight, out_rows),
+        (rows.stride(0), res_rows.stride(0), out_rows.stride(0), hidden, eps),
+        dict(BLOCK=block, HAS_RESIDUAL=residual is not None, num_warps=_warps_for(block)),
+    )
     return out
+
+
+def rmsnorm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, *, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``x * rsqrt(mean(x^2) + eps) * weight`` over the last dim."""
+    return _norm(x, None, weight, eps, out)
 
 
 def add_rmsnorm(
@@ -86,17 +105,7 @@ def add_rmsnorm(
     out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``residual += x`` in place; returns ``(rmsnorm(residual), residual)`` in one pass."""
-    rows = _rows(x)
-    res_rows = _rows(residual)
-    out = torch.empty_like(x) if out is None else out
-    out_rows = _rows(out)
-    hidden = rows.shape[1]
-    block = triton.next_power_of_2(hidden)
-    _rmsnorm_kernel[(rows.shape[0],)](
-        rows, res_rows, weight, out_rows, rows.stride(0), res_rows.stride(0), out_rows.stride(0),
-        hidden, eps, BLOCK=block, HAS_RESIDUAL=True, num_warps=_warps_for(block),
-    )  # fmt: skip
-    return out, residual
+    return _norm(x, residual, weight, eps, out), residual
 
 
 @triton.jit
@@ -110,6 +119,9 @@ def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, inter, BLOCK: tl.co
     tl.store(out_ptr + row * stride_o + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+_launch_silu_and_mul = LaunchCache(_silu_and_mul_kernel)
+
+
 def silu_and_mul(x: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
     """``silu(x[..., :I]) * x[..., I:]`` for ``x [..., 2I]`` (gate first, up second)."""
     rows = _rows(x)
@@ -119,9 +131,10 @@ def silu_and_mul(x: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.T
     out_rows = _rows(out)
     block = min(triton.next_power_of_2(inter), 1024)
     grid = (rows.shape[0], triton.cdiv(inter, block))
-    _silu_and_mul_kernel[grid](
-        rows, out_rows, rows.stride(0), out_rows.stride(0), inter, BLOCK=block, num_warps=4
-    )
+    _launch_silu_and_mul(
+        grid, (rows, out_rows), (rows.stride(0), out_rows.stride(0), inter),
+        dict(BLOCK=block, num_warps=4),
+    )  # fmt: skip
     return out
 
 
@@ -231,6 +244,9 @@ def _rope_store_kv_kernel(
         tl.store(vc_ptrs + half * HALF, v.to(v_cache_ptr.dtype.element_ty), mask=write)
 
 
+_launch_rope_store_kv = LaunchCache(_rope_store_kv_kernel)
+
+
 def rope_store_kv(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -256,21 +272,28 @@ def rope_store_kv(
             raise ValueError(f"{name} must be contiguous in head_dim")
     if num_rows == 0:
         return
-    _rope_store_kv_kernel[(num_rows,)](
-        q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
-        num_tokens if num_tokens is not None else slot_mapping,
-        q_norm_weight if q_norm_weight is not None else cos_sin_cache,
-        k_norm_weight if k_norm_weight is not None else cos_sin_cache,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
-        cos_sin_cache.stride(0), eps,
-        NUM_Q_HEADS=num_q_heads,
-        NUM_KV_HEADS=num_kv_heads,
-        BLOCK_HQ=triton.next_power_of_2(num_q_heads),
-        BLOCK_HKV=triton.next_power_of_2(num_kv_heads),
-        HALF=head_dim // 2,
-        HAS_Q_NORM=q_norm_weight is not None,
-        HAS_K_NORM=k_norm_weight is not None,
-        HAS_NUM_TOKENS=num_tokens is not None,
-        num_warps=4,
+    _launch_rope_store_kv(
+        (num_rows,),
+        (
+            q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
+            num_tokens if num_tokens is not None else slot_mapping,
+            q_norm_weight if q_norm_weight is not None else cos_sin_cache,
+            k_norm_weight if k_norm_weight is not None else cos_sin_cache,
+        ),
+        (
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
+            cos_sin_cache.stride(0), eps,
+        ),
+        dict(
+            NUM_Q_HEADS=num_q_heads,
+            NUM_KV_HEADS=num_kv_heads,
+            BLOCK_HQ=triton.next_power_of_2(num_q_heads),
+            BLOCK_HKV=triton.next_power_of_2(num_kv_heads),
+            HALF=head_dim // 2,
+            HAS_Q_NORM=q_norm_weight is not None,
+            HAS_K_NORM=k_norm_weight is not None,
+            HAS_NUM_TOKENS=num_tokens is not None,
+            num_warps=4,
+        ),
     )  # fmt: skip

@@ -156,3 +156,19 @@ def test_replays_in_a_cuda_graph_with_new_lengths(max_query_len):
     from nanograph.kernels.attention import _COUNTERS
 
     assert all(int(buf.abs().sum()) == 0 for bufs in _COUNTERS.values() for buf in bufs)
+
+
+def test_repeated_launches_take_the_direct_path_and_agree():
+    """The second identical launch skips the JIT (LaunchCache) on this Triton, and computes the
+    same result as the first; a different batch still matches the reference."""
+    from nanograph.kernels.attention import _launch_attention
+
+    batch = _batch([300, 0, 37], [1, 1, 1])
+    args = (batch.q, batch.k_cache, batch.v_cache, *batch.metadata(), batch.page_size, 0.1)
+    first = paged_attention(*args, max_query_len=1)
+    before = _launch_attention.direct_launches
+    second = paged_attention(*args, max_query_len=1)
+    assert _launch_attention.enabled, "this Triton's compiled-kernel interface was not usable"
+    assert _launch_attention.direct_launches == before + 1
+    assert torch.equal(first, second)
+    _check(_batch([12, 900, 5], [1, 1, 1], seed=3), max_query_len=1)

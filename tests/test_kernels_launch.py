@@ -1,0 +1,94 @@
+"""LaunchCache: the first launch of a key goes through the JIT, later ones straight to the
+compiled kernel's launcher; anything Triton specializes on changes the key; an unknown
+compiled-kernel interface turns the cache off instead of failing."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nanograph.kernels.launch import LaunchCache
+
+
+class FakeCompiled:
+    def __init__(self, log: list, accepts: int | None) -> None:
+        self.log, self.accepts = log, accepts
+
+    def __getitem__(self, grid):
+        def runner(*args):
+            if self.accepts is not None and len(args) != self.accepts:
+                raise TypeError(f"expected {self.accepts} arguments, got {len(args)}")
+            self.log.append(("direct", grid, args))
+
+        return runner
+
+
+class FakeKernel:
+    """``kernel[grid](x_ptr, n, BLOCK=..., num_warps=...)`` like a @triton.jit function."""
+
+    arg_names = ["x_ptr", "n", "BLOCK"]
+
+    def __init__(self, accepts: int | None = None) -> None:
+        self.log: list = []
+        self.accepts = accepts
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.log.append(("jit", grid, args, kwargs))
+            return FakeCompiled(self.log, self.accepts)
+
+        return launch
+
+
+@pytest.fixture(autouse=True)
+def compiled_mode(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+
+
+def test_second_launch_is_direct_with_arguments_in_signature_order():
+    kernel = FakeKernel()
+    cache = LaunchCache(kernel)
+    x = torch.zeros(64)
+    for _ in range(3):
+        cache((4,), (x,), (64,), dict(BLOCK=16, num_warps=4))
+    assert [entry[0] for entry in kernel.log] == ["jit", "direct", "direct"]
+    assert kernel.log[0][3] == dict(BLOCK=16, num_warps=4)
+    assert kernel.log[1] == ("direct", (4, 1, 1), (x, 64, 16))  # num_warps is an option
+    assert cache.direct_launches == 2
+
+
+def test_everything_triton_specializes_on_is_in_the_key():
+    kernel = FakeKernel()
+    cache = LaunchCache(kernel)
+    base = torch.zeros(64)
+    launches = [
+        ((4,), (base,), (64,), dict(BLOCK=16, num_warps=4)),
+        ((4,), (base[1:],), (64,), dict(BLOCK=16, num_warps=4)),  # address mod 16 differs
+        ((4,), (base.half(),), (64,), dict(BLOCK=16, num_warps=4)),  # dtype
+        ((4,), (base,), (1,), dict(BLOCK=16, num_warps=4)),  # scalar value
+        ((4,), (base,), (64,), dict(BLOCK=32, num_warps=4)),  # constexpr
+        ((4,), (base,), (64,), dict(BLOCK=16, num_warps=8)),  # launch option
+        ((8,), (base,), (64,), dict(BLOCK=16, num_warps=4)),  # grid
+    ]
+    for grid, tensors, scalars, constexprs in launches:
+        cache(grid, tensors, scalars, constexprs)
+    assert [entry[0] for entry in kernel.log] == ["jit"] * len(launches)
+
+
+def test_unknown_compiled_interface_turns_the_cache_off():
+    kernel = FakeKernel(accepts=2)  # a Triton whose launcher wants no constexprs
+    cache = LaunchCache(kernel)
+    x = torch.zeros(64)
+    for _ in range(3):
+        cache((4,), (x,), (64,), dict(BLOCK=16, num_warps=4))
+    assert [entry[0] for entry in kernel.log] == ["jit", "jit", "jit"]
+    assert not cache.enabled and cache.direct_launches == 0
+
+
+def test_interpreter_mode_always_takes_the_jit(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    kernel = FakeKernel()
+    cache = LaunchCache(kernel)
+    for _ in range(2):
+        cache((4,), (torch.zeros(4),), (4,), dict(BLOCK=4))
+    assert [entry[0] for entry in kernel.log] == ["jit", "jit"]
