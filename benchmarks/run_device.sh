@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What the H200 runs for nanograph: `bash benchmarks/run_device.sh STAGE OUTDIR`.
-# Stages: tests (tests/gpu), verify (tests, attention, decode full), check (tests, attention,
-#   host profiles of prefill arms), bench-prefill,
+# Stages: tests (tests/gpu), verify (tests, attention, decode full), check (tests, a host
+#   profile of breakable prefill, prefill arms on qwen3-0.6b), bench-prefill,
 #   bench-decode, bench-misc (build, memory, size),
 #   report (the foundation issue's qwen3-8b eager figures, and the kernel floor),
 #   remaining-decode, remaining-build (what earlier sessions could not fit: decode arms
@@ -25,14 +25,16 @@ case $stage in
     # the GPU time of one 0.6b decode step: wall time per step minus this is host overhead
     python3 -m nanograph bench floor --model qwen3-0.6b --lengths 512 --decode-batch 1 \
       --out "$out/floor_decode_06b.json" 2>&1 | tee "$out/floor_decode_06b.log" ;;
-  check)  # ~8 min: a session's first call after CUDA-path changes, and where host time goes
-    timeout 330 python3 -m pytest -q -p no:cacheprovider tests/gpu > "$out/gpu_tests.log" 2>&1
-    tail -3 "$out/gpu_tests.log"
-    timeout 100 python3 -m nanograph bench attention --out "$out/attention.json" 2>&1 \
-      | tee "$out/attention.log"
-    timeout 150 python3 -m nanograph bench host --arms full,breakable,tc_piecewise \
+  check)  # ~9 min: a session's first call after CUDA-path changes, host profile, prefill arms
+    timeout 400 python3 -m pytest -q -p no:cacheprovider --durations=12 -rfE tests/gpu \
+      > "$out/gpu_tests.log" 2>&1
+    tail -22 "$out/gpu_tests.log"
+    timeout 150 python3 -m nanograph bench host --arms "${HOST_ARMS:-breakable}" \
       --out "$out/host_prefill.json" > "$out/host_prefill.log" 2>&1
-    grep "^==" "$out/host_prefill.log" ;;
+    grep "^==" "$out/host_prefill.log"
+    timeout 150 python3 -m nanograph bench prefill --models qwen3-0.6b --lengths 256,1024,4096 \
+      --arms full,breakable,tc_piecewise --peer-lengths '' --repeats 5 \
+      --out "$out/prefill_check.json" 2>&1 | tee "$out/prefill_check.log" ;;
   bench-prefill)
     python3 -m nanograph bench prefill --models "${MODELS:-qwen3-0.6b,qwen3-8b}" \
       --repeats 5 --out "$out/prefill.json" 2>&1 | tee "$out/prefill.log" ;;
@@ -52,11 +54,10 @@ case $stage in
     python3 -m nanograph bench floor --out "$out/floor.json" 2>&1 | tee "$out/floor.log"
     python3 -m nanograph bench floor --model qwen3-8b --lengths 512 --decode-batch 1 \
       --out "$out/floor_decode_8b.json" 2>&1 | tee -a "$out/floor.log" ;;
-  remaining-decode)  # one model per call (~8 min): tc_piecewise compiles ~12 s per decode shape
-    m=${MODELS:-qwen3-0.6b}
-    python3 -m nanograph bench decode --models "$m" --batches 1,8,32,128 \
-      --arms breakable,tc_piecewise --transformers --out "$out/decode_arms_$m.json" 2>&1 \
-      | tee "$out/decode_arms_$m.log" ;;
+  remaining-decode)  # ~6 min: captures only the measured batch sizes (tc: ~12 s per shape)
+    python3 -m nanograph bench decode --models "${MODELS:-qwen3-0.6b,qwen3-8b}" \
+      --batches 1,8,32,128 --arms "${ARMS:-breakable,tc_piecewise}" --repeats 3 \
+      --transformers --out "$out/decode_arms.json" 2>&1 | tee "$out/decode_arms.log" ;;
   remaining-build)  # ~6 min: prefill graph build on the default ladder (~40 shapes)
     python3 -m nanograph bench build --out "$out/build_default.json" 2>&1 \
       | tee "$out/build_default.log" ;;

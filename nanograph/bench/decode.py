@@ -90,6 +90,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--transformers", action="store_true", help="add the transformers peer")
+    parser.add_argument(
+        "--transformers-tokens", type=int, default=64,
+        help="new tokens per peer run (its tokens/s barely depends on it; ~10 tok/s is slow)",
+    )  # fmt: skip
     parser.add_argument("--out", default="benchmarks/results/decode.json")
     args = parser.parse_args(argv)
     batches = [int(x) for x in args.batches.split(",")]
@@ -105,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         weights = next(iter(entry["arms"].values()))["weights_bytes"]
         entry["roofline_batch1_tok_s"] = COPY_BANDWIDTH / weights
         if args.transformers:
-            samples = transformers_generate(model, args.prompt_len, args.new_tokens)
+            samples = transformers_generate(model, args.prompt_len, args.transformers_tokens)
             entry["transformers_batch1_samples_tok_s"] = samples
             entry["transformers_batch1_tok_s"] = median(samples)
             print(f"{model} transformers generate at batch 1: {median(samples):.1f} tok/s")
