@@ -6,8 +6,9 @@
 #   report (the foundation issue's qwen3-8b eager figures, and the kernel floor),
 #   remaining-decode, remaining-build (what earlier sessions could not fit: decode arms
 #   breakable/tc_piecewise at batch 32/128 and on qwen3-0.6b, the transformers generate peer,
-#   and the build bench on the default ladder).
+#   and the build bench on the default ladder), rerun (figures older than cd44b17's changes).
 # Run from the repo root; logs and JSON land in OUTDIR (copy them to benchmarks/results/).
+# Export NANOGRAPH_COMMIT=<short hash> first: the device copy's .git can be stale.
 set -uo pipefail
 stage=$1 out=${2:-benchmarks/results}
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
@@ -61,5 +62,11 @@ case $stage in
   remaining-build)  # ~6 min: prefill graph build on the default ladder (~40 shapes)
     python3 -m nanograph bench build --out "$out/build_default.json" 2>&1 \
       | tee "$out/build_default.log" ;;
+  rerun)  # ~9 min: what cd44b17 left unmeasured (8b prefill arms after the break change;
+    # decode full and eager after the scheduler fix and LaunchCache)
+    timeout 300 python3 -m nanograph bench prefill --models qwen3-8b --lengths 256,512,1024,2048 \
+      --peer-lengths 256 --repeats 5 --out "$out/prefill_8b.json" 2>&1 | tee "$out/prefill_8b.log"
+    timeout 280 python3 -m nanograph bench decode --models qwen3-0.6b,qwen3-8b --arms full,none \
+      --batches 1,8,32,128 --repeats 3 --out "$out/decode.json" 2>&1 | tee "$out/decode.log" ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;
 esac
