@@ -6,7 +6,8 @@
 #   report (the foundation issue's qwen3-8b eager figures, and the kernel floor),
 #   remaining-decode, remaining-build (what earlier sessions could not fit: decode arms
 #   breakable/tc_piecewise at batch 32/128 and on qwen3-0.6b, the transformers generate peer,
-#   and the build bench on the default ladder), rerun (figures older than cd44b17's changes).
+#   and the build bench on the default ladder), rerun (figures older than cd44b17's changes),
+#   sweep-32k (tile/split sweep of the 1 x 32k decode).
 # Run from the repo root; logs and JSON land in OUTDIR (copy them to benchmarks/results/).
 # Export NANOGRAPH_COMMIT=<short hash> first: the device copy's .git can be stale.
 set -uo pipefail
@@ -68,5 +69,8 @@ case $stage in
       --peer-lengths 256 --repeats 5 --out "$out/prefill_8b.json" 2>&1 | tee "$out/prefill_8b.log"
     timeout 280 python3 -m nanograph bench decode --models qwen3-0.6b,qwen3-8b --arms full,none \
       --batches 1,8,32,128 --repeats 3 --out "$out/decode.json" 2>&1 | tee "$out/decode.log" ;;
+  sweep-32k)  # ~2 min: launch configurations of the 1 x 32k decode (the kernels issue's gap)
+    python3 -m nanograph bench attention --cases decode_1x32k --sweep --sweep-seconds 90 \
+      --out "$out/attention_32k.json" 2>&1 | tee "$out/attention_32k.log" ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;
 esac

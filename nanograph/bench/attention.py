@@ -181,8 +181,9 @@ def _sweep(case: Case, batch: PagedBatch, rep_ms: int, deadline: float) -> list[
     else:
         grid = [
             {"block_n": bn, "num_splits": sp, "num_warps": w, "num_stages": st}
-            for bn in (64, 128)
-            for sp in ((1, 2) if case.requests > 1 else (64, 32, 128))
+            for bn in (64, 128, 32)
+            # one long sequence: fewer splits too (more were slower: 32 < 64 < 128 in 99d87f4)
+            for sp in ((1, 2) if case.requests > 1 else (32, 16, 8, 64, 128))
             for w in (4, 8)
             for st in (2, 3)
         ]
@@ -213,7 +214,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rep-ms", type=int, default=200, help="do_bench time per measurement")
     parser.add_argument("--sweep", action="store_true", help="also time launch configurations")
     parser.add_argument("--sweep-seconds", type=float, default=120.0)
+    parser.add_argument(
+        "--cases", default=",".join(c.name for c in CASES),
+        help="comma-separated cases to run (default: all)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    names = args.cases.split(",")
+    unknown = sorted(set(names) - {c.name for c in CASES})
+    if unknown:
+        parser.error(f"unknown cases {unknown}: choose from {[c.name for c in CASES]}")
+    cases = [c for c in CASES if c.name in names]
     if not torch.cuda.is_available():
         print("bench attention needs a CUDA device", file=sys.stderr)
         return 2
@@ -230,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(f"{report['device']}: copy {report['measured_copy_gbps']:.0f} GB/s")
     batches = {}
-    for case in CASES:
+    for case in cases:
         batches[case.name] = batch = _paged_batch(case)
         triton_samples = _bench(_triton_fn(case, batch), args.rep_ms)
         sdpa_run, sdpa_note = _sdpa_fn(case)
@@ -271,9 +281,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.sweep:
         deadline = time.monotonic() + args.sweep_seconds
         report["sweep"] = {}
-        for i, case in enumerate(CASES):
+        for i, case in enumerate(cases):
             now = time.monotonic()
-            case_deadline = now + (deadline - now) / (len(CASES) - i)  # leftover time carries on
+            case_deadline = now + (deadline - now) / (len(cases) - i)  # leftover time carries on
             report["sweep"][case.name] = _sweep(
                 case, batches[case.name], max(args.rep_ms // 4, 20), case_deadline
             )
