@@ -8,8 +8,8 @@ eager forwards pay it several times per layer.
 Invariants:
 - A kernel launched through ``LaunchCache`` takes its tensors first, then its scalars, then
   its constexprs. The cache key holds everything Triton specializes a compiled kernel on, and
-  more: the grid, each tensor's dtype and address modulo 16, every scalar and every constexpr
-  or launch option by value. Calls with equal keys can share one compiled kernel.
+  more: the grid, the device, each tensor's dtype and address modulo 16, every scalar and every
+  constexpr or launch option by value. Calls with equal keys can share one compiled kernel.
 - A key's first launch goes through Triton's normal path, which compiles (or finds) the kernel
   and returns it; later launches call that compiled kernel's launcher with the same arguments
   in signature order, on the current stream (so they are captured like any launch).
@@ -47,6 +47,7 @@ class LaunchCache:
             return
         key = (
             grid,
+            tensors[0].get_device(),  # a compiled kernel is loaded per device
             tuple([t.data_ptr() & 15 for t in tensors]),
             tuple([t.dtype for t in tensors]),
             scalars,
