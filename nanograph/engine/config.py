@@ -76,26 +76,23 @@ class EngineConfig:
                     f"{flag}={value!r} needs CUDA, but the engine runs on {self.torch_device}; "
                     "use 'auto' or 'none' (eager) on this machine"
                 )
-        if self.cuda_graph_bs is not None:
-            sizes = tuple(sorted({int(b) for b in self.cuda_graph_bs}))
-            if not sizes or sizes[0] <= 0:
-                raise ValueError("cuda_graph_bs must be positive batch sizes")
-            if sizes[-1] > self.max_num_seqs:
-                raise ValueError(
-                    f"cuda_graph_bs go up to {sizes[-1]} but at most max_num_seqs="
-                    f"{self.max_num_seqs} requests decode at once"
-                )
-            object.__setattr__(self, "cuda_graph_bs", sizes)
-        if self.prefill_graph_tokens is not None:
-            tokens = tuple(sorted({int(t) for t in self.prefill_graph_tokens}))
-            if not tokens or tokens[0] <= 0:
-                raise ValueError("prefill_graph_tokens must be positive token counts")
-            if tokens[-1] > self.chunked_prefill_size:
-                raise ValueError(
-                    f"prefill_graph_tokens go up to {tokens[-1]} but no forward has more than "
-                    f"chunked_prefill_size={self.chunked_prefill_size} tokens"
-                )
-            object.__setattr__(self, "prefill_graph_tokens", tokens)
+        # explicit ladders: sorted, deduplicated, positive and within what a forward can hold
+        self._ladder("cuda_graph_bs", "max_num_seqs", "requests decode at once")
+        self._ladder("prefill_graph_tokens", "chunked_prefill_size", "tokens go into one forward")
+
+    def _ladder(self, name: str, limit_name: str, what: str) -> None:
+        values = getattr(self, name)
+        if values is None:
+            return
+        ladder = tuple(sorted({int(v) for v in values}))
+        if not ladder or ladder[0] <= 0:
+            raise ValueError(f"{name} must be positive")
+        limit = getattr(self, limit_name)
+        if ladder[-1] > limit:
+            raise ValueError(
+                f"{name} go up to {ladder[-1]} but at most {limit_name}={limit} {what}"
+            )
+        object.__setattr__(self, name, ladder)
 
     @property
     def torch_device(self) -> torch.device:
