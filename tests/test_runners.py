@@ -218,3 +218,34 @@ def test_model_traces_fullgraph_and_splits_at_attention(llm):
     direct = [v for v in vars(compiler.split_gm).values() if type(v).__name__ == "_DirectSplit"]
     assert len(direct) == layers
     torch.testing.assert_close(got[: batch.num_tokens], expected[: batch.num_tokens])
+
+
+@pytest.mark.parametrize("compile_backend", ["eager", "inductor"])
+def test_one_compile_serves_every_shape_of_a_runner(llm, compile_backend):
+    """The runner's pattern: a closure per shape over views of the static buffers, largest
+    first. One PiecewiseCompiler compiles for symbolic token counts: twice in all, since the
+    first shape spans the whole buffer and dynamo relates the view to its base; every later
+    shape reuses the second compile. Every shape matches eager."""
+    from nanograph.attention.op import ForwardContext, forward_context
+    from nanograph.graph.piecewise import PiecewiseCompiler, trace_and_split
+
+    torch._dynamo.reset()  # dynamo remembers sizes that changed in earlier tests
+    e = llm.engine
+    static = StaticInputs(48, 2, 16, e.kv_cache.page_size, CPU)
+    compiler = PiecewiseCompiler(compile_backend)
+    for tokens, batch in ((48, batch_of([(0, 30), (4, 10)])), (32, batch_of([(2, 20)])),
+                          (16, batch_of([(0, 9), (4, 3)])), (24, batch_of([(3, 17)]))):  # fmt: skip
+        shape = ShapeKey(tokens, 2)
+        static.copy_from(batch, shape)
+        ctx = ForwardContext(e.attention, static.metadata(shape, tokens), e.kv_cache.k,
+                             e.kv_cache.v)  # fmt: skip
+        ids, positions = static.input_ids[:tokens], static.positions[:tokens]
+
+        def forward(ids=ids, positions=positions):
+            return e.model(ids, positions)
+
+        with forward_context(ctx), torch.inference_mode():
+            expected = forward()
+            got = trace_and_split(forward, compiler)()
+        torch.testing.assert_close(got[: batch.num_tokens], expected[: batch.num_tokens])
+    assert compiler.compiles == 2

@@ -1,7 +1,8 @@
 """``nanograph bench build``: time to build the prefill graphs of a ladder, per backend.
 
-tc_piecewise is split into compile (dynamo + inductor, per shape) and capture; full and
-breakable only capture. Shapes are captured largest first into one pool, as at start-up.
+tc_piecewise is split into compile (dynamo + inductor: once for symbolic sizes, plus a
+specialized compile or two, reused by the other shapes) and capture; full and breakable only
+capture. Shapes are captured largest first into one pool, as at start-up.
 """
 
 from __future__ import annotations

@@ -1,22 +1,29 @@
 """`tc_piecewise`: torch.compile(fullgraph=True) over fn, split at split ops, a graph per piece.
 
 Invariants:
-- dynamo traces fn once per capture (fullgraph, static shapes). The FX graph is split so that
-  every split-op call sits alone in its own submodule; each other submodule (a "piece") is
-  compiled with `compile_backend` and, at capture, captured as its own CUDA graph in the pool.
+- A backend instance compiles each function once for every size it is captured at: dynamo
+  traces with dynamic shapes (sizes 0 and 1 aside, which dynamo specializes: one more compile),
+  the FX graph is split so that every split-op call sits alone in its own submodule, and each
+  other submodule (a "piece") is compiled with `compile_backend` for symbolic sizes, from the
+  fake inputs the split graph propagates. Captures of closures of the same function at other
+  sizes (a runner's shapes) reuse that compile and only capture.
+- Every capture gets a key; each piece keeps one CUDA graph, its split-fed inputs and its
+  outputs per key, captured in the capture's pool. Replay sets the key and calls the compiled
+  function, so each piece replays the graph of the shape being replayed.
 - Split ops run eagerly on every call, between pieces, as plain calls of their Python
   implementation (the dispatcher's bookkeeping for a custom op that mutates arguments cost
   ~100 us a call on the dev CPU). A piece input that comes from a split op has a fresh address
   each call: it is copied into the tensor the piece was captured with.
 - Piece outputs are held by weak alias when this capture allocated them (capture order = replay
   order, as in breakable.py); the graph keeps `out` alive itself.
-- Replay calls the compiled function: dynamo's guards and the split graph's Python run every time
-  (the per-forward cost the reference measures against BCG). A guard failure after capture would
-  recompile into a different program, so it raises instead.
+- Replay runs dynamo's guards and the split graph's Python (the per-forward cost the reference
+  measures against BCG). A recompile during replay would be a different program than the one
+  captured, so it raises instead.
 """
 
 from __future__ import annotations
 
+import itertools
 import operator
 import time
 from collections import Counter
@@ -126,10 +133,21 @@ class _DirectSplit:
         return result if self.returns else ()
 
 
-class _Piece:
-    """One compiled piece: runs compiled until capture, then replays its own CUDA graph."""
+class _Capture:
+    """What one capture key left in a piece: its graph (None if it captured no work), the
+    tensors split-op outputs are copied into, and the outputs to return at replay."""
 
-    def __init__(self, module: torch.fx.GraphModule, owner: PiecewiseCompiler, fed: tuple):
+    __slots__ = ("graph", "static", "outputs")
+
+    def __init__(self, graph: torch.cuda.CUDAGraph | None, static: dict, outputs: Any) -> None:
+        self.graph, self.static, self.outputs = graph, static, outputs
+
+
+class _Piece:
+    """One compiled piece: runs compiled code, captures per key, replays the key's graph."""
+
+    def __init__(self, module: torch.fx.GraphModule, owner: PiecewiseCompiler, fed: tuple,
+                 example_inputs: tuple) -> None:  # fmt: skip
         self.module, self.owner, self.split_fed = module, owner, fed
         # Compilers want tuple outputs (aot_autograd insists): make single outputs 1-tuples.
         output = next(n for n in module.graph.nodes if n.op == "output")
@@ -137,77 +155,104 @@ class _Piece:
         if self.single:
             output.args = ((output.args[0],),)
             module.recompile()
-        self.compiled: Callable[..., Any] | None = None
-        self.captured = False
-        self.graph: torch.cuda.CUDAGraph | None = None
-        self.static: dict[int, torch.Tensor] = {}
-        self.outputs: Any = None
+        start = time.perf_counter()
+        self.compiled: Callable[..., Any] | None = owner.lookup_backend()(
+            module, list(example_inputs)
+        )
+        owner.piece_compile_s += time.perf_counter() - start
+        self.captures: dict[int, _Capture] = {}
 
     def __call__(self, *args: Any) -> Any:
-        if self.captured:
+        key = self.owner.active
+        capture = self.captures.get(key) if key is not None else None
+        if capture is not None:
             for i in self.split_fed:
-                if args[i].data_ptr() != self.static[i].data_ptr():
-                    self.static[i].copy_(args[i])
-            if self.graph is not None:
-                self.graph.replay()
-            return self.outputs
-        if self.compiled is None:
-            start = time.perf_counter()
-            self.compiled = self.owner.lookup_backend()(self.module, list(args))
-            self.owner.piece_compile_s += time.perf_counter() - start
+                if args[i].data_ptr() != capture.static[i].data_ptr():
+                    capture.static[i].copy_(args[i])
+            if capture.graph is not None:
+                capture.graph.replay()
+            return capture.outputs
         if not self.owner.capturing:
             return self._run(args)
         recorder = self.owner.recorder
-        assert recorder is not None
+        assert recorder is not None and key is not None
         recorder.begin()
         try:
             out = self._run(args)
         except Exception as exc:
             recorder.abort()
             raise capture_error("tc_piecewise", exc, _HINT) from exc
-        self.graph = recorder.end()
-        self.static = {i: args[i] for i in self.split_fed}
+        graph = recorder.end()
         owned = recorder.pool.address_ranges(self.owner.preexisting)
-        self.outputs = map_tensors(lambda t: weak_alias(t) if owned.owns(t) else t, out)
-        self.captured = True
+        outputs = map_tensors(lambda t: weak_alias(t) if owned.owns(t) else t, out)
+        self.captures[key] = _Capture(graph, {i: args[i] for i in self.split_fed}, outputs)
         return out
 
     def _run(self, args: tuple) -> Any:
         # Backends return what dynamo itself calls unboxed (inductor's `_boxed_call` attribute
         # describes an inner function and is misleading here).
+        assert self.compiled is not None, "piece used after release"
         out = self.compiled(*args)
         return out[0] if self.single else out
 
 
+def _piece_inputs(split_gm: torch.fx.GraphModule, names: list[str], example_inputs: list) -> dict:
+    """Fake (symbolic-size) inputs of each piece: the split graph run under dynamo's fake mode."""
+    fake_mode = torch._guards.detect_fake_mode()
+    if fake_mode is None:  # called outside dynamo (tests calling the compiler directly)
+        fake_mode = torch._subclasses.FakeTensorMode(allow_non_fake_inputs=True)
+    # dynamo hands real tensors; its fake mode maps them back to the fakes it traced with
+    fakes = [fake_mode.from_tensor(x) if isinstance(x, torch.Tensor) else x
+             for x in example_inputs]  # fmt: skip
+    wanted, seen = set(names), {}
+
+    class Recorder(torch.fx.Interpreter):
+        def call_module(self, target: str, args: tuple, kwargs: dict) -> Any:
+            if target in wanted:
+                seen[target] = args
+            return super().call_module(target, args, kwargs)
+
+    with fake_mode:
+        Recorder(split_gm).run(*fakes)
+    return seen
+
+
 class PiecewiseCompiler:
-    """The torch.compile backend: split dynamo's graph, compile pieces, capture when asked."""
+    """The torch.compile backend: split dynamo's graph, compile pieces, capture when asked.
+
+    One instance serves every capture of a backend; `active` names the capture key the pieces
+    capture into or replay (None: run the compiled code)."""
 
     def __init__(
         self,
         compile_backend: str | Callable[..., Any] = "inductor",
         split_ops: Mapping[Any, str] | None = None,
-        recorder: SegmentRecorder | None = None,
     ) -> None:
         self.compile_backend = compile_backend
         self.split_ops = dict(SPLIT_OPS if split_ops is None else split_ops)
-        self.recorder = recorder
+        self.recorder: SegmentRecorder | None = None  # the capture in progress
         self.capturing = False
-        self.finalized = False
+        self.replaying = False
+        self.active: int | None = None
         self.preexisting: frozenset[int] = frozenset()
-        self.split_gm: torch.fx.GraphModule | None = None
-        self.pieces: list[_Piece] = []
+        self.split_gm: torch.fx.GraphModule | None = None  # the latest compile
+        self.pieces: list[_Piece] = []  # every compile's pieces
         self.splits: Counter[str] = Counter()
+        self.compiles = 0
         self.piece_compile_s = 0.0
 
-    def release(self) -> None:
-        """Drop every piece's graph and buffers. Dynamo's cache keeps the split module alive
-        after the graph object is gone, so without this the pool memory would never return."""
+    def release(self, key: int | None = None) -> None:
+        """Drop the graphs and buffers of capture `key` (None: of every capture, and the
+        compiled pieces: the backend is gone). Dynamo's cache keeps the split modules alive
+        after the graph objects are gone, so without this the pool memory would never return."""
         for piece in self.pieces:
-            piece.graph, piece.outputs, piece.static, piece.compiled = None, None, {}, None
-        self.pieces = []
-        if self.recorder is not None:
-            self.recorder.graphs.clear()
-            self.recorder.steps.clear()
+            if key is None:
+                piece.captures.clear()
+                piece.compiled = None
+            else:
+                piece.captures.pop(key, None)
+        if key is None:
+            self.pieces = []
             self.recorder = None  # it holds the pool
 
     def lookup_backend(self) -> Callable[..., Any]:
@@ -218,41 +263,46 @@ class PiecewiseCompiler:
         return lookup_backend(self.compile_backend)
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable[..., Any]:
-        if self.finalized:
+        if self.replaying:
             raise GraphCaptureError(
-                "tc_piecewise: dynamo recompiled fn after capture (a guard failed: a shape, "
+                "tc_piecewise: dynamo recompiled fn during replay (a guard failed: a shape, "
                 "dtype or Python value fn reads changed). Capture one graph per variant."
             )
         split_gm, names, splits = split_graph(gm, self.split_ops)
         fed = _split_fed_inputs(split_gm, splits)
-        self.pieces = [_Piece(split_gm.get_submodule(n), self, fed[n]) for n in names]
-        for name, piece in zip(names, self.pieces, strict=True):
+        inputs = _piece_inputs(split_gm, names, example_inputs)
+        pieces = [_Piece(split_gm.get_submodule(n), self, fed[n], inputs[n]) for n in names]
+        for name, piece in zip(names, pieces, strict=True):
             # Shadow the child module: plain callables skip nn.Module's call machinery.
             split_gm.__dict__[name] = piece
         for name in splits:
             direct = _DirectSplit.of(split_gm.get_submodule(name))
             if direct is not None:
                 split_gm.__dict__[name] = direct
+        self.pieces += pieces
         self.splits = Counter(splits.values())
         self.split_gm = split_gm
+        self.compiles += 1
         return split_gm
 
 
 @contextmanager
-def _recompile_limit(limit: int = 4096) -> Iterator[None]:
-    """Every capture of the same fn code is one more dynamo cache entry (a runner captures
-    dozens of shapes); lift the limit while compiling so none silently falls back to eager."""
+def _dynamo_settings(limit: int = 256) -> Iterator[None]:
+    """Floats stay constants under dynamic shapes (a module's float attribute would otherwise
+    become a graph input, and e.g. nn.Embedding's `norm_type` then fails), and a few compiles
+    per function (dynamic sizes, then sizes 0/1, other closures) never fall back to eager."""
     config = torch._dynamo.config
     names = [n for n in ("recompile_limit", "accumulated_recompile_limit") if hasattr(config, n)]
-    with config.patch(**{n: max(getattr(config, n), limit) for n in names}):
+    with config.patch(specialize_float=True,
+                      **{n: max(getattr(config, n), limit) for n in names}):  # fmt: skip
         yield
 
 
 def trace_and_split(fn: Callable[[], Any], compiler: PiecewiseCompiler) -> Callable[[], Any]:
     """torch.compile `fn` with `compiler` as backend and run it once (trace, split, compile)."""
-    compiled = torch.compile(fn, fullgraph=True, dynamic=False, backend=compiler)
+    compiled = torch.compile(fn, fullgraph=True, dynamic=True, backend=compiler)
     try:
-        with _recompile_limit():
+        with _dynamo_settings():
             compiled()
     except (torch._dynamo.exc.Unsupported, torch._dynamo.exc.UserError) as exc:
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -267,22 +317,28 @@ def trace_and_split(fn: Callable[[], Any], compiler: PiecewiseCompiler) -> Calla
 
 
 class PiecewiseGraph(Graph):
-    def __init__(
-        self, compiled: Callable[[], Any], compiler: PiecewiseCompiler, out: Any, stats: GraphStats
-    ) -> None:
+    def __init__(self, compiled: Callable[[], Any], backend: TcPiecewiseBackend, key: int,
+                 out: Any, stats: GraphStats, pool: GraphPool) -> None:  # fmt: skip
         super().__init__(out, stats)
-        self._compiled, self._compiler = compiled, compiler
-        self.pool = compiler.recorder.pool if compiler.recorder else None
+        # the backend owns the compiled pieces: a graph keeps it (and them) alive
+        self._compiled, self._backend, self._key = compiled, backend, key
+        self._compiler = backend.compiler
+        self.pool = pool
         tensors = [x for x in flatten(out) if isinstance(x, torch.Tensor)]
         self._copy_out = OutputCopy(break_name(compiled), out, tensors)
 
     def replay(self) -> None:
-        with torch.no_grad():
-            self._copy_out(self._compiled(), skip_same_address=True)
+        compiler = self._compiler
+        compiler.active, compiler.replaying = self._key, True
+        try:
+            with torch.no_grad():
+                self._copy_out(self._compiled(), skip_same_address=True)
+        finally:
+            compiler.active, compiler.replaying = None, False
 
     def __del__(self) -> None:
         if hasattr(self, "_compiler"):
-            self._compiler.release()
+            self._compiler.release(self._key)
 
 
 class TcPiecewiseBackend(Backend):
@@ -294,32 +350,46 @@ class TcPiecewiseBackend(Backend):
         split_ops: Mapping[Any, str] | None = None,
         warmup: int = 2,
     ) -> None:
-        self.compile_backend = compile_backend
-        self.split_ops = split_ops
         self.warmup = max(1, warmup)
+        # one compiler for every capture: closures of one function at other sizes reuse its
+        # compiled pieces (module docstring)
+        self.compiler = PiecewiseCompiler(compile_backend, split_ops)
+        self._keys = itertools.count()
 
     def capture(
         self, fn: Callable[[], Any], pool: GraphPool | None = None
     ) -> tuple[PiecewiseGraph, Any]:
         require_cuda(self.name)
         pool = pool if pool is not None else new_pool()
-        compiler = PiecewiseCompiler(self.compile_backend, self.split_ops, SegmentRecorder(pool))
+        compiler, key = self.compiler, next(self._keys)
+        compiler.recorder = SegmentRecorder(pool)
+        compile_before = compiler.piece_compile_s
         try:
             compiled, compile_s = self._compile(fn, compiler, pool)
-            out, capture_s = self._capture(compiled, compiler, pool)
+            out, capture_s = self._capture(compiled, compiler, pool, key)
         except BaseException:
-            compiler.release()  # dynamo's cache keeps the compiler: let go of graphs and pool
+            compiler.release(key)  # dynamo's cache keeps the compiler: let go of this capture
             raise
-        compiler.finalized = True
+        finally:
+            compiler.recorder = None  # it holds the pool
         stats = GraphStats(
             backend=self.name,
-            segments=sum(p.graph is not None for p in compiler.pieces),
+            segments=sum(
+                p.captures[key].graph is not None for p in compiler.pieces if key in p.captures
+            ),  # fmt: skip
             breaks=dict(compiler.splits),
             capture_s=capture_s,
-            compile_s=compile_s,
+            # the first run's time when it compiled (dynamo + pieces); ~0 when it reused them
+            compile_s=compile_s if compiler.piece_compile_s > compile_before else 0.0,
             pool_bytes=pool.reserved_bytes(),
         )
-        return PiecewiseGraph(compiled, compiler, out, stats), out
+        return PiecewiseGraph(compiled, self, key, out, stats, pool), out
+
+    def __del__(self) -> None:
+        # Dynamo's cache keeps the compiler; the compiled pieces go with the backend (and
+        # every graph it captured, which hold it).
+        if hasattr(self, "compiler"):
+            self.compiler.release()
 
     def _compile(
         self, fn: Callable[[], Any], compiler: PiecewiseCompiler, pool: GraphPool
@@ -331,25 +401,26 @@ class TcPiecewiseBackend(Backend):
             compiled = trace_and_split(fn, compiler)
             pool.stream.synchronize()
             compile_s = time.perf_counter() - start
-            for _ in range(self.warmup - 1):
-                compiled()
+            with _dynamo_settings():
+                for _ in range(self.warmup - 1):
+                    compiled()
             pool.stream.synchronize()
         return compiled, compile_s
 
     def _capture(
-        self, compiled: Callable[[], Any], compiler: PiecewiseCompiler, pool: GraphPool
+        self, compiled: Callable[[], Any], compiler: PiecewiseCompiler, pool: GraphPool, key: int
     ) -> tuple[Any, float]:
-        """One call with every piece capturing its graph (and replaying it once)."""
+        """One call with every piece capturing its graph under `key` (and replaying it once)."""
         compiler.preexisting = pool.live_blocks()
-        compiler.capturing = True
+        compiler.capturing, compiler.active = True, key
         token = use_capture_stub.set(True)
         start = time.perf_counter()
         try:
             with paused_gc(), torch.no_grad(), torch.cuda.stream(pool.stream):
-                with _recompile_limit():
+                with _dynamo_settings():
                     out = compiled()
         finally:
-            compiler.capturing = False
+            compiler.capturing, compiler.active = False, None
             use_capture_stub.reset(token)
         torch.cuda.current_stream().wait_stream(pool.stream)
         return out, time.perf_counter() - start

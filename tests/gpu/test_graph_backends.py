@@ -169,6 +169,32 @@ def test_tc_piecewise_matches_eager(attend, op: str) -> None:
     check_replays(graph, out, fn, inputs, exact=False)
 
 
+def test_tc_piecewise_compiles_once_for_every_size() -> None:
+    """A runner's pattern: one backend captures closures over views of one static buffer at
+    several sizes, largest first. Compiles: the full-buffer size, then one for every smaller
+    size (dynamo relates a whole-buffer view to its base); each size replays its own graphs."""
+    torch._dynamo.reset()
+    model, inputs, _ = make(attend_via_out)
+    backend, pool = get_backend("tc_piecewise"), new_pool()
+    captured = {}
+    for rows in (ROWS, 32, 16):
+        x, cos, sin = inputs.x[:rows], inputs.cos[:rows], inputs.sin[:rows]
+
+        def fn(x=x, cos=cos, sin=sin):
+            return model(x, cos, sin)
+
+        graph, out = backend.capture(fn, pool=pool)
+        captured[rows] = graph, out, fn
+    assert backend.compiler.compiles == 2
+    assert captured[16][0].stats.compile_s == 0  # reused the second compile
+    for _ in range(3):
+        for graph, out, fn in captured.values():
+            inputs.refill()
+            graph.replay()
+            with torch.no_grad():
+                torch.testing.assert_close(out, fn(), rtol=2e-3, atol=2e-3)
+
+
 def test_tc_piecewise_untraceable_fn_suggests_breakable() -> None:
     x = torch.randn(8, device="cuda")
 
