@@ -235,3 +235,81 @@ def test_weak_alias_views_memory_without_owning_it() -> None:
     ref = StorageWeakRef(base.untyped_storage())
     del base, view
     assert ref.expired()  # the alias did not keep the storage alive
+
+
+class _NoCudaRecorder:
+    """Stands in for SegmentRecorder on CPU: pieces 'capture' nothing (graph None), which is
+    enough to check which pieces hold which capture key."""
+
+    class _Pool:
+        def address_ranges(self, preexisting):
+            return self
+
+        def owns(self, tensor):
+            return False
+
+    pool = _Pool()
+
+    def begin(self) -> None:
+        pass
+
+    def end(self):
+        return None
+
+    def abort(self) -> None:
+        pass
+
+
+def test_tc_piecewise_replays_the_program_each_key_captured_with() -> None:
+    """Sizes 16/12/8 of one closure over a buffer: the whole-buffer size compiles first, the
+    next size compiles a more general program that dynamo then prefers for every size. Each
+    key's replay must still reach the pieces that captured it: the program recorded at
+    capture is called directly (no dynamo), and no piece falls back to running uncaptured."""
+    from nanograph.graph.piecewise import _dynamo_settings
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model, buffer = Stack(layers=2), torch.randn(16, 16)
+    compiler = PiecewiseCompiler("eager")
+    compiler.recorder = _NoCudaRecorder()
+    programs = {}
+    with torch.no_grad():
+        for key, rows in enumerate((16, 12, 8)):
+            x = buffer[:rows]
+            compiled = trace_and_split(lambda x=x: model(x), compiler)
+            compiler.capturing, compiler.active = True, key
+            with _dynamo_settings():
+                compiled()
+            compiler.capturing, compiler.active = False, None
+            programs[key] = (*compiler.programs.pop(key), compiled)
+        assert compiler.compiles == 2
+        uncaptured = []
+        for piece in compiler.pieces:
+            piece._run = lambda args, run=piece._run: uncaptured.append(1) or run(args)
+        for key, (program, args, _, _) in programs.items():
+            compiler.active = key
+            program(*args)
+            compiler.active = None
+        assert not uncaptured
+        # while dynamo itself would send the whole-buffer closure to the newer program
+        compiler.active = 0
+        with _dynamo_settings():
+            programs[0][3]()
+        compiler.active = None
+        assert uncaptured
+
+
+def test_tc_piecewise_output_copies_at_direct_replay() -> None:
+    from nanograph.graph.piecewise import _output_copies
+
+    given, produced = torch.zeros(4), torch.ones(4)
+    # graph outputs: refreshed from the program's output i at replay (copied if it moved)
+    copies = _output_copies((produced, given), (given, produced), (given,))
+    assert [(i, leaf is want) for (i, leaf), want in zip(copies, (produced, given))] == [
+        (1, True),
+        (0, True),
+    ]
+    # a buffer fn was given and wrote into (the runner's `out`): nothing to copy
+    assert _output_copies(given[:2], (), (given, 3)) == []
+    with pytest.raises(GraphCaptureError, match="neither a graph output"):
+        _output_copies(torch.zeros(2), (produced,), (given,))

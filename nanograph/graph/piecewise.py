@@ -8,17 +8,20 @@ Invariants:
   fake inputs the split graph propagates. Captures of closures of the same function at other
   sizes (a runner's shapes) reuse that compile and only capture.
 - Every capture gets a key; each piece keeps one CUDA graph, its split-fed inputs and its
-  outputs per key, captured in the capture's pool. Replay sets the key and calls the compiled
-  function, so each piece replays the graph of the shape being replayed.
+  outputs per key, captured in the capture's pool. The split program dynamo called at capture
+  is recorded with its arguments; replay sets the key and calls that program directly, so each
+  piece replays the graph of the shape being replayed. (Through dynamo, a newer, more general
+  compile whose guards also pass would run pieces that never captured this key.)
 - Split ops run eagerly on every call, between pieces, as plain calls of their Python
   implementation (the dispatcher's bookkeeping for a custom op that mutates arguments cost
   ~100 us a call on the dev CPU). A piece input that comes from a split op has a fresh address
   each call: it is copied into the tensor the piece was captured with.
 - Piece outputs are held by weak alias when this capture allocated them (capture order = replay
   order, as in breakable.py); the graph keeps `out` alive itself.
-- Replay runs dynamo's guards and the split graph's Python (the per-forward cost the reference
-  measures against BCG). A recompile during replay would be a different program than the one
-  captured, so it raises instead.
+- Replay skips dynamo (no guards): like any CUDA graph it replays what was captured, and fn's
+  Python side effects outside the traced graph are not repeated. What remains per forward is
+  the split program's Python, the piece replays and the split ops. fn's output tensors must be
+  graph outputs or live in buffers fn was given (checked at capture).
 """
 
 from __future__ import annotations
@@ -43,10 +46,10 @@ from nanograph.graph.base import (
     paused_gc,
     require_cuda,
 )
-from nanograph.graph.breaks import SPLIT_IMPLS, SPLIT_OPS, break_name, use_capture_stub
+from nanograph.graph.breaks import SPLIT_IMPLS, SPLIT_OPS, use_capture_stub
 from nanograph.graph.capture import SegmentRecorder
 from nanograph.graph.memory import GraphPool, new_pool, weak_alias
-from nanograph.graph.structure import OutputCopy, flatten, map_tensors
+from nanograph.graph.structure import flatten, map_tensors
 
 _HINT = "Declare the call as a split op (nanograph.graph.split_op) or use 'breakable'."
 
@@ -232,8 +235,9 @@ class PiecewiseCompiler:
         self.split_ops = dict(SPLIT_OPS if split_ops is None else split_ops)
         self.recorder: SegmentRecorder | None = None  # the capture in progress
         self.capturing = False
-        self.replaying = False
         self.active: int | None = None
+        # per capture key: the split program dynamo called, its arguments and its outputs
+        self.programs: dict[int, tuple[torch.fx.GraphModule, tuple, Any]] = {}
         self.preexisting: frozenset[int] = frozenset()
         self.split_gm: torch.fx.GraphModule | None = None  # the latest compile
         self.pieces: list[_Piece] = []  # every compile's pieces
@@ -252,8 +256,11 @@ class PiecewiseCompiler:
             else:
                 piece.captures.pop(key, None)
         if key is None:
+            self.programs.clear()
             self.pieces = []
             self.recorder = None  # it holds the pool
+        else:
+            self.programs.pop(key, None)
 
     def lookup_backend(self) -> Callable[..., Any]:
         if callable(self.compile_backend):
@@ -263,11 +270,6 @@ class PiecewiseCompiler:
         return lookup_backend(self.compile_backend)
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable[..., Any]:
-        if self.replaying:
-            raise GraphCaptureError(
-                "tc_piecewise: dynamo recompiled fn during replay (a guard failed: a shape, "
-                "dtype or Python value fn reads changed). Capture one graph per variant."
-            )
         split_gm, names, splits = split_graph(gm, self.split_ops)
         fed = _split_fed_inputs(split_gm, splits)
         inputs = _piece_inputs(split_gm, names, example_inputs)
@@ -283,7 +285,14 @@ class PiecewiseCompiler:
         self.splits = Counter(splits.values())
         self.split_gm = split_gm
         self.compiles += 1
-        return split_gm
+
+        def program(*args: Any) -> Any:
+            out = split_gm(*args)
+            if self.capturing:  # replay calls this program directly, without dynamo
+                self.programs[self.active] = (split_gm, args, out)
+            return out
+
+        return program
 
 
 @contextmanager
@@ -293,8 +302,10 @@ def _dynamo_settings(limit: int = 256) -> Iterator[None]:
     per function (dynamic sizes, then sizes 0/1, other closures) never fall back to eager."""
     config = torch._dynamo.config
     names = [n for n in ("recompile_limit", "accumulated_recompile_limit") if hasattr(config, n)]
-    with config.patch(specialize_float=True,
-                      **{n: max(getattr(config, n), limit) for n in names}):  # fmt: skip
+    settings = {n: max(getattr(config, n), limit) for n in names}
+    if hasattr(config, "specialize_float"):
+        settings["specialize_float"] = True
+    with config.patch(**settings):
         yield
 
 
@@ -317,28 +328,59 @@ def trace_and_split(fn: Callable[[], Any], compiler: PiecewiseCompiler) -> Calla
 
 
 class PiecewiseGraph(Graph):
-    def __init__(self, compiled: Callable[[], Any], backend: TcPiecewiseBackend, key: int,
-                 out: Any, stats: GraphStats, pool: GraphPool) -> None:  # fmt: skip
+    """Replays one capture key: the split program dynamo ran at capture, called directly with
+    the same arguments (no guards: a newer compile whose guards also pass would otherwise run
+    pieces that never captured this key), then fresh outputs copied into `out` where needed."""
+
+    def __init__(self, backend: TcPiecewiseBackend, key: int, out: Any, stats: GraphStats,
+                 pool: GraphPool) -> None:  # fmt: skip
         super().__init__(out, stats)
         # the backend owns the compiled pieces: a graph keeps it (and them) alive
-        self._compiled, self._backend, self._key = compiled, backend, key
-        self._compiler = backend.compiler
+        self._backend, self._compiler, self._key = backend, backend.compiler, key
         self.pool = pool
-        tensors = [x for x in flatten(out) if isinstance(x, torch.Tensor)]
-        self._copy_out = OutputCopy(break_name(compiled), out, tensors)
+        if key not in self._compiler.programs:
+            raise GraphCaptureError("tc_piecewise: the capture ran no compiled program")
+        self._program, self._args, flat = self._compiler.programs.pop(key)
+        self._copies = _output_copies(out, flat, self._args)
 
     def replay(self) -> None:
         compiler = self._compiler
-        compiler.active, compiler.replaying = self._key, True
+        compiler.active = self._key
         try:
             with torch.no_grad():
-                self._copy_out(self._compiled(), skip_same_address=True)
+                flat = self._program(*self._args)
         finally:
-            compiler.active, compiler.replaying = None, False
+            compiler.active = None
+        for i, leaf in self._copies:
+            if flat[i].data_ptr() != leaf.data_ptr():
+                leaf.copy_(flat[i])
 
     def __del__(self) -> None:
         if hasattr(self, "_compiler"):
             self._compiler.release(self._key)
+
+
+def _output_copies(out: Any, flat: Any, args: tuple) -> list[tuple[int, torch.Tensor]]:
+    """(graph output index, leaf of `out`) for every tensor of fn's output that a graph output
+    produced; leaves that live in a graph input (fn wrote into a buffer it was given) need no
+    copy. Anything else cannot be refreshed without dynamo: refuse it at capture."""
+    outputs = list(flat) if isinstance(flat, (tuple, list)) else [flat]
+    inputs = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
+    copies = []
+    for leaf in (x for x in flatten(out) if isinstance(x, torch.Tensor)):
+        index = next((i for i, o in enumerate(outputs) if o is leaf), None)
+        if index is None:
+            index = next((i for i, o in enumerate(outputs) if isinstance(o, torch.Tensor)
+                          and o.data_ptr() == leaf.data_ptr() and o.shape == leaf.shape
+                          and o.stride() == leaf.stride()), None)  # fmt: skip
+        if index is not None:
+            copies.append((index, leaf))
+        elif leaf.untyped_storage().data_ptr() not in inputs:
+            raise GraphCaptureError(
+                "tc_piecewise: fn returns a tensor that is neither a graph output nor in a "
+                "buffer fn was given; return graph results (or write into a given buffer)"
+            )
+    return copies
 
 
 class TcPiecewiseBackend(Backend):
@@ -383,7 +425,7 @@ class TcPiecewiseBackend(Backend):
             compile_s=compile_s if compiler.piece_compile_s > compile_before else 0.0,
             pool_bytes=pool.reserved_bytes(),
         )
-        return PiecewiseGraph(compiled, self, key, out, stats, pool), out
+        return PiecewiseGraph(self, key, out, stats, pool), out
 
     def __del__(self) -> None:
         # Dynamo's cache keeps the compiler; the compiled pieces go with the backend (and
