@@ -409,23 +409,24 @@ class TcPiecewiseBackend(Backend):
         try:
             compiled, compile_s = self._compile(fn, compiler, pool)
             out, capture_s = self._capture(compiled, compiler, pool, key)
+            stats = GraphStats(
+                backend=self.name,
+                segments=sum(
+                    p.captures[key].graph is not None for p in compiler.pieces if key in p.captures
+                ),  # fmt: skip
+                breaks=dict(compiler.splits),
+                capture_s=capture_s,
+                # the first run's time when it compiled (dynamo + pieces); 0 when it reused them
+                compile_s=compile_s if compiler.piece_compile_s > compile_before else 0.0,
+                pool_bytes=pool.reserved_bytes(),
+            )
+            graph = PiecewiseGraph(self, key, out, stats, pool)
         except BaseException:
             compiler.release(key)  # dynamo's cache keeps the compiler: let go of this capture
             raise
         finally:
             compiler.recorder = None  # it holds the pool
-        stats = GraphStats(
-            backend=self.name,
-            segments=sum(
-                p.captures[key].graph is not None for p in compiler.pieces if key in p.captures
-            ),  # fmt: skip
-            breaks=dict(compiler.splits),
-            capture_s=capture_s,
-            # the first run's time when it compiled (dynamo + pieces); ~0 when it reused them
-            compile_s=compile_s if compiler.piece_compile_s > compile_before else 0.0,
-            pool_bytes=pool.reserved_bytes(),
-        )
-        return PiecewiseGraph(self, key, out, stats, pool), out
+        return graph, out
 
     def __del__(self) -> None:
         # Dynamo's cache keeps the compiler; the compiled pieces go with the backend (and
