@@ -69,8 +69,9 @@ case $stage in
       --peer-lengths 256 --repeats 5 --out "$out/prefill_8b.json" 2>&1 | tee "$out/prefill_8b.log"
     timeout 280 python3 -m nanograph bench decode --models qwen3-0.6b,qwen3-8b --arms full,none \
       --batches 1,8,32,128 --repeats 3 --out "$out/decode.json" 2>&1 | tee "$out/decode.log" ;;
-  sweep-32k)  # ~2 min: launch configurations of the 1 x 32k decode (the kernels issue's gap)
-    python3 -m nanograph bench attention --cases decode_1x32k --sweep --sweep-seconds 90 \
+  sweep-32k)  # ~4 min: launch configurations of the 1 x 32k decode (the kernels issue's gap):
+    # BLOCK_N x splits (8-128) x page-id prefetch x stages x warps, best first within 200 s
+    python3 -m nanograph bench attention --cases decode_1x32k --sweep --sweep-seconds 200 \
       --out "$out/attention_32k.json" 2>&1 | tee "$out/attention_32k.log" ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;
 esac

@@ -93,6 +93,12 @@ def _attention_cases():
     yield "extend fp16", {"tiles": replace(gpu_extend, num_splits=2)}, torch.float16
     yield "decode split", {"tiles": gpu_decode, "max_query_len": 1}, None
     yield "decode", {"tiles": replace(gpu_decode, num_splits=1), "max_query_len": 1}, None
+    yield "decode split prefetch", {
+        "tiles": replace(gpu_decode, prefetch_pages=True), "max_query_len": 1,
+    }, None  # fmt: skip
+    yield "extend window prefetch", {
+        "tiles": replace(gpu_extend, num_splits=2, prefetch_pages=True), "sliding_window": 100,
+    }, None  # fmt: skip
     yield "verify split", {
         "tiles": replace(gpu_decode, block_q=4, group_pad=4, num_splits=2), "max_query_len": 4,
     }, None  # fmt: skip

@@ -165,6 +165,30 @@ def test_split_counters_reset_and_min_split_blocks():
         assert int(counters.abs().sum()) == 0
 
 
+@pytest.mark.parametrize("max_query_len", [None, 1])
+def test_page_prefetch_variant_matches_reference(max_query_len):
+    # tiles.prefetch_pages loads the next key block's page ids one iteration ahead: the same
+    # keys, so the same result, with windows, splits and partial last blocks
+    from dataclasses import replace
+
+    queries = [1, 1, 1, 1] if max_query_len == 1 else [3, 9, 6, 1]
+    batch = _batch([5, 90, 0, 53], queries, seed=12)  # several key blocks per slice
+    scale = batch.q.shape[-1] ** -0.5
+    args = (batch.q, batch.k_cache, batch.v_cache, *batch.metadata(), batch.page_size, scale)
+    n = batch.q.shape[0]
+    for splits, window in ((1, 0), (2, 0), (1, 37)):
+        base = attention.choose_tiles(torch.device("cpu"), n, 4, 4, 2, 16, max_query_len, splits)
+        want = reference.paged_attention(
+            *[_f64(a) for a in args[:3]], *args[3:], sliding_window=window
+        )
+        got = attention.paged_attention(
+            *args, tiles=replace(base, prefetch_pages=True), sliding_window=window,
+            max_query_len=max_query_len,
+        )  # fmt: skip
+        real = int(batch.num_tokens[0])
+        torch.testing.assert_close(got[:real].double(), want[:real], atol=2e-4, rtol=2e-4)
+
+
 def test_preallocated_out_keeps_padded_rows():
     batch = _batch([3, 10], [2, 5], seed=8)
     out = torch.full_like(batch.q, 7.0)

@@ -180,13 +180,15 @@ def _sweep(case: Case, batch: PagedBatch, rep_ms: int, deadline: float) -> list[
         ]
     else:
         grid = [
-            {"block_n": bn, "num_splits": sp, "num_warps": w, "num_stages": st}
+            {"block_n": bn, "num_splits": sp, "prefetch_pages": pf, "num_warps": w,
+             "num_stages": st}
             for bn in (64, 128, 32)
             # one long sequence: fewer splits too (more were slower: 32 < 64 < 128 in 99d87f4)
             for sp in ((1, 2) if case.requests > 1 else (32, 16, 8, 64, 128))
-            for w in (4, 8)
+            for pf in (False, True)
             for st in (2, 3)
-        ]
+            for w in (4, 8)
+        ]  # fmt: skip
     default_out = _triton_fn(case, batch)().clone()
     results = []
     for overrides in grid:

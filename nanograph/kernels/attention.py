@@ -67,6 +67,9 @@ class AttentionTiles:
     per_request: bool  # per-request grid (needs max_query_len) instead of the flat one
     num_warps: int
     num_stages: int
+    # load the next key block's page ids one iteration ahead (an experiment for long decode:
+    # off by default until ``nanograph bench attention --sweep`` shows it pays)
+    prefetch_pages: bool = False
 
 
 @triton.jit
@@ -110,18 +113,30 @@ def _attend_key_range(
     USE_WINDOW: tl.constexpr,
     USE_SOFTCAP: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    PREFETCH_PAGES: tl.constexpr,
 ):
     """Online-softmax over keys [kv_start, kv_end); MASKED=False only for blocks every row sees."""
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
+    if PREFETCH_PAGES:
+        # the first block's page ids; each iteration then loads the next block's (masked at
+        # the sequence end, so the last, unused prefetch reads nothing)
+        next_pos = kv_start + offs_n
+        page = tl.load(page_row_ptr + next_pos // PAGE_SIZE, mask=next_pos < seq_len, other=0)
     for start in range(kv_start, kv_end, BLOCK_N):
         kv_pos = start + offs_n
         in_seq = kv_pos < seq_len
-        if MASKED:
-            page = tl.load(page_row_ptr + kv_pos // PAGE_SIZE, mask=in_seq, other=0)
+        if PREFETCH_PAGES:
+            slot = page.to(tl.int64) * PAGE_SIZE + kv_pos % PAGE_SIZE
+            next_pos = kv_pos + BLOCK_N
+            page = tl.load(page_row_ptr + next_pos // PAGE_SIZE, mask=next_pos < seq_len,
+                           other=0)  # fmt: skip
         else:
-            page = tl.load(page_row_ptr + kv_pos // PAGE_SIZE)
-        slot = page.to(tl.int64) * PAGE_SIZE + kv_pos % PAGE_SIZE
+            if MASKED:
+                page = tl.load(page_row_ptr + kv_pos // PAGE_SIZE, mask=in_seq, other=0)
+            else:
+                page = tl.load(page_row_ptr + kv_pos // PAGE_SIZE)
+            slot = page.to(tl.int64) * PAGE_SIZE + kv_pos % PAGE_SIZE
         k_ptrs = k_base + slot[:, None] * stride_k_slot + offs_d[None, :]
         v_ptrs = v_base + slot[:, None] * stride_v_slot + offs_d[None, :]
         if MASKED:
@@ -194,6 +209,7 @@ def _paged_attention_kernel(
     Q_BLOCKS_PER_REQUEST: tl.constexpr,  # 0: flat layout
     NUM_SPLITS: tl.constexpr,
     MIN_SPLIT_BLOCKS: tl.constexpr,
+    PREFETCH_PAGES: tl.constexpr,
     MERGE_ROWS: tl.constexpr,
     USE_WINDOW: tl.constexpr,
     USE_SOFTCAP: tl.constexpr,
@@ -262,18 +278,21 @@ def _paged_attention_kernel(
         k_base, v_base, page_row_ptr, stride_k_slot, stride_v_slot, seq_len,
         sliding_window, qk_scale, softcap,
         BLOCK_N, HEAD_DIM, PAGE_SIZE, True, USE_WINDOW, USE_SOFTCAP, DOT_PRECISION,
+        PREFETCH_PAGES,
     )  # fmt: skip
     acc, m_i, l_i = _attend_key_range(
         acc, m_i, l_i, q, q_pos, tl.maximum(split_lo, full_lo), tl.minimum(split_hi, full_hi),
         k_base, v_base, page_row_ptr, stride_k_slot, stride_v_slot, seq_len,
         sliding_window, qk_scale, softcap,
         BLOCK_N, HEAD_DIM, PAGE_SIZE, False, USE_WINDOW, USE_SOFTCAP, DOT_PRECISION,
+        PREFETCH_PAGES,
     )  # fmt: skip
     acc, m_i, l_i = _attend_key_range(
         acc, m_i, l_i, q, q_pos, tl.maximum(split_lo, full_hi), split_hi,
         k_base, v_base, page_row_ptr, stride_k_slot, stride_v_slot, seq_len,
         sliding_window, qk_scale, softcap,
         BLOCK_N, HEAD_DIM, PAGE_SIZE, True, USE_WINDOW, USE_SOFTCAP, DOT_PRECISION,
+        PREFETCH_PAGES,
     )  # fmt: skip
 
     if NUM_SPLITS > 1:
@@ -550,6 +569,7 @@ def paged_attention(
             Q_BLOCKS_PER_REQUEST=q_blocks_per_request,
             NUM_SPLITS=tiles.num_splits,
             MIN_SPLIT_BLOCKS=tiles.min_split_blocks,
+            PREFETCH_PAGES=tiles.prefetch_pages,
             MERGE_ROWS=min(tiles.block_q * tiles.group_pad, 16),
             USE_WINDOW=sliding_window > 0,
             USE_SOFTCAP=use_softcap,

@@ -74,8 +74,13 @@ def test_decode_128_requests():
     _check(_batch(contexts, [1] * 122, sentinels=6, pad=6, seed=3), max_query_len=1)
 
 
-def test_decode_one_32k_sequence():
-    _check(_batch([32767], [1], seed=4), max_query_len=1)
+@pytest.mark.parametrize("prefetch_pages", [False, True])
+def test_decode_one_32k_sequence(prefetch_pages):
+    from nanograph.kernels.attention import choose_tiles
+
+    batch = _batch([32767], [1], seed=4)
+    tiles = choose_tiles(batch.q.device, 1, 1, 32, 8, 128, 1)
+    _check(batch, max_query_len=1, tiles=dataclasses.replace(tiles, prefetch_pages=prefetch_pages))
 
 
 def test_target_verify():
