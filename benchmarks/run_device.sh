@@ -28,12 +28,14 @@ case $stage in
     python3 -m nanograph bench floor --model qwen3-0.6b --lengths 512 --decode-batch 1 \
       --out "$out/floor_decode_06b.json" 2>&1 | tee "$out/floor_decode_06b.log" ;;
   check)  # ~9 min: a session's first call after CUDA-path changes, host profile, prefill arms
-    timeout 400 python3 -m pytest -q -p no:cacheprovider --durations=12 -rfE tests/gpu \
-      > "$out/gpu_tests.log" 2>&1
+    # PYTEST_ARGS narrows the run (e.g. -k "not bf16_greedy"), TEST_TIMEOUT bounds it
+    timeout "${TEST_TIMEOUT:-400}" python3 -m pytest -q -p no:cacheprovider --durations=12 -rfE \
+      tests/gpu ${PYTEST_ARGS:-} > "$out/gpu_tests.log" 2>&1
     tail -22 "$out/gpu_tests.log"
-    timeout 150 python3 -m nanograph bench host --arms "${HOST_ARMS:-breakable}" \
-      --out "$out/host_prefill.json" > "$out/host_prefill.log" 2>&1
-    grep "^==" "$out/host_prefill.log"
+    # HOST_ARGS picks the profiled workload, e.g. "--workload decode --arms full --batch 1"
+    timeout "${HOST_TIMEOUT:-150}" python3 -m nanograph bench host ${HOST_ARGS:---arms breakable} \
+      --out "$out/host.json" > "$out/host.log" 2>&1
+    grep "^==" "$out/host.log"
     timeout 150 python3 -m nanograph bench prefill --models qwen3-0.6b --lengths 256,1024,4096 \
       --arms full,breakable,tc_piecewise --peer-lengths '' --repeats 5 \
       --out "$out/prefill_check.json" 2>&1 | tee "$out/prefill_check.log" ;;
