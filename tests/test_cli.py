@@ -74,3 +74,15 @@ def test_bench_host_profiles_an_arm(tmp_path):
     arm = json.loads(out.read_text())["arms"]["none"]
     assert arm["median_ms"] > 0 and len(arm["samples_ms"]) == 1
     assert "tottime" in arm["profile"] and "linear" in arm["profile"]
+
+
+def test_bench_floor_decode_step(tmp_path):
+    import json
+
+    out = tmp_path / "floor.json"
+    argv = ["bench", "floor", "--model", "smollm2-135m", "--lengths", "24", "--decode-batch",
+            "2", "--repeats", "2", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    step = json.loads(out.read_text())["lengths"]["24"]
+    assert step["floor_ms"] > 0 and step["back_to_back_ms"] > 0
+    assert step["kernels"] == len(step["top_ms"]) or len(step["top_ms"]) == 12

@@ -3,12 +3,16 @@ profiler), with the fused kernels: prefill at a few prompt lengths, or one decod
 batch at a given context (``--decode-batch``).
 
 A CUDA graph removes launch gaps; the floor is what remains, the sum of the kernels it replays.
-Also lists the most expensive kernels, to show where the floor goes.
+Also lists the most expensive kernels, to show where the floor goes, and the time per forward
+when forwards are issued back to back with no host sync between them (``back_to_back_ms``):
+with ``--graph`` on, the host runs ahead of the GPU, so this is the GPU's time for a step,
+gaps between kernels included. An engine step that takes longer than that waits on the host.
 """
 
 from __future__ import annotations
 
 import argparse
+import time
 
 import torch
 
@@ -40,6 +44,11 @@ def kernel_floor(llm, length: int, repeats: int, decode_batch: int = 0) -> dict:
         for _ in range(repeats):
             runner.forward(batch)
         sync()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        runner.forward(batch).argmax(dim=-1)  # the sampler's greedy work, without its sync
+    sync()
+    back_to_back_ms = 1000 * (time.perf_counter() - start) / repeats
     for p in pages:
         kv.allocator.free(p)
     kernels = {}
@@ -53,7 +62,12 @@ def kernel_floor(llm, length: int, repeats: int, decode_batch: int = 0) -> dict:
         if device_us > 0:
             kernels[event.key] = device_us / repeats / 1000  # ms per forward
     top = sorted(kernels.items(), key=lambda kv: -kv[1])[:12]
-    return {"floor_ms": sum(kernels.values()), "kernels": len(kernels), "top_ms": dict(top)}
+    return {
+        "floor_ms": sum(kernels.values()),
+        "back_to_back_ms": back_to_back_ms,
+        "kernels": len(kernels),
+        "top_ms": dict(top),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,13 +81,23 @@ def main(argv: list[str] | None = None) -> int:
         default=0,
         help="profile one decode step of this many requests (context = length)",
     )
+    parser.add_argument(
+        "--graph",
+        default="none",
+        choices=("none", "full", "breakable", "tc_piecewise"),
+        help="graph backend of the profiled path (decode with --decode-batch, else prefill)",
+    )
     parser.add_argument("--out", default="benchmarks/results/floor.json")
     args = parser.parse_args(argv)
     from nanograph import LLM
 
     lengths = [int(n) for n in args.lengths.split(",")]
     llm = LLM(
-        args.model, load_format="dummy", decode_cuda_graph="none", prefill_cuda_graph="none",
+        args.model, load_format="dummy",
+        decode_cuda_graph=args.graph if args.decode_batch else "none",
+        prefill_cuda_graph="none" if args.decode_batch else args.graph,
+        cuda_graph_bs=(args.decode_batch,) if args.decode_batch else None,
+        prefill_graph_tokens=None if args.decode_batch else tuple(lengths),
         chunked_prefill_size=max(lengths), max_num_seqs=max(2, args.decode_batch),
         max_model_len=max(lengths) + 16,
         progress=False,
@@ -82,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     for length in lengths:
         r = report["lengths"][length] = kernel_floor(llm, length, args.repeats, args.decode_batch)
         what = f"decode x{args.decode_batch} at" if args.decode_batch else "prefill"
-        print(f"{args.model} {what} {length} tokens: kernel floor {r['floor_ms']:.2f} ms "
+        print(f"{args.model} {what} {length} tokens ({args.graph}): kernel floor "
+              f"{r['floor_ms']:.2f} ms, back to back {r['back_to_back_ms']:.2f} ms per forward "
               f"over {r['kernels']} kernel kinds; top: " +
               ", ".join(f"{k[:40]} {v:.2f}" for k, v in list(r["top_ms"].items())[:4]))  # fmt: skip
     write(args.out, report)
