@@ -39,6 +39,8 @@ ENGINE_HELP = {
     "prefill_graph_tokens": "comma-separated prefill token buckets (default: ~40 up to "
     "--chunked-prefill-size)",
     "prefill_graph_slots": "request slots per prefill graph; more requests run eagerly",
+    "disable_overlap_schedule": "read each step's tokens before scheduling the next "
+    "(default: schedule and launch step t+1 while the device runs step t)",
     "progress": None,  # not a flag: --quiet turns it off
 }
 

@@ -177,3 +177,69 @@ def test_pending_tokens_equal_the_joined_slice():
         for n in range(8 - start):
             r.num_computed = start
             assert r.pending_tokens(n) == r.token_ids[start : start + n]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_overlap_schedule_matches_serial_steps(tiny, seed):
+    """The overlap schedule (step t+1 launched before step t's tokens are read) gives the same
+    tokens and finish reasons as serial steps: with stop tokens that end requests while their
+    next step is already in flight, seeded sampling, chunking and preemption in a tight pool."""
+    g = torch.Generator().manual_seed(200 + seed)
+    n = int(torch.randint(4, 10, (1,), generator=g))
+    batch = [torch.randint(0, 256, (int(k),), generator=g).tolist()
+             for k in torch.randint(1, 50, (n,), generator=g)]  # fmt: skip
+    free = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+    runs = [o.token_ids for o in make_llm(tiny).generate(batch, free)]
+    params = []
+    for i, tokens in enumerate(runs):
+        kind = i % 3
+        if kind == 0:  # stops on a token it would produce mid-way
+            stop = tokens[int(torch.randint(1, len(tokens), (1,), generator=g))]
+            params.append(SamplingParams(max_tokens=16, temperature=0.0, stop_token_ids=(stop,)))
+        elif kind == 1:
+            params.append(SamplingParams(max_tokens=int(torch.randint(1, 16, (1,), generator=g)),
+                                         temperature=0.8, top_k=20, seed=i))  # fmt: skip
+        else:
+            params.append(SamplingParams(max_tokens=int(torch.randint(1, 16, (1,), generator=g)),
+                                         temperature=0.0, ignore_eos=True))  # fmt: skip
+    per_page = 4 * 2 * 2 * 2 * 16 * 4  # page_size x k/v x layers x kv heads x head_dim x fp32
+    config = dict(
+        kv_cache_bytes=int(torch.randint(20, 40, (1,), generator=g)) * per_page,
+        chunked_prefill_size=int(torch.randint(3, 40, (1,), generator=g)),
+        max_num_seqs=int(torch.randint(1, 6, (1,), generator=g)),
+    )
+    outs = {}
+    for overlap in (False, True):
+        llm = make_llm(tiny, disable_overlap_schedule=not overlap, **config)
+        outs[overlap] = [(o.token_ids, o.finish_reason) for o in llm.generate(batch, params)]
+        allocator = llm.engine.kv_cache.allocator
+        assert allocator.num_free == allocator.num_usable
+        assert not llm.engine.has_work()
+    assert outs[True] == outs[False]
+    assert any(reason == "stop" for _, reason in outs[True])
+    assert all(t >= 0 for tokens, _ in outs[True] for t in tokens)  # nothing left unresolved
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_overlap_schedule_launches_before_it_reads(tiny, monkeypatch, overlap):
+    """Under the overlap schedule the host launches step t+1 before it reads step t's tokens
+    (the point of it); with it disabled each step is read before the next is launched."""
+    from nanograph.engine import engine as engine_module
+
+    llm = make_llm(tiny, disable_overlap_schedule=not overlap)
+    events: list[str] = []
+    forward, read = llm.engine.runner.forward, engine_module._InFlight.read
+
+    def logged_forward(*a, **kw):
+        events.append("launch")
+        return forward(*a, **kw)
+
+    def logged_read(self):
+        events.append("read")
+        return read(self)
+
+    monkeypatch.setattr(llm.engine.runner, "forward", logged_forward)
+    monkeypatch.setattr(engine_module._InFlight, "read", logged_read)
+    llm.generate([[1, 2, 3]], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
+    expected = ["launch"] + ["launch", "read"] * 3 + ["read"]
+    assert events == (expected if overlap else ["launch", "read"] * 4)

@@ -4,7 +4,9 @@ Each arm is an engine with the decode path on one backend (prefill eager in ever
 decode differs). A batch of B prompts of 512 tokens generates 256 tokens each; decode
 throughput is the tokens after the first over the time from the first sampled token to the
 last. Next to it: the HBM roofline at batch 1 (weight bytes / measured copy bandwidth) and,
-optionally, transformers ``generate`` on the same weights at batch 1.
+optionally, transformers ``generate`` on the same weights at batch 1. An arm named
+``BACKEND:serial`` runs with the overlap schedule off (the host reads each step's tokens
+before it schedules the next), to measure what the overlap buys side by side.
 """
 
 from __future__ import annotations
@@ -25,10 +27,14 @@ def measure_arm(model: str, arm: str, batches: list[int], prompt_len: int, new_t
                 repeats: int) -> dict:  # fmt: skip
     from nanograph import LLM, SamplingParams
 
+    backend, _, mode = arm.partition(":")
+    if backend not in ARMS or mode not in ("", "serial"):
+        raise SystemExit(f"unknown arm {arm!r}: one of {', '.join(ARMS)}, optionally + ':serial'")
     llm = LLM(
-        model, load_format="dummy", decode_cuda_graph=arm, prefill_cuda_graph="none",
+        model, load_format="dummy", decode_cuda_graph=backend, prefill_cuda_graph="none",
         cuda_graph_bs=tuple(batches), max_num_seqs=max(batches),
         max_model_len=prompt_len + new_tokens + 16, progress=False,
+        disable_overlap_schedule=mode == "serial",
     )  # fmt: skip
     params = SamplingParams(max_tokens=new_tokens, temperature=0, ignore_eos=True)
     vocab = llm.engine.model_config.vocab_size
@@ -85,7 +91,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="nanograph bench decode", description=__doc__)
     parser.add_argument("--models", default="qwen3-0.6b,qwen3-8b")
     parser.add_argument("--batches", default="1,8,32,128")
-    parser.add_argument("--arms", default=",".join(ARMS))
+    parser.add_argument(
+        "--arms", default=",".join(ARMS),
+        help="decode graph backends; BACKEND:serial turns the overlap schedule off",
+    )  # fmt: skip
     parser.add_argument("--prompt-len", type=int, default=512)
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=5)

@@ -32,6 +32,9 @@ class EngineConfig:
     attention_backend: str = "auto"  # auto = triton on CUDA, torch_native on CPU
     seed: int = 0
     progress: bool = True
+    # off: the host reads each step's tokens before it schedules the next step (SGLang's flag);
+    # on (default): it schedules and launches step t+1 while the device still runs step t
+    disable_overlap_schedule: bool = False
     # graph backend per path; auto = full decode + breakable prefill on CUDA, none on CPU
     decode_cuda_graph: str = "auto"
     prefill_cuda_graph: str = "auto"

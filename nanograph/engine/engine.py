@@ -4,8 +4,14 @@ Invariants:
 - A request that is invalid (empty, too long, bad token ids) finishes at once with
   ``finish_reason == "error"`` and a message saying what to do; it never enters the scheduler,
   so it cannot disturb the other requests.
-- ``step`` runs exactly one forward; every scheduled request either gains a computed chunk, a
-  sampled token, or finishes. KV pages are freed the moment a request finishes.
+- ``step`` launches at most one forward; every scheduled request gains a computed chunk and,
+  at the end of its pending tokens, a sampled token. KV pages are freed the moment the host
+  learns that a request finished.
+- Overlap schedule (default): the host launches step t+1 before it reads step t's tokens, so
+  its scheduling and input preparation run while the device computes. Step t+1 takes step t's
+  tokens from the device (``ForwardBatch.future_rows``); a request that step t finishes (a
+  stop token, a stop string) may compute one token in vain in step t+1, whose KV lands in its
+  own pages before they are freed and is never read. Outputs equal the non-overlapped ones.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from nanograph.attention import get_attention_backend
 from nanograph.engine.config import EngineConfig
 from nanograph.engine.kv_cache import KVCache, bytes_per_token
 from nanograph.engine.memory import MemoryReport
-from nanograph.engine.request import Request, Status
+from nanograph.engine.request import UNRESOLVED, Request, Status
 from nanograph.engine.sampler import Sampler
 from nanograph.engine.sampling_params import SamplingParams
 from nanograph.engine.scheduler import Scheduler
@@ -47,6 +53,28 @@ logger = logging.getLogger("nanograph")
 # KV sizing keeps the largest shape's measured pool bytes times this free for all shapes:
 # smaller shapes reuse the largest one's memory, plus what each shape keeps alive.
 GRAPH_RESERVE_MARGIN = 1.25
+
+
+class _InFlight:
+    """A launched step: its sampled tokens on the device, and a host copy on its way."""
+
+    def __init__(self, requests: list[Request], indices: list[int], tokens: torch.Tensor) -> None:
+        self.requests = requests  # row i of tokens belongs to requests[i] ...
+        self.indices = indices  # ... at output_ids[indices[i]]
+        self.tokens = tokens
+        self.ready: torch.cuda.Event | None = None
+        if tokens.is_cuda:  # copy now, in stream order, so reading waits for this step only
+            self.host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+            self.host.copy_(tokens, non_blocking=True)
+            self.ready = torch.cuda.Event()
+            self.ready.record()
+        else:
+            self.host = tokens
+
+    def read(self) -> list[int]:
+        if self.ready is not None:
+            self.ready.synchronize()
+        return self.host.tolist()
 
 
 class Engine:
@@ -84,6 +112,7 @@ class Engine:
             self.eos_token_ids |= set(self.tokenizer.eos_token_ids)
         self._ids = itertools.count()
         self._decoders: dict[int, IncrementalDecoder] = {}  # stop-string requests only
+        self._in_flight: _InFlight | None = None  # launched, its tokens not read yet
         self.load_seconds = time.perf_counter() - start
         if config.progress:
             logger.info("%s", self.memory.table())
@@ -233,51 +262,86 @@ class Engine:
         return None
 
     def has_work(self) -> bool:
-        return self.scheduler.has_work()
+        return self.scheduler.has_work() or self._in_flight is not None
 
     # ---- one step -------------------------------------------------------------------------
     def step(self) -> list[Request]:
-        """Runs one forward; returns the requests that finished during it."""
+        """Launches one forward and reads the tokens of the one before it (overlap schedule)
+        or of this one (``disable_overlap_schedule``); returns the requests that finished."""
+        failed, launched = self._launch()
+        previous, self._in_flight = self._in_flight, launched
+        finished = failed + (self._resolve(previous) if previous is not None else [])
+        if self.config.disable_overlap_schedule and launched is not None:
+            self._in_flight = None
+            finished += self._resolve(launched)
+        return finished
+
+    def _launch(self) -> tuple[list[Request], _InFlight | None]:
+        """Schedules and launches a forward and its sampling, without reading any token."""
         step, failed = self.scheduler.schedule()
         for request in failed:
             request.finish("error", "the KV pool cannot hold this request even alone")
         if not step.requests:
-            return failed
+            return failed, None
+        in_flight = self._in_flight
         samples = [step.samples(i) for i in range(len(step.requests))]
+        # a request whose last new token is still on the device takes it from the step in flight
+        future = [
+            r.future[1] if r.future is not None and r.future[0] is in_flight
+            and r.num_computed + n == r.num_tokens else None
+            for r, n in zip(step.requests, step.num_new)
+        ]  # fmt: skip
         batch = ForwardBatch.build(
             [r.pending_tokens(n) for r, n in zip(step.requests, step.num_new)],
             [r.num_computed for r in step.requests],
             [r.pages for r in step.requests],
             self.config.page_size,
             samples,
+            future,
         )
-        logits = self.runner.forward(batch)
+        logits = self.runner.forward(batch, in_flight.tokens if in_flight else None)
         sampled = [r for r, s in zip(step.requests, samples) if s]
         tokens = self.sampler(logits, [r.request_id for r in sampled], [r.params for r in sampled])
         for request, n in zip(step.requests, step.num_new):
             request.num_computed += n
-        finished = list(failed)
+        launched = _InFlight(sampled, [len(r.output_ids) for r in sampled], tokens)
+        for row, request in enumerate(sampled):
+            request.output_ids.append(UNRESOLVED)
+            request.future = (launched, row)
+        return failed, launched
+
+    def _resolve(self, step: _InFlight) -> list[Request]:
+        """Reads a launched step's tokens into its requests; returns those that finished."""
+        tokens = step.read()
+        finished = []
         now = time.perf_counter()
-        for request, token in zip(sampled, tokens):
+        for request, index, token in zip(step.requests, step.indices, tokens):
+            if request.future is not None and request.future[0] is step:
+                request.future = None
+            if request.status is Status.FINISHED:
+                continue  # finished by an earlier token; this one was computed in vain
             if request.first_token_time is None:
                 request.first_token_time = now
-            reason = self._append(request, token)
+            reason = self._accept(request, index, token)
             if reason:
-                request.finish(reason)
+                del request.output_ids[index + (reason != "stop-token") :]  # later in-flight ones
+                request.future = None
+                request.finish("stop" if reason == "stop-token" else reason)
                 self.scheduler.finish(request)
                 self.sampler.release(request.request_id)
                 self._decoders.pop(request.request_id, None)
                 finished.append(request)
         return finished
 
-    def _append(self, request: Request, token: int) -> str | None:
-        """Appends a sampled token; returns a finish reason when the request is done."""
+    def _accept(self, request: Request, index: int, token: int) -> str | None:
+        """Puts a sampled token at ``output_ids[index]``; returns a finish reason when the
+        request is done ("stop-token": the token is a stop token and is not kept)."""
         params = request.params
         if token in params.stop_token_ids or (
             token in self.eos_token_ids and not params.ignore_eos
         ):
-            return "stop"
-        request.output_ids.append(token)
+            return "stop-token"
+        request.output_ids[index] = token
         if params.stop and self.tokenizer is not None:
             # incremental text: each token decodes once, and only the new tail is searched
             decoder = self._decoders.get(request.request_id)
@@ -292,7 +356,10 @@ class Engine:
             if hits:
                 request.text = request.text[: min(hits)]
                 return "stop"
-        if len(request.output_ids) >= params.max_tokens or request.num_tokens >= self.max_model_len:
+        if (
+            index + 1 >= params.max_tokens
+            or len(request.prompt_ids) + index + 1 >= self.max_model_len
+        ):
             return "length"
         return None
 

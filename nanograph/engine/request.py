@@ -4,6 +4,12 @@ Invariant: the first ``num_computed`` tokens of ``token_ids`` have their KV in t
 the next forward computes ``token_ids[num_computed:]`` (or a chunk of it). When a forward
 reaches the end of ``token_ids``, its last row is sampled and one token is appended.
 Preemption frees the pages and sets ``num_computed = 0``: recompute rebuilds the same KV.
+
+With the overlap schedule a sampled token is known on the device before the host reads it:
+its place in ``output_ids`` holds ``UNRESOLVED`` until the host reads the step that sampled it,
+and ``future`` names that step and the token's row in it, so the next forward can take the
+token from the device. When step t+1 is launched only the last token can be unresolved; while
+steps t and t+1 are both in flight a request can have two (the host reads step t next).
 """
 
 from __future__ import annotations
@@ -13,6 +19,8 @@ import time
 from dataclasses import dataclass, field
 
 from nanograph.engine.sampling_params import SamplingParams
+
+UNRESOLVED = -1  # an output token sampled on the device, not read by the host yet
 
 
 class Status(enum.Enum):
@@ -37,6 +45,7 @@ class Request:
     first_token_time: float | None = None
     finish_time: float | None = None
     num_preemptions: int = 0
+    future: tuple[object, int] | None = None  # (step, row) of the last sampled token
 
     @property
     def token_ids(self) -> list[int]:
@@ -58,6 +67,10 @@ class Request:
     @property
     def num_pending(self) -> int:
         return self.num_tokens - self.num_computed
+
+    def done_sampling(self, max_model_len: int) -> bool:
+        """Whether no further token may be sampled (those in flight already reach the limit)."""
+        return len(self.output_ids) >= self.params.max_tokens or self.num_tokens >= max_model_len
 
     def finish(self, reason: str, error: str | None = None) -> None:
         self.status = Status.FINISHED

@@ -2,7 +2,8 @@
 
 Invariants:
 - One pass for the whole batch; per-row settings are tensors, so mixing greedy and sampled
-  requests costs no host round trip beyond reading the chosen tokens.
+  requests costs no host round trip. The chosen tokens stay on the device: the engine reads
+  them when it needs them (after launching the next step, under the overlap schedule).
 - Sampling is the exponential-race form of the categorical draw (argmax of p / E, E ~ Exp(1)).
   A seeded request draws its noise from its own generator, so its tokens do not depend on the
   rest of the batch.
@@ -37,10 +38,10 @@ class Sampler:
 
     def __call__(
         self, logits: torch.Tensor, request_ids: list[int], params: list[SamplingParams]
-    ) -> list[int]:
-        """logits: float32 [B, V]. Returns one token id per row."""
+    ) -> torch.Tensor:
+        """logits: float32 [B, V]. Returns one token id per row (int64, on the device)."""
         if all(p.greedy for p in params):
-            return logits.argmax(dim=-1).tolist()
+            return logits.argmax(dim=-1)
         dev = logits.device
         temps = torch.tensor([p.temperature or 1.0 for p in params], device=dev)
         logits = logits / temps[:, None]
@@ -55,7 +56,7 @@ class Sampler:
         sampled = (probs / noise).argmax(dim=-1)
         greedy = torch.tensor([p.greedy for p in params], device=dev)
         # greedy rows of a mixed batch take the argmax of the unscaled logits (same order)
-        return torch.where(greedy, logits.argmax(dim=-1), sampled).tolist()
+        return torch.where(greedy, logits.argmax(dim=-1), sampled)
 
 
 def _filter(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:

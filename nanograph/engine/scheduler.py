@@ -82,6 +82,8 @@ class Scheduler:
         for request in list(self.running):
             if request.status is not Status.RUNNING or budget == 0:
                 continue  # preempted by an earlier request of this loop
+            if request.done_sampling(self.max_model_len):
+                continue  # its last token is still in flight: it finishes when that is read
             n = min(request.num_pending, budget)
             while not self._grow(request, request.num_computed + n):
                 # the most recently admitted request not yet given tokens this step
@@ -98,6 +100,8 @@ class Scheduler:
             self._preempt(request)
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
+            if request.done_sampling(self.max_model_len):
+                break  # preempted with its last token in flight: it finishes when that is read
             if not self._fits_alone(request):
                 self.waiting.popleft()
                 failed.append(request)
@@ -116,4 +120,6 @@ class Scheduler:
     def finish(self, request: Request) -> None:
         if request in self.running:
             self.running.remove(request)
+        elif request in self.waiting:  # preempted while its last token was in flight
+            self.waiting.remove(request)
         self.release(request)

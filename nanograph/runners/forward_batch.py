@@ -7,6 +7,9 @@ Invariants:
   (the last row of each request that finishes its pending tokens in this forward).
 - ``mode`` is "decode" exactly when every request computes one token; runners pick the decode
   path for it and the prefill (extend) path otherwise.
+- ``future_rows[i]`` holds a token still on the device (overlap schedule): its host value is a
+  placeholder, and runners write ``tokens[future_src[i]]`` of the step in flight into that row
+  before the model reads it (``fill_future``).
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ class ForwardBatch:
     slot_mapping: list[int]
     sample_rows: list[int]
     page_size: int
+    future_rows: tuple[int, ...] = ()
+    future_src: tuple[int, ...] = ()
 
     @property
     def num_tokens(self) -> int:
@@ -55,15 +60,19 @@ class ForwardBatch:
         pages: list[list[int]],
         page_size: int,
         sample: list[bool],
+        future: list[int | None] | None = None,
     ) -> ForwardBatch:
         """One request per entry: computes ``new_token_ids[r]``, which sit right after the
-        request's ``num_computed[r]`` cached tokens."""
+        request's ``num_computed[r]`` cached tokens. ``future[r]``, when given, is the row of
+        the step in flight that holds request r's last new token (still on the device)."""
         input_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
         sample_rows: list[int] = []
-        for ids, start, req_pages, do_sample in zip(
-            new_token_ids, num_computed, pages, sample, strict=True
+        future_rows: list[int] = []
+        future_src: list[int] = []
+        for ids, start, req_pages, do_sample, src in zip(
+            new_token_ids, num_computed, pages, sample, future or [None] * len(pages), strict=True
         ):
             input_ids += ids
             pos = range(start, start + len(ids))
@@ -71,6 +80,9 @@ class ForwardBatch:
             slots += [req_pages[p // page_size] * page_size + p % page_size for p in pos]
             if do_sample:
                 sample_rows.append(len(input_ids) - 1)
+            if src is not None:
+                future_rows.append(len(input_ids) - 1)
+                future_src.append(src)
         return ForwardBatch(
             input_ids=input_ids,
             positions=positions,
@@ -80,7 +92,25 @@ class ForwardBatch:
             slot_mapping=slots,
             sample_rows=sample_rows,
             page_size=page_size,
+            future_rows=tuple(future_rows),
+            future_src=tuple(future_src),
         )
+
+    def fill_future(self, input_ids: torch.Tensor, tokens: torch.Tensor | None) -> None:
+        """Writes the tokens still on the device into their rows of ``input_ids`` (stream
+        ordered: no host sync). ``tokens`` are the sampled tokens of the step in flight."""
+        if not self.future_rows:
+            return
+        if tokens is None:
+            raise ValueError("the batch takes tokens from a step in flight, but none was given")
+        k = len(self.future_rows)
+        if self.future_rows == self.future_src == tuple(range(k)):  # decode in the same order
+            input_ids[:k].copy_(tokens[:k])
+            return
+        device = input_ids.device
+        rows = torch.tensor(self.future_rows, dtype=torch.long).to(device, non_blocking=True)
+        src = torch.tensor(self.future_src, dtype=torch.long).to(device, non_blocking=True)
+        input_ids.index_copy_(0, rows, tokens.index_select(0, src).to(input_ids.dtype))
 
     def metadata(self, device: torch.device) -> AttentionMetadata:
         """Exact-size metadata for an eager forward (graph runners pad into static buffers)."""

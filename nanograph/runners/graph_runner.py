@@ -168,13 +168,17 @@ class GraphRunner:
         )  # fmt: skip
 
     @torch.inference_mode()
-    def forward(self, batch: ForwardBatch) -> torch.Tensor | None:
-        """Final hidden states of the batch's real rows, or None if no graph can take it."""
+    def forward(
+        self, batch: ForwardBatch, in_flight: torch.Tensor | None = None
+    ) -> torch.Tensor | None:
+        """Final hidden states of the batch's real rows, or None if no graph can take it.
+        ``in_flight``: the sampled tokens of the step still running, for ``future_rows``."""
         shape = self.dispatch(batch)
         if shape is None:
             self.fallbacks += 1
             return None
         self.static.copy_from(batch, shape)
+        batch.fill_future(self.static.input_ids, in_flight)
         with forward_context(self.contexts[shape]):
             self.graphs[shape].replay()
         self.replays += 1

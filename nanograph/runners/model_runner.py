@@ -33,19 +33,23 @@ class ModelRunner:
         self.graph_runners = graph_runners or {}
 
     @torch.inference_mode()
-    def forward(self, batch: ForwardBatch) -> torch.Tensor:
-        """Logits (float32) of ``batch.sample_rows``, shape [len(sample_rows), vocab]."""
+    def forward(self, batch: ForwardBatch, in_flight: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits (float32) of ``batch.sample_rows``, shape [len(sample_rows), vocab].
+        ``in_flight``: the sampled tokens of the step still running, for ``future_rows``."""
         runner = self.graph_runners.get("decode" if batch.mode == "decode" else "prefill")
-        hidden = runner.forward(batch) if runner is not None else None
+        hidden = runner.forward(batch, in_flight) if runner is not None else None
         if hidden is None:
-            hidden = self.eager_forward(batch)
+            hidden = self.eager_forward(batch, in_flight)
         rows = torch.tensor(batch.sample_rows, dtype=torch.long).to(self.device, non_blocking=True)
         return self.model.compute_logits(hidden[rows])
 
     @torch.inference_mode()
-    def eager_forward(self, batch: ForwardBatch) -> torch.Tensor:
+    def eager_forward(
+        self, batch: ForwardBatch, in_flight: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Final hidden states of every row, without graphs."""
         ids = torch.tensor(batch.input_ids, dtype=torch.long).to(self.device, non_blocking=True)
+        batch.fill_future(ids, in_flight)
         pos = torch.tensor(batch.positions, dtype=torch.long).to(self.device, non_blocking=True)
         meta = batch.metadata(self.device)
         with forward_context(ForwardContext(self.attention, meta, self.k_caches, self.v_caches)):

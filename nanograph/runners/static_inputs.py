@@ -8,6 +8,9 @@ Invariants:
   table row on the scratch page 0, ``query_start_loc`` parked at the live token count).
 - The host copies of the lengths are updated in place too, so an eager break that reads them
   at replay sees the live batch.
+- The pinned host mirrors the device buffers are copied from come in two sets, used in turn:
+  under the overlap schedule the host fills step t+1's while step t's copy may still be
+  queued, and it waits for a set's last copy (two steps back) before writing it again.
 """
 
 from __future__ import annotations
@@ -39,15 +42,8 @@ class StaticInputs:
         self.query_lens = self._lens[m : 2 * m]
         self.query_start_loc = self._lens[2 * m : 3 * m + 1]
         self.num_tokens = self._lens[3 * m + 1 :]
-        # pinned host mirrors of the same layout, written through numpy views
-        pin = device.type == "cuda"
-        self._host_tokens = torch.zeros(3, max_tokens, dtype=torch.long, pin_memory=pin)
-        self._host_lens = torch.zeros(3 * m + 2, dtype=torch.int32, pin_memory=pin)
-        self._host_pages = torch.zeros(m, max_pages, dtype=torch.int32, pin_memory=pin)
-        self._tokens_np = self._host_tokens.numpy()
-        self._lens_np = self._host_lens.numpy()
-        self._pages_np = self._host_pages.numpy()
-        self._page_width = 0  # columns the last batch wrote (cleared before the next one)
+        self._mirrors = [_HostMirror(max_tokens, m, max_pages, device) for _ in range(2)]
+        self._turn = 0
         self.seq_lens_cpu: list[int] = [0] * m
         self.query_lens_cpu: list[int] = [0] * m
 
@@ -62,16 +58,20 @@ class StaticInputs:
         """Writes ``batch`` padded to ``shape`` into the buffers (which must fit it).
 
         Page-table entries past a request's page count are never read (lengths bound every
-        read), so only the columns the last two batches used are cleared and refilled.
+        read), so only the columns this mirror's last batch and this batch use are cleared and
+        refilled.
         """
         s, t, r, m = shape.num_slots, batch.num_tokens, batch.num_requests, self.max_slots
-        tokens = self._tokens_np
+        mirror = self._mirrors[self._turn]
+        self._turn ^= 1
+        mirror.wait()
+        tokens = mirror.tokens_np
         tokens[0, :t], tokens[1, :t], tokens[2, :t] = (
             batch.input_ids, batch.positions, batch.slot_mapping,
         )  # fmt: skip
         tokens[:2, t:] = 0
         tokens[2, t:] = -1
-        lens = self._lens_np
+        lens = mirror.lens_np
         lens[:] = 0
         lens[:r] = batch.seq_lens
         lens[m : m + r] = batch.query_lens
@@ -80,16 +80,17 @@ class StaticInputs:
         starts[r + 1 :] = t  # sentinels parked after the real tokens
         lens[3 * m + 1] = t
         width = batch.max_pages
-        pages = self._pages_np
-        pages[:s, : max(width, self._page_width)] = 0  # sentinels point at scratch page 0
+        pages = mirror.pages_np
+        pages[:s, : max(width, mirror.page_width)] = 0  # sentinels point at scratch page 0
         counts = [len(row) for row in batch.page_tables]
         flat = np.fromiter(itertools.chain.from_iterable(batch.page_tables), np.int32, sum(counts))
         row_starts = np.repeat(np.cumsum(counts) - counts, counts)
         pages[np.repeat(np.arange(r), counts), np.arange(len(flat)) - row_starts] = flat
-        self._page_width = width
-        self._tokens.copy_(self._host_tokens, non_blocking=True)
-        self._lens.copy_(self._host_lens, non_blocking=True)
-        self.page_table[:s].copy_(self._host_pages[:s], non_blocking=True)
+        mirror.page_width = width
+        self._tokens.copy_(mirror.tokens, non_blocking=True)
+        self._lens.copy_(mirror.lens, non_blocking=True)
+        self.page_table[:s].copy_(mirror.pages[:s], non_blocking=True)
+        mirror.copied()
         self.seq_lens_cpu[:] = batch.seq_lens + [0] * (m - r)
         self.query_lens_cpu[:] = batch.query_lens + [0] * (m - r)
 
@@ -109,3 +110,32 @@ class StaticInputs:
             seq_lens_cpu=self.seq_lens_cpu,
             query_lens_cpu=self.query_lens_cpu,
         )
+
+
+class _HostMirror:
+    """Pinned host buffers in the device blocks' layout, written through numpy views."""
+
+    def __init__(self, max_tokens: int, max_slots: int, max_pages: int, device: torch.device):
+        pin = device.type == "cuda"
+        m = max_slots
+        self.tokens = torch.zeros(3, max_tokens, dtype=torch.long, pin_memory=pin)
+        self.lens = torch.zeros(3 * m + 2, dtype=torch.int32, pin_memory=pin)
+        self.pages = torch.zeros(m, max_pages, dtype=torch.int32, pin_memory=pin)
+        self.tokens_np, self.lens_np, self.pages_np = (
+            self.tokens.numpy(), self.lens.numpy(), self.pages.numpy(),
+        )  # fmt: skip
+        self.page_width = 0  # page-table columns its last batch wrote
+        self._event = torch.cuda.Event() if pin else None
+        self._pending = False
+
+    def copied(self) -> None:
+        """Marks the device copies just queued from these buffers."""
+        if self._event is not None:
+            self._event.record()
+            self._pending = True
+
+    def wait(self) -> None:
+        """Blocks until the last copies from these buffers have run (free when they have)."""
+        if self._pending:
+            self._event.synchronize()
+            self._pending = False
