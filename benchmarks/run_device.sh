@@ -7,7 +7,7 @@
 #   remaining-decode, remaining-build (what earlier sessions could not fit: decode arms
 #   breakable/tc_piecewise at batch 32/128 and on qwen3-0.6b, the transformers generate peer,
 #   and the build bench on the default ladder), rerun (figures older than cd44b17's changes),
-#   sweep-32k (tile/split sweep of the 1 x 32k decode).
+#   sweep-32k (tile/split sweep of the 1 x 32k decode), sweep-1x512 (the batch-1 decode).
 # Run from the repo root; logs and JSON land in OUTDIR (copy them to benchmarks/results/).
 # Export NANOGRAPH_COMMIT=<short hash> first: the device copy's .git can be stale.
 set -uo pipefail
@@ -75,5 +75,9 @@ case $stage in
     # BLOCK_N x splits (8-128) x page-id prefetch x stages x warps, best first within 200 s
     python3 -m nanograph bench attention --cases decode_1x32k --sweep --sweep-seconds 200 \
       --out "$out/attention_32k.json" 2>&1 | tee "$out/attention_32k.log" ;;
+  sweep-1x512)  # ~1 min: launch configurations of the batch-1 decode at 512 context (qwen3-8b
+    # decode at batch 1 spends 0.31 ms of its 4.80 ms step there: 8.7 us a layer)
+    python3 -m nanograph bench attention --cases decode_1x512 --sweep --sweep-seconds 60 \
+      --out "$out/attention_1x512.json" 2>&1 | tee "$out/attention_1x512.log" ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;
 esac

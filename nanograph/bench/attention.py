@@ -60,6 +60,9 @@ CASES = (
     Case("extend_32x256", "extend", 32, 0, 256),
     Case("decode_1x32k", "decode", 1, 32767, 1),
     Case("decode_128x2k", "decode", 128, 2047, 1),
+    # qwen3-8b decode at batch 1, 512 tokens of context: 36 launches a step, 0.31 ms of the
+    # step's 4.80 ms kernel floor (h200/floor_decode_8b.json): latency, not bandwidth
+    Case("decode_1x512", "decode", 1, 511, 1),
 )
 
 
@@ -183,8 +186,13 @@ def _sweep(case: Case, batch: PagedBatch, rep_ms: int, deadline: float) -> list[
             {"block_n": bn, "num_splits": sp, "prefetch_pages": pf, "num_warps": w,
              "num_stages": st}
             for bn in (64, 128, 32)
-            # one long sequence: fewer splits too (more were slower: 32 < 64 < 128 in 99d87f4)
-            for sp in ((1, 2) if case.requests > 1 else (32, 16, 8, 64, 128))
+            # one long sequence: fewer splits too (more were slower: 32 < 64 < 128 in 99d87f4);
+            # one short one: few key blocks to split at all
+            for sp in (
+                (1, 2) if case.requests > 1
+                else (32, 16, 8, 64, 128) if case.context >= 8192
+                else (1, 2, 4, 8, 16, 32)
+            )
             for pf in (False, True)
             for st in (2, 3)
             for w in (4, 8)
