@@ -220,6 +220,21 @@ def test_overlap_schedule_matches_serial_steps(tiny, seed):
     assert all(t >= 0 for tokens, _ in outs[True] for t in tokens)  # nothing left unresolved
 
 
+def test_a_stop_token_leaves_the_engine_idle(tiny):
+    """Under the overlap schedule the step after a stop token is already in flight when the
+    host reads it; generate still returns with the engine idle and every page back."""
+    llm = make_llm(tiny)
+    free = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=8, temperature=0,
+                                                    ignore_eos=True))[0].token_ids  # fmt: skip
+    out = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=8, temperature=0,
+                                                   stop_token_ids=(free[2],)))[0]  # fmt: skip
+    assert out.finish_reason == "stop"
+    assert out.token_ids == free[: free.index(free[2])]
+    assert not llm.engine.has_work()
+    allocator = llm.engine.kv_cache.allocator
+    assert allocator.num_free == allocator.num_usable
+
+
 @pytest.mark.parametrize("overlap", [True, False])
 def test_overlap_schedule_launches_before_it_reads(tiny, monkeypatch, overlap):
     """Under the overlap schedule the host launches step t+1 before it reads step t's tokens

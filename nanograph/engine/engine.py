@@ -364,6 +364,10 @@ class Engine:
         return None
 
     def run(self, requests: list[Request]) -> None:
-        """Steps until every request in ``requests`` has finished."""
+        """Steps until every request in ``requests`` has finished. A step left in flight (one
+        that a stop token made useless) is read too when nothing else waits: the engine ends
+        idle, holding no device work."""
         while any(r.status != Status.FINISHED for r in requests):
+            self.step()
+        if self._in_flight is not None and not self.scheduler.has_work():
             self.step()
