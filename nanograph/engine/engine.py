@@ -11,7 +11,8 @@ Invariants:
   its scheduling and input preparation run while the device computes. Step t+1 takes step t's
   tokens from the device (``ForwardBatch.future_rows``); a request that step t finishes (a
   stop token, a stop string) may compute one token in vain in step t+1, whose KV lands in its
-  own pages before they are freed and is never read. Outputs equal the non-overlapped ones.
+  own pages before they are freed and is never read. Greedy and seeded outputs equal the
+  serial schedule's; unseeded sampling shares one noise draw with such rows, so it differs.
 """
 
 from __future__ import annotations
