@@ -7,7 +7,8 @@
 #   remaining-decode, remaining-build (what earlier sessions could not fit: decode arms
 #   breakable/tc_piecewise at batch 32/128 and on qwen3-0.6b, the transformers generate peer,
 #   and the build bench on the default ladder), rerun (figures older than cd44b17's changes),
-#   sweep-32k (tile/split sweep of the 1 x 32k decode), sweep-1x512 (the batch-1 decode).
+#   sweep-32k (tile/split sweep of the 1 x 32k decode), sweep-1x512 (the batch-1 decode),
+#   ncu-32k (hardware counters of the 1 x 32k decode launch).
 # Run from the repo root; logs and JSON land in OUTDIR (copy them to benchmarks/results/).
 # Export NANOGRAPH_COMMIT=<short hash> first: the device copy's .git can be stale.
 set -uo pipefail
@@ -79,5 +80,12 @@ case $stage in
     # decode at batch 1 spends 0.31 ms of its 4.80 ms step there: 8.7 us a layer)
     python3 -m nanograph bench attention --cases decode_1x512 --sweep --sweep-seconds 60 \
       --out "$out/attention_1x512.json" 2>&1 | tee "$out/attention_1x512.log" ;;
+  ncu-32k)  # ~2 min: hardware counters of the default 1 x 32k decode launch (why 55%, not 70%)
+    ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    timeout 300 "$ncu_bin" --clock-control none -k regex:_paged_attention_kernel -s 1 -c 2 \
+      --set full python3 -m nanograph bench attention --cases decode_1x32k --launch-only 3 \
+      > "$out/ncu_32k.txt" 2>&1
+    grep -iE "duration|dram throughput|memory throughput|achieved occupancy|registers|stall" \
+      "$out/ncu_32k.txt" | head -40 ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;
 esac

@@ -228,6 +228,11 @@ def main(argv: list[str] | None = None) -> int:
         "--cases", default=",".join(c.name for c in CASES),
         help="comma-separated cases to run (default: all)",
     )  # fmt: skip
+    parser.add_argument(
+        "--launch-only", type=int, default=0, metavar="N",
+        help="launch each case's default kernel N times and exit, timing nothing (for a "
+        "profiler: ncu -k regex:_paged_attention_kernel ...)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     names = args.cases.split(",")
     unknown = sorted(set(names) - {c.name for c in CASES})
@@ -237,6 +242,13 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("bench attention needs a CUDA device", file=sys.stderr)
         return 2
+    if args.launch_only:
+        for case in cases:
+            run = _triton_fn(case, _paged_batch(case))
+            for _ in range(args.launch_only):
+                run()
+        torch.cuda.synchronize()
+        return 0
 
     from nanograph.kernels.attention import choose_tiles
 
