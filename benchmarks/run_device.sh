@@ -8,7 +8,7 @@
 #   breakable/tc_piecewise at batch 32/128 and on qwen3-0.6b, the transformers generate peer,
 #   and the build bench on the default ladder), rerun (figures older than cd44b17's changes),
 #   sweep-32k (tile/split sweep of the 1 x 32k decode), sweep-1x512 (the batch-1 decode),
-#   ncu-32k (hardware counters of the 1 x 32k decode launch).
+#   ncu-32k (hardware counters of the 1 x 32k decode launch), gemv (the decode GEMV vs cuBLAS).
 # Run from the repo root; logs and JSON land in OUTDIR (copy them to benchmarks/results/).
 # Export NANOGRAPH_COMMIT=<short hash> first: the device copy's .git can be stale.
 set -uo pipefail
@@ -87,5 +87,14 @@ case $stage in
       > "$out/ncu_32k.txt" 2>&1
     grep -iE "duration|dram throughput|memory throughput|achieved occupancy|registers|stall" \
       "$out/ncu_32k.txt" | head -40 ;;
+  gemv)  # ~8 min: the decode GEMV (tests, per-shape against cuBLAS with a tile sweep at one
+    # row, then qwen3-8b decode with it against cuBLAS side by side)
+    timeout 150 python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_gemv_gpu.py \
+      > "$out/gemv_tests.log" 2>&1
+    tail -3 "$out/gemv_tests.log"
+    timeout 240 python3 -m nanograph bench gemv --models qwen3-8b --sweep \
+      --out "$out/gemv.json" 2>&1 | tee "$out/gemv.log"
+    timeout 150 python3 -m nanograph bench decode --models qwen3-8b --arms full,full:gemv \
+      --batches 1,4 --repeats 3 --out "$out/decode_gemv.json" 2>&1 | tee "$out/decode_gemv.log" ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;
 esac

@@ -18,7 +18,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from nanograph.kernels import attention, fused
+from nanograph.kernels import attention, fused, gemv
 from nanograph.kernels.testing import make_paged_batch
 
 TARGET = GPUTarget("cuda", 90, 32)
@@ -109,7 +109,7 @@ def main() -> int:
     checked = 0
     # Every launch goes through a LaunchCache: give each one a compiling stand-in.
     launches = [attention._launch_attention, fused._launch_norm, fused._launch_silu_and_mul,
-                fused._launch_rope_store_kv]  # fmt: skip
+                fused._launch_rope_store_kv, gemv._launch]  # fmt: skip
     for launch in launches:
         launch.kernel = CompileOnly(launch.kernel)
     kernels = [launch.kernel for launch in launches]
@@ -150,6 +150,11 @@ def main() -> int:
             q_norm_weight=weight, k_norm_weight=weight,
             num_tokens=torch.tensor([4], dtype=torch.int32),
         )  # fmt: skip
+    for rows in (1, 3):
+        for tiles in (gemv.GemvTiles(), gemv.GemvTiles(8, 512, 8, 3)):
+            x = torch.randn(rows, 4096, dtype=torch.bfloat16)
+            check(f"gemv rows={rows} {tiles}", gemv.gemv, x, torch.randn(1000, 4096,
+                  dtype=torch.bfloat16), tiles=tiles)  # fmt: skip
     print(f"compiled {checked} kernel variants for sm_90; {len(failures)} failed")
     for failure in failures:
         print(failure, file=sys.stderr)

@@ -29,6 +29,7 @@ def _import_interpreted(name: str):
 
 attention = _import_interpreted("nanograph.kernels.attention")
 fused = _import_interpreted("nanograph.kernels.fused")
+gemv = _import_interpreted("nanograph.kernels.gemv")
 from nanograph.kernels import reference  # noqa: E402
 from nanograph.kernels.testing import make_paged_batch  # noqa: E402
 
@@ -361,3 +362,32 @@ def test_model_with_triton_attention_matches_torch_native(tiny_model_dir):
                   chunked_prefill_size=8, kv_cache_bytes=2**20, progress=False)  # fmt: skip
         outs[backend] = [o.token_ids for o in llm.generate(prompts, params)]
     assert outs["triton"] == outs["torch_native"]
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gemv_matches_a_float64_matmul(rows, dtype):
+    """Odd N and K (masked edges), several K blocks, every row count the kernel takes."""
+    g = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 70, generator=g).to(dtype)
+    w = torch.randn(37, 70, generator=g).to(dtype)
+    tiles = gemv.GemvTiles(block_n=8, block_k=16, num_warps=1, num_stages=1)
+    out = gemv.gemv(x, w, tiles=tiles)
+    expected = x.double() @ w.double().T
+    assert out.dtype == dtype and out.shape == (rows, 37)
+    torch.testing.assert_close(
+        out.double(), expected, rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype] * 8
+    )
+
+
+def test_gemv_row_limit_is_the_one_ops_dispatches_on():
+    from nanograph.layers import ops
+
+    assert ops.GEMV_MAX_ROWS == gemv.MAX_ROWS
+
+
+def test_gemv_refuses_what_it_cannot_take():
+    with pytest.raises(ValueError, match="at most 4 rows"):
+        gemv.gemv(torch.randn(5, 8), torch.randn(4, 8))
+    with pytest.raises(ValueError, match="weight"):
+        gemv.gemv(torch.randn(1, 8), torch.randn(4, 9))

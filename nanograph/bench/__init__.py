@@ -18,6 +18,7 @@ BENCHES = {
     "attention": "nanograph.bench.attention",
     "graph": "nanograph.bench.graph_overhead",
     "host": "nanograph.bench.host",
+    "gemv": "nanograph.bench.gemv",
 }
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from nanograph.bench.common import environment, median
+from nanograph.bench.common import environment, graphed_samples, median
 from nanograph.kernels.testing import PagedBatch, make_paged_batch
 
 HEADS = {"num_q_heads": 32, "num_kv_heads": 8, "head_dim": 128}
@@ -64,19 +64,6 @@ CASES = (
     # step's 4.80 ms kernel floor (h200/floor_decode_8b.json): latency, not bandwidth
     Case("decode_1x512", "decode", 1, 511, 1),
 )
-
-
-def _bench(fn: Callable[[], object], rep_ms: int) -> list[float]:
-    """Samples (ms) of ``fn`` captured in a CUDA graph and replayed, as the engine runs it: a
-    50 us decode kernel launched from Python would measure the launch path, not the kernel."""
-    import triton.testing
-
-    fn()  # compile and warm up outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return list(triton.testing.do_bench(graph.replay, warmup=25, rep=rep_ms, return_mode="all"))
 
 
 def _paged_batch(case: Case) -> PagedBatch:
@@ -207,7 +194,7 @@ def _sweep(case: Case, batch: PagedBatch, rep_ms: int, deadline: float) -> list[
             fn = _triton_fn(case, batch, tiles)
             # every configuration must compute the same attention (up to summation order)
             diff = (fn().float() - default_out.float()).abs().max().item()
-            ms = median(_bench(fn, rep_ms))
+            ms = median(graphed_samples(fn, rep_ms))
         except Exception as error:  # out of shared memory, registers: record and go on
             results.append({"tiles": asdict(tiles), "error": repr(error)[:200]})
             continue
@@ -264,9 +251,9 @@ def main(argv: list[str] | None = None) -> int:
     batches = {}
     for case in cases:
         batches[case.name] = batch = _paged_batch(case)
-        triton_samples = _bench(_triton_fn(case, batch), args.rep_ms)
+        triton_samples = graphed_samples(_triton_fn(case, batch), args.rep_ms)
         sdpa_run, sdpa_note = _sdpa_fn(case)
-        sdpa_samples = _bench(sdpa_run, args.rep_ms)
+        sdpa_samples = graphed_samples(sdpa_run, args.rep_ms)
         t_ms, s_ms = median(triton_samples), median(sdpa_samples)
         n = case.requests * case.new_tokens
         tiles = choose_tiles(

@@ -58,6 +58,19 @@ def timed(fn: Callable[[], Any], repeats: int, warmup: int = 2) -> list[float]:
     return samples
 
 
+def graphed_samples(fn: Callable[[], object], rep_ms: int) -> list[float]:
+    """Samples (ms) of ``fn`` captured in a CUDA graph and replayed, as the engine runs it: a
+    50 us kernel launched from Python would measure the launch path, not the kernel."""
+    import triton.testing
+
+    fn()  # compile and warm up outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return list(triton.testing.do_bench(graph.replay, warmup=25, rep=rep_ms, return_mode="all"))
+
+
 def median(samples: list[float]) -> float:
     return statistics.median(samples)
 

@@ -4,9 +4,10 @@ Each arm is an engine with the decode path on one backend (prefill eager in ever
 decode differs). A batch of B prompts of 512 tokens generates 256 tokens each; decode
 throughput is the tokens after the first over the time from the first sampled token to the
 last. Next to it: the HBM roofline at batch 1 (weight bytes / measured copy bandwidth) and,
-optionally, transformers ``generate`` on the same weights at batch 1. An arm named
-``BACKEND:serial`` runs with the overlap schedule off (the host reads each step's tokens
-before it schedules the next), to measure what the overlap buys side by side.
+optionally, transformers ``generate`` on the same weights at batch 1. Arm modifiers, side by
+side with the plain arm: ``BACKEND:serial`` turns the overlap schedule off (the host reads each
+step's tokens before it schedules the next); ``BACKEND:gemv`` runs products of <= 4 rows
+through the Triton decode GEMV instead of cuBLAS (they combine: ``full:gemv:serial``).
 """
 
 from __future__ import annotations
@@ -25,16 +26,29 @@ COPY_BANDWIDTH = 4.3e12  # H200 device copy, measured (bytes/s)
 
 def measure_arm(model: str, arm: str, batches: list[int], prompt_len: int, new_tokens: int,
                 repeats: int) -> dict:  # fmt: skip
+    from nanograph.layers import ops
+
+    backend, *modifiers = arm.split(":")
+    if backend not in ARMS or not set(modifiers) <= {"serial", "gemv"}:
+        raise SystemExit(f"unknown arm {arm!r}: one of {', '.join(ARMS)}, then optionally "
+                         "':serial' and/or ':gemv'")  # fmt: skip
+    ops.use_triton_gemv("gemv" in modifiers)  # before capture: graphs record the kernels
+    try:
+        return _measure(model, backend, "serial" in modifiers, batches, prompt_len,
+                        new_tokens, repeats)  # fmt: skip
+    finally:
+        ops.use_triton_gemv(False)
+
+
+def _measure(model: str, backend: str, serial: bool, batches: list[int], prompt_len: int,
+             new_tokens: int, repeats: int) -> dict:  # fmt: skip
     from nanograph import LLM, SamplingParams
 
-    backend, _, mode = arm.partition(":")
-    if backend not in ARMS or mode not in ("", "serial"):
-        raise SystemExit(f"unknown arm {arm!r}: one of {', '.join(ARMS)}, optionally + ':serial'")
     llm = LLM(
         model, load_format="dummy", decode_cuda_graph=backend, prefill_cuda_graph="none",
         cuda_graph_bs=tuple(batches), max_num_seqs=max(batches),
         max_model_len=prompt_len + new_tokens + 16, progress=False,
-        disable_overlap_schedule=mode == "serial",
+        disable_overlap_schedule=serial,
     )  # fmt: skip
     params = SamplingParams(max_tokens=new_tokens, temperature=0, ignore_eos=True)
     vocab = llm.engine.model_config.vocab_size
@@ -93,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", default="1,8,32,128")
     parser.add_argument(
         "--arms", default=",".join(ARMS),
-        help="decode graph backends; BACKEND:serial turns the overlap schedule off",
+        help="decode graph backends; modifiers :serial (overlap schedule off), :gemv",
     )  # fmt: skip
     parser.add_argument("--prompt-len", type=int, default=512)
     parser.add_argument("--new-tokens", type=int, default=256)

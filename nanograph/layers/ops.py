@@ -8,13 +8,38 @@ Invariants:
   tracing they are plain calls with no dispatcher overhead.
 - ``rope_store_kv`` rotates q/k in place and writes k/v into the paged cache at
   ``slot_mapping`` (slot -1 = padded token, not written). It runs inside the attention op.
+- ``linear`` is ``F.linear`` unless ``use_triton_gemv(True)``: then products of at most
+  ``gemv.MAX_ROWS`` rows on CUDA (decode at small batch) run the Triton GEMV. Off by default
+  until it is measured faster than cuBLAS on the device (``nanograph bench gemv``).
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from nanograph.kernels import reference
+
+_TRITON_GEMV = False
+GEMV_MAX_ROWS = 4  # nanograph.kernels.gemv.MAX_ROWS (not imported here: it imports triton)
+
+
+def use_triton_gemv(on: bool) -> None:
+    """Process-wide: decode-sized products through the Triton GEMV (True) or cuBLAS."""
+    global _TRITON_GEMV
+    _TRITON_GEMV = on
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None):
+    if (
+        _TRITON_GEMV and bias is None and x.is_cuda and x.dim() == 2
+        and x.shape[0] <= GEMV_MAX_ROWS and x.stride(-1) == 1
+        and not torch.compiler.is_compiling()
+    ):  # fmt: skip
+        from nanograph.kernels.gemv import gemv
+
+        return gemv(x, weight)
+    return F.linear(x, weight, bias)
 
 
 def _impl(x: torch.Tensor):
