@@ -36,6 +36,16 @@ class GemvTiles:
 
 
 @triton.jit
+def _weight_block(w_rows, k0, offs_k, n_mask, K):
+    """Weight rows of this program, columns k0 .. k0 + BLOCK_K (streamed once: evict first)."""
+    k = k0 + offs_k
+    k_mask = k < K
+    w = tl.load(w_rows + k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0,
+                eviction_policy="evict_first")  # fmt: skip
+    return w.to(tl.float32), k, k_mask
+
+
+@triton.jit
 def _gemv_kernel(
     x_ptr,
     w_ptr,
@@ -62,22 +72,15 @@ def _gemv_kernel(
         # one row: keep the products elementwise and reduce across threads once at the end
         acc1 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):  # pipelined num_stages deep (a launch option)
-            k = k0 + offs_k
-            k_mask = k < K
-            w = tl.load(w_rows + k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0,
-                        eviction_policy="evict_first")  # fmt: skip
+            w, k, k_mask = _weight_block(w_rows, k0, offs_k, n_mask, K)
             x = tl.load(x_ptr + k, mask=k_mask, other=0.0)
-            acc1 += w.to(tl.float32) * x.to(tl.float32)[None, :]
+            acc1 += w * x.to(tl.float32)[None, :]
         tl.store(out_ptr + offs_n, tl.sum(acc1, 1).to(out_ptr.dtype.element_ty), mask=n_mask)
     else:
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):  # pipelined num_stages deep (a launch option)
-            k = k0 + offs_k
-            k_mask = k < K
-            w = tl.load(w_rows + k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0,
-                        eviction_policy="evict_first")  # fmt: skip
+            w, k, k_mask = _weight_block(w_rows, k0, offs_k, n_mask, K)
             x = tl.load(x_rows + k[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-            w = w.to(tl.float32)
             x = x.to(tl.float32)
             for m in tl.static_range(BLOCK_M):
                 # row m of x against every weight row of this block: [BLOCK_N]
