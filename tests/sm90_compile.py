@@ -150,11 +150,12 @@ def main() -> int:
             q_norm_weight=weight, k_norm_weight=weight,
             num_tokens=torch.tensor([4], dtype=torch.int32),
         )  # fmt: skip
-    for rows in (1, 3):
-        for tiles in (gemv.GemvTiles(), gemv.GemvTiles(8, 512, 8, 3)):
-            x = torch.randn(rows, 4096, dtype=torch.bfloat16)
-            check(f"gemv rows={rows} {tiles}", gemv.gemv, x, torch.randn(1000, 4096,
-                  dtype=torch.bfloat16), tiles=tiles)  # fmt: skip
+    for silu_mul in (False, True):
+        for tiles in (gemv.GemvTiles(), gemv.GemvTiles(8, 1024, 4, 3)):
+            x = torch.randn(1, 8192 if silu_mul else 4096, dtype=torch.bfloat16)
+            w = torch.randn(1000, 4096, dtype=torch.bfloat16)
+            check(f"gemv silu_mul={silu_mul} {tiles}", gemv.gemv, x, w, silu_mul=silu_mul,
+                  tiles=tiles)  # fmt: skip
     print(f"compiled {checked} kernel variants for sm_90; {len(failures)} failed")
     for failure in failures:
         print(failure, file=sys.stderr)

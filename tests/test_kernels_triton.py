@@ -364,30 +364,28 @@ def test_model_with_triton_attention_matches_torch_native(tiny_model_dir):
     assert outs["triton"] == outs["torch_native"]
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 4])
+@pytest.mark.parametrize("silu_mul", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_gemv_matches_a_float64_matmul(rows, dtype):
-    """Odd N and K (masked edges), several K blocks, every row count the kernel takes."""
-    g = torch.Generator().manual_seed(rows)
-    x = torch.randn(rows, 70, generator=g).to(dtype)
+def test_gemv_matches_a_float64_matmul(dtype, silu_mul):
+    """Odd N and K (masked edges) over several K blocks; with ``silu_mul`` the row multiplied is
+    the activation ``silu_and_mul`` writes (rounded to the dtype), as the MLP's down projection."""
+    g = torch.Generator().manual_seed(int(silu_mul))
+    x = torch.randn(1, 140 if silu_mul else 70, generator=g).to(dtype)
     w = torch.randn(37, 70, generator=g).to(dtype)
     tiles = gemv.GemvTiles(block_n=8, block_k=16, num_warps=1, num_stages=1)
-    out = gemv.gemv(x, w, tiles=tiles)
-    expected = x.double() @ w.double().T
-    assert out.dtype == dtype and out.shape == (rows, 37)
+    out = gemv.gemv(x, w, silu_mul=silu_mul, tiles=tiles)
+    row = reference.silu_and_mul(x) if silu_mul else x
+    expected = row.double() @ w.double().T
+    assert out.dtype == dtype and out.shape == (1, 37)
     torch.testing.assert_close(
         out.double(), expected, rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype] * 8
     )
 
 
-def test_gemv_row_limit_is_the_one_ops_dispatches_on():
-    from nanograph.layers import ops
-
-    assert ops.GEMV_MAX_ROWS == gemv.MAX_ROWS
-
-
 def test_gemv_refuses_what_it_cannot_take():
-    with pytest.raises(ValueError, match="at most 4 rows"):
-        gemv.gemv(torch.randn(5, 8), torch.randn(4, 8))
-    with pytest.raises(ValueError, match="weight"):
+    with pytest.raises(ValueError, match="one row, got 2"):
+        gemv.gemv(torch.randn(2, 8), torch.randn(4, 8))
+    with pytest.raises(ValueError, match="needs K"):
         gemv.gemv(torch.randn(1, 8), torch.randn(4, 9))
+    with pytest.raises(ValueError, match="needs 2K"):
+        gemv.gemv(torch.randn(1, 8), torch.randn(4, 8), silu_mul=True)

@@ -169,19 +169,20 @@ def _sweep(case: Case, batch: PagedBatch, rep_ms: int, deadline: float) -> list[
             for sp in sorted({1, base.num_splits})
         ]
     else:
+        long = case.requests == 1 and case.context >= 8192
         grid = [
             {"block_n": bn, "num_splits": sp, "prefetch_pages": pf, "num_warps": w,
              "num_stages": st}
             for bn in (64, 128, 32)
-            # one long sequence: fewer splits too (more were slower: 32 < 64 < 128 in 99d87f4);
-            # one short one: few key blocks to split at all
+            # one long sequence: 8 and 128 splits lost to 16-64 in every configuration at
+            # 3c212ef; one short one: few key blocks to split at all
             for sp in (
-                (1, 2) if case.requests > 1
-                else (32, 16, 8, 64, 128) if case.context >= 8192
-                else (1, 2, 4, 8, 16, 32)
+                (1, 2) if case.requests > 1 else (32, 16, 64) if long else (1, 2, 4, 8, 16, 32)
             )
             for pf in (False, True)
-            for st in (2, 3)
+            # deeper pipelines for the long sequence: its loop is latency-bound (ncu at
+            # 06016ef: 7.6 warps an SM, 82% of cycles with no warp eligible)
+            for st in ((2, 3, 4) if long else (2, 3))
             for w in (4, 8)
         ]  # fmt: skip
     default_out = _triton_fn(case, batch)().clone()

@@ -6,8 +6,8 @@ throughput is the tokens after the first over the time from the first sampled to
 last. Next to it: the HBM roofline at batch 1 (weight bytes / measured copy bandwidth) and,
 optionally, transformers ``generate`` on the same weights at batch 1. Arm modifiers, side by
 side with the plain arm: ``BACKEND:serial`` turns the overlap schedule off (the host reads each
-step's tokens before it schedules the next); ``BACKEND:gemv`` runs products of <= 4 rows
-through the Triton decode GEMV instead of cuBLAS (they combine: ``full:gemv:serial``).
+step's tokens before it schedules the next); ``BACKEND:cublas`` runs the one-row products of
+batch 1 through cuBLAS instead of the Triton GEMV (they combine: ``full:cublas:serial``).
 """
 
 from __future__ import annotations
@@ -29,15 +29,15 @@ def measure_arm(model: str, arm: str, batches: list[int], prompt_len: int, new_t
     from nanograph.layers import ops
 
     backend, *modifiers = arm.split(":")
-    if backend not in ARMS or not set(modifiers) <= {"serial", "gemv"}:
+    if backend not in ARMS or not set(modifiers) <= {"serial", "cublas"}:
         raise SystemExit(f"unknown arm {arm!r}: one of {', '.join(ARMS)}, then optionally "
-                         "':serial' and/or ':gemv'")  # fmt: skip
-    ops.use_triton_gemv("gemv" in modifiers)  # before capture: graphs record the kernels
+                         "':serial' and/or ':cublas'")  # fmt: skip
+    ops.use_triton_gemv("cublas" not in modifiers)  # before capture: graphs record the kernels
     try:
         return _measure(model, backend, "serial" in modifiers, batches, prompt_len,
                         new_tokens, repeats)  # fmt: skip
     finally:
-        ops.use_triton_gemv(False)
+        ops.use_triton_gemv(True)
 
 
 def _measure(model: str, backend: str, serial: bool, batches: list[int], prompt_len: int,
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", default="1,8,32,128")
     parser.add_argument(
         "--arms", default=",".join(ARMS),
-        help="decode graph backends; modifiers :serial (overlap schedule off), :gemv",
+        help="decode graph backends; modifiers :serial (overlap schedule off), :cublas",
     )  # fmt: skip
     parser.add_argument("--prompt-len", type=int, default=512)
     parser.add_argument("--new-tokens", type=int, default=256)

@@ -1,11 +1,13 @@
-"""``nanograph bench gemv``: the decode GEMV against cuBLAS at a model's projection shapes.
+"""``nanograph bench gemv``: the batch-1 decode GEMV against cuBLAS at a model's shapes.
 
-For each projection (q/k/v, o, gate/up, down, lm_head) and row count, both run as CUDA-graph
-replays over enough weight copies (>= 256 MiB together) that nothing stays in the 50 MiB L2:
-decode streams every weight from HBM once per step, and so must the measurement. Reported:
-microseconds per product and weight GB/s, medians of ``do_bench`` samples; ``--sweep`` also
-tries other tile shapes. What the engine would gain at batch 1 is the sum over a step's
-products (``per_step_us``: each projection times the layer count, plus lm_head once).
+For each product of a decode step (q/k/v, o, gate/up, the MLP's activation + down, lm_head)
+both run as CUDA-graph replays over enough weight copies (>= 256 MiB together) that nothing
+stays in the 50 MiB L2: decode streams every weight from HBM once per step, and so must the
+measurement. ``silu_down`` is the engine's pair of kernels on the cuBLAS side (the activation
+kernel, then the product) and one fused GEMV on the Triton side. Reported: microseconds per
+product and weight GB/s, medians of ``do_bench`` samples; ``--sweep`` also tries other tile
+shapes. What a step gains is the sum over its products (``per_step_us``: each product times
+the layer count, plus lm_head once).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ def projections(model: str) -> dict[str, tuple[int, int, int]]:
         "qkv": (q + 2 * kv, c.hidden_size, layers),
         "o": (c.hidden_size, q, layers),
         "gate_up": (2 * c.intermediate_size, c.hidden_size, layers),
-        "down": (c.hidden_size, c.intermediate_size, layers),
+        "silu_down": (c.hidden_size, c.intermediate_size, layers),
         "lm_head": (c.vocab_size, c.hidden_size, 1),
     }
 
@@ -48,34 +50,42 @@ def _timed_us(product, weights: list[torch.Tensor], x: torch.Tensor, rep_ms: int
     return 1000 * median(graphed_samples(run, rep_ms)) / len(weights)
 
 
-def measure(n: int, k: int, rows: int, sweep: bool, rep_ms: int) -> dict:
+def measure(n: int, k: int, silu_mul: bool, sweep: bool, rep_ms: int) -> dict:
+    from nanograph.kernels import fused
     from nanograph.kernels.gemv import GemvTiles, choose_tiles, gemv
 
     nbytes = n * k * 2
     copies = max(2, min(64, -(-L2_FLUSH_BYTES // nbytes)))
     weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
-    x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
-    expected = F.linear(x.float(), weights[0].float())
-    error = (gemv(x, weights[0]).float() - expected).abs().max().item()
-    default = choose_tiles(rows, n, k, torch.cuda.current_device())
+    x = torch.randn(1, 2 * k if silu_mul else k, device="cuda", dtype=torch.bfloat16)
+
+    def cublas(a, w):
+        return F.linear(fused.silu_and_mul(a) if silu_mul else a, w)
+
+    def triton_gemv(a, w, tiles=None):
+        return gemv(a, w, silu_mul=silu_mul, tiles=tiles)
+
+    expected = cublas(x, weights[0]).float()
+    error = (triton_gemv(x, weights[0]).float() - expected).abs().max().item()
+    default = choose_tiles(n, torch.cuda.current_device())
     result = {
-        "n": n, "k": k, "rows": rows, "weight_bytes": nbytes, "copies": copies,
-        "max_abs_error_vs_fp32": error, "default_tiles": dataclasses.asdict(default),
-        "cublas_us": _timed_us(F.linear, weights, x, rep_ms),
-        "triton_us": _timed_us(gemv, weights, x, rep_ms),
+        "n": n, "k": k, "silu_mul": silu_mul, "weight_bytes": nbytes, "copies": copies,
+        "max_abs_diff_vs_cublas": error, "default_tiles": dataclasses.asdict(default),
+        "cublas_us": _timed_us(cublas, weights, x, rep_ms),
+        "triton_us": _timed_us(triton_gemv, weights, x, rep_ms),
     }  # fmt: skip
     for name in ("cublas", "triton"):
         result[f"{name}_gbps"] = nbytes / (result[f"{name}_us"] * 1e-6) / 1e9
     if sweep:
         trials = []
         for block_n in (4, 8, 16, 32):
-            for block_k in (128, 256, 512):
+            for block_k in (256, 512, 1024):
                 for warps in (4, 8):
-                    for stages in (2, 3, 4, 5):
+                    for stages in (2, 3, 4):
                         tiles = GemvTiles(block_n, block_k, warps, stages)
                         try:
                             us = _timed_us(
-                                lambda a, w, t=tiles: gemv(a, w, tiles=t), weights, x, rep_ms // 4
+                                lambda a, w, t=tiles: triton_gemv(a, w, t), weights, x, rep_ms // 4
                             )
                         except Exception as e:  # noqa: BLE001 - out of resources, etc.
                             trials.append({"tiles": dataclasses.asdict(tiles), "error": str(e)})
@@ -92,39 +102,32 @@ def measure(n: int, k: int, rows: int, sweep: bool, rep_ms: int) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="nanograph bench gemv", description=__doc__)
     parser.add_argument("--models", default="qwen3-8b,qwen3-0.6b")
-    parser.add_argument("--rows", default="1,2,4", help="rows of x (decode batch sizes)")
-    parser.add_argument("--sweep", action="store_true", help="also try other tile shapes")
-    parser.add_argument("--sweep-rows", default="1", help="row counts the sweep covers")
     parser.add_argument("--rep-ms", type=int, default=100, help="do_bench time per measurement")
     parser.add_argument("--out", default="benchmarks/results/gemv.json")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("nanograph bench gemv needs a CUDA device")
-    rows_list = [int(r) for r in args.rows.split(",")]
-    sweep_rows = {int(r) for r in args.sweep_rows.split(",")}
     report = {"bench": "gemv", "env": environment(), "config": vars(args), "models": {}}
     start = time.perf_counter()
     for model in args.models.split(","):
-        entry = report["models"][model] = {"products": {}, "per_step_us": {}}
-        shapes = projections(model)
-        for rows in rows_list:
-            step = {"cublas": 0.0, "triton": 0.0, "best": 0.0}
-            for name, (n, k, times) in shapes.items():
-                r = measure(n, k, rows, args.sweep and rows in sweep_rows, args.rep_ms)
-                entry["products"][f"{name}_rows{rows}"] = r
-                best = r.get("best_us") or r["triton_us"]
-                step["cublas"] += times * r["cublas_us"]
-                step["triton"] += times * r["triton_us"]
-                step["best"] += times * min(best, r["cublas_us"])
-                print(f"{model} {name:8s} {n}x{k} rows={rows}: cuBLAS {r['cublas_us']:7.1f} us "
-                      f"({r['cublas_gbps']:5.0f} GB/s) | triton {r['triton_us']:7.1f} us "
-                      f"({r['triton_gbps']:5.0f} GB/s) | best swept {best:7.1f} us | "
-                      f"err {r['max_abs_error_vs_fp32']:.3g}")  # fmt: skip
-                write(args.out, report)
-            entry["per_step_us"][rows] = step
-            print(f"{model} rows={rows}: products per decode step: cuBLAS "
-                  f"{step['cublas'] / 1000:.3f} ms, triton {step['triton'] / 1000:.3f} ms, "
-                  f"best of both per shape {step['best'] / 1000:.3f} ms")  # fmt: skip
+        entry = report["models"][model] = {"products": {}}
+        step = {"cublas": 0.0, "triton": 0.0, "best": 0.0}
+        for name, (n, k, times) in projections(model).items():
+            r = measure(n, k, name == "silu_down", args.sweep, args.rep_ms)
+            entry["products"][name] = r
+            best = r.get("best_us") or r["triton_us"]
+            step["cublas"] += times * r["cublas_us"]
+            step["triton"] += times * r["triton_us"]
+            step["best"] += times * min(best, r["cublas_us"])
+            print(f"{model} {name:9s} {n}x{k}: cuBLAS {r['cublas_us']:7.1f} us "
+                  f"({r['cublas_gbps']:5.0f} GB/s) | triton {r['triton_us']:7.1f} us "
+                  f"({r['triton_gbps']:5.0f} GB/s) | best swept {best:7.1f} us | "
+                  f"diff {r['max_abs_diff_vs_cublas']:.3g}")  # fmt: skip
+            write(args.out, report)
+        entry["per_step_us"] = step
+        print(f"{model}: products per decode step: cuBLAS {step['cublas'] / 1000:.3f} ms, "
+              f"triton {step['triton'] / 1000:.3f} ms, best of both per shape "
+              f"{step['best'] / 1000:.3f} ms")  # fmt: skip
     report["seconds"] = time.perf_counter() - start
     write(args.out, report)
     return 0

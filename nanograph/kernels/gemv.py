@@ -1,16 +1,19 @@
-"""Skinny matrix products for decode: ``out[M, N] = x[M, K] @ weight[N, K]^T`` with M <= 4.
+"""One-row matrix products for decode at batch 1: ``out[1, N] = x[1, K] @ weight[N, K]^T``.
 
-Why: at decode batch 1 a step is a stream through every weight; cuBLAS picks tiles for these
-shapes that reach 3.1-3.3 TB/s on the H200 for the q/k/v, o and down projections of qwen3-8b
-(4.1 TB/s for gate/up), and the down projection adds a split-K reduction kernel. A kernel
-that gives each program a few full rows of the weight needs no reduction across programs.
+Why: a batch-1 decode step is a stream through every weight. cuBLAS picks tiles for these
+shapes that reach 2.3-3.0 TB/s on the H200 for qwen3-8b's q/k/v, o and down projections (and
+the down projection adds a split-K reduction kernel); this kernel reaches 2.9-3.4 TB/s there
+(``nanograph bench gemv``). With two or more rows it lost to cuBLAS by 3-20x in every tile
+shape tried, so it takes one row only.
 
 Invariants:
 - Graph-safe: the grid depends on static shapes only.
 - Each program owns ``BLOCK_N`` output columns and walks the whole K (no split-K, so no
-  second kernel and no atomics); every weight element is read once. x rows are re-read by each
-  program from L2 (M x K elements, small next to the weight).
-- fp32 accumulation, one rounding to the output dtype.
+  second kernel and no atomics); every weight element is read once, x from L2 by every program.
+- The products stay elementwise in fp32 across K blocks and are reduced once at the end.
+- ``silu_mul``: x is ``[1, 2K]`` (gate, up) and the product takes ``silu(gate) * up`` rounded
+  to x's dtype, exactly the input ``fused.silu_and_mul`` would have written, so the MLP's
+  activation kernel disappears without changing the numbers.
 """
 
 from __future__ import annotations
@@ -24,25 +27,13 @@ import triton.language as tl
 
 from nanograph.kernels.launch import LaunchCache
 
-MAX_ROWS = 4  # larger batches go to cuBLAS: the weight is reused enough for tensor cores
-
 
 @dataclasses.dataclass(frozen=True)
 class GemvTiles:
     block_n: int = 16
-    block_k: int = 256
-    num_warps: int = 4
+    block_k: int = 512
+    num_warps: int = 8
     num_stages: int = 4
-
-
-@triton.jit
-def _weight_block(w_rows, k0, offs_k, n_mask, K):
-    """Weight rows of this program, columns k0 .. k0 + BLOCK_K (streamed once: evict first)."""
-    k = k0 + offs_k
-    k_mask = k < K
-    w = tl.load(w_rows + k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0,
-                eviction_policy="evict_first")  # fmt: skip
-    return w.to(tl.float32), k, k_mask
 
 
 @triton.jit
@@ -50,56 +41,43 @@ def _gemv_kernel(
     x_ptr,
     w_ptr,
     out_ptr,
-    M,
     N,
     K,
-    stride_xm,
     stride_wn,
-    stride_om,
-    BLOCK_M: tl.constexpr,
+    SILU_MUL: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     n_mask = offs_n < N
-    m_mask = offs_m < M
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
-    x_rows = x_ptr + offs_m[:, None] * stride_xm
-    if BLOCK_M == 1:
-        # one row: keep the products elementwise and reduce across threads once at the end
-        acc1 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):  # pipelined num_stages deep (a launch option)
-            w, k, k_mask = _weight_block(w_rows, k0, offs_k, n_mask, K)
-            x = tl.load(x_ptr + k, mask=k_mask, other=0.0)
-            acc1 += w * x.to(tl.float32)[None, :]
-        tl.store(out_ptr + offs_n, tl.sum(acc1, 1).to(out_ptr.dtype.element_ty), mask=n_mask)
-    else:
-        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):  # pipelined num_stages deep (a launch option)
-            w, k, k_mask = _weight_block(w_rows, k0, offs_k, n_mask, K)
-            x = tl.load(x_rows + k[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-            x = x.to(tl.float32)
-            for m in tl.static_range(BLOCK_M):
-                # row m of x against every weight row of this block: [BLOCK_N]
-                x_m = tl.sum(tl.where(offs_m[:, None] == m, x, 0.0), 0)
-                part = tl.sum(w * x_m[None, :], 1)
-                acc += tl.where(offs_m[:, None] == m, part[None, :], 0.0)
-        out = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
-        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
+    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):  # pipelined num_stages deep (a launch option)
+        k = k0 + offs_k
+        k_mask = k < K
+        # streamed once per step: evict first, keep L2 for the activations
+        w = tl.load(w_rows + k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0,
+                    eviction_policy="evict_first")  # fmt: skip
+        x = tl.load(x_ptr + k, mask=k_mask, other=0.0)
+        if SILU_MUL:
+            gate = x.to(tl.float32)
+            up = tl.load(x_ptr + K + k, mask=k_mask, other=0.0).to(tl.float32)
+            x = (gate * tl.sigmoid(gate) * up).to(x_ptr.dtype.element_ty)
+        acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
+    tl.store(out_ptr + offs_n, tl.sum(acc, 1).to(out_ptr.dtype.element_ty), mask=n_mask)
 
 
 _launch = LaunchCache(_gemv_kernel)
 
 
 @functools.lru_cache(maxsize=256)
-def choose_tiles(rows: int, n: int, k: int, device_index: int) -> GemvTiles:
-    """Static launch configuration. GPU values are a first guess until swept on the H200
-    (``nanograph bench gemv --sweep``); enough programs to give every SM at least two."""
+def choose_tiles(n: int, device_index: int) -> GemvTiles:
+    """Static launch configuration, from the H200 sweep (``nanograph bench gemv --sweep``):
+    512-wide K blocks and 8 warps; fewer output rows a program while the grid would give an
+    SM fewer than two programs (qwen3-8b's o and down: 8 rows)."""
     sms = torch.cuda.get_device_properties(device_index).multi_processor_count
-    block_n = 16
+    block_n = GemvTiles.block_n
     while block_n > 4 and triton.cdiv(n, block_n) < 2 * sms:
         block_n //= 2
     return GemvTiles(block_n=block_n)
@@ -109,31 +87,33 @@ def gemv(
     x: torch.Tensor,
     weight: torch.Tensor,
     *,
+    silu_mul: bool = False,
     out: torch.Tensor | None = None,
     tiles: GemvTiles | None = None,
 ) -> torch.Tensor:
-    """``x [M, K] @ weight [N, K]^T`` for M <= ``MAX_ROWS``; returns ``[M, N]`` in x's dtype."""
-    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
-        raise ValueError(f"gemv needs x [M, K] and weight [N, K], got {tuple(x.shape)} and "
+    """``x [1, K] @ weight [N, K]^T`` -> ``[1, N]`` in x's dtype; with ``silu_mul`` x is
+    ``[1, 2K]`` and ``silu(x[:, :K]) * x[:, K:]`` is the row multiplied."""
+    if x.dim() != 2 or weight.dim() != 2:
+        raise ValueError(f"gemv needs x [1, K] and weight [N, K], got {tuple(x.shape)} and "
                          f"{tuple(weight.shape)}")  # fmt: skip
-    m, k = x.shape
-    n = weight.shape[0]
-    if m > MAX_ROWS:
-        raise ValueError(f"gemv takes at most {MAX_ROWS} rows, got {m}: use a matmul")
+    n, k = weight.shape
+    if x.shape[0] != 1:
+        raise ValueError(f"gemv takes one row, got {x.shape[0]}: use a matmul")
+    if x.shape[1] != (2 * k if silu_mul else k):
+        raise ValueError(f"x has {x.shape[1]} columns; the weight [N, K] = {tuple(weight.shape)} "
+                         f"needs {'2K' if silu_mul else 'K'}")  # fmt: skip
     if x.stride(1) != 1 or weight.stride(1) != 1:
         raise ValueError("x and weight must be contiguous in K")
     if out is None:
-        out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+        out = torch.empty(1, n, dtype=x.dtype, device=x.device)
     if tiles is None:
-        tiles = choose_tiles(m, n, k, x.device.index or 0) if x.is_cuda else GemvTiles(4, 16, 1, 1)
-    block_m = max(1, triton.next_power_of_2(m))
-    grid = (triton.cdiv(n, tiles.block_n),)
+        tiles = choose_tiles(n, x.device.index or 0) if x.is_cuda else GemvTiles(4, 16, 1, 1)
     _launch(
-        grid,
+        (triton.cdiv(n, tiles.block_n),),
         (x, weight, out),
-        (m, n, k, x.stride(0), weight.stride(0), out.stride(0)),
+        (n, k, weight.stride(0)),
         dict(
-            BLOCK_M=block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
+            SILU_MUL=silu_mul, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
             num_stages=tiles.num_stages, num_warps=tiles.num_warps,
         ),
     )  # fmt: skip

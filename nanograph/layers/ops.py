@@ -8,9 +8,12 @@ Invariants:
   tracing they are plain calls with no dispatcher overhead.
 - ``rope_store_kv`` rotates q/k in place and writes k/v into the paged cache at
   ``slot_mapping`` (slot -1 = padded token, not written). It runs inside the attention op.
-- ``linear`` is ``F.linear`` unless ``use_triton_gemv(True)``: then products of at most
-  ``gemv.MAX_ROWS`` rows on CUDA (decode at small batch) run the Triton GEMV. Off by default
-  until it is measured faster than cuBLAS on the device (``nanograph bench gemv``).
+- ``linear`` / ``silu_and_mul_linear``: a one-row product on CUDA (decode at batch 1) runs the
+  Triton GEMV, which streams the weight faster than cuBLAS at that shape (``nanograph bench
+  gemv``) and takes the MLP's activation into the down projection; every other product is
+  ``F.linear``. ``use_triton_gemv(False)`` turns the GEMV off (set it before graphs are
+  captured: a graph replays whichever kernel it recorded). Under torch.compile it is off, so
+  tc_piecewise keeps one compiled graph for every size.
 """
 
 from __future__ import annotations
@@ -20,26 +23,39 @@ import torch.nn.functional as F
 
 from nanograph.kernels import reference
 
-_TRITON_GEMV = False
-GEMV_MAX_ROWS = 4  # nanograph.kernels.gemv.MAX_ROWS (not imported here: it imports triton)
+_TRITON_GEMV = True
 
 
 def use_triton_gemv(on: bool) -> None:
-    """Process-wide: decode-sized products through the Triton GEMV (True) or cuBLAS."""
+    """Process-wide: one-row products through the Triton GEMV (True, default) or cuBLAS."""
     global _TRITON_GEMV
     _TRITON_GEMV = on
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None):
-    if (
-        _TRITON_GEMV and bias is None and x.is_cuda and x.dim() == 2
-        and x.shape[0] <= GEMV_MAX_ROWS and x.stride(-1) == 1
+def _gemv_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    return (
+        _TRITON_GEMV and x.is_cuda and x.dim() == 2 and x.shape[0] == 1
+        and x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype
+        and x.stride(-1) == 1 and weight.stride(-1) == 1
         and not torch.compiler.is_compiling()
-    ):  # fmt: skip
+    )  # fmt: skip
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None):
+    if bias is None and _gemv_applies(x, weight):
         from nanograph.kernels.gemv import gemv
 
         return gemv(x, weight)
     return F.linear(x, weight, bias)
+
+
+def silu_and_mul_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``linear(silu_and_mul(x), weight)``: the MLP's activation and down projection."""
+    if _gemv_applies(x, weight):
+        from nanograph.kernels.gemv import gemv
+
+        return gemv(x, weight, silu_mul=True)
+    return F.linear(silu_and_mul(x), weight)
 
 
 def _impl(x: torch.Tensor):

@@ -89,7 +89,7 @@ class MLP(nn.Module):
         self.down_proj = Linear(intermediate_size, hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))
+        return ops.silu_and_mul_linear(self.gate_up_proj(x), self.down_proj.weight)
 
 
 class DecoderLayer(nn.Module):

@@ -1,5 +1,5 @@
-"""The decode GEMV on CUDA: against a float64 product at the model's shapes, and a decode
-through the engine with it on against cuBLAS (graphs captured with it)."""
+"""The batch-1 decode GEMV on CUDA: against a float64 product at the model's shapes, and a
+decode through the engine with it (the default) against cuBLAS, graphs captured with each."""
 
 from __future__ import annotations
 
@@ -13,17 +13,19 @@ CUDA = torch.device("cuda")
 SHAPES = [(6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288), (1000, 4096)]
 
 
-@pytest.mark.parametrize("rows", [1, 2, 4])
+@pytest.mark.parametrize("silu_mul", [False, True])
 @pytest.mark.parametrize("shape", SHAPES)
-def test_gemv_matches_float64(rows, shape):
+def test_gemv_matches_float64(shape, silu_mul):
+    from nanograph.kernels import fused
     from nanograph.kernels.gemv import gemv
 
     n, k = shape
-    g = torch.Generator(device=CUDA).manual_seed(n + rows)
-    x = torch.randn(rows, k, device=CUDA, generator=g).bfloat16()
+    g = torch.Generator(device=CUDA).manual_seed(n)
+    x = torch.randn(1, 2 * k if silu_mul else k, device=CUDA, generator=g).bfloat16()
     w = (torch.randn(n, k, device=CUDA, generator=g) / k**0.5).bfloat16()
-    out = gemv(x, w)
-    expected = x.double() @ w.double().T
+    out = gemv(x, w, silu_mul=silu_mul)
+    row = fused.silu_and_mul(x) if silu_mul else x
+    expected = row.double() @ w.double().T
     # bf16 output: one rounding of values of size ~1
     torch.testing.assert_close(out.double(), expected, rtol=1e-2, atol=2e-2)
 
@@ -31,7 +33,7 @@ def test_gemv_matches_float64(rows, shape):
 def test_decode_with_the_gemv_matches_cublas():
     """qwen3-0.6b (random weights), full decode graphs at batch 1 and 2: greedy tokens with
     the GEMV equal those with cuBLAS for nearly every position (bf16 sums in another order
-    may flip a near-tie), and the GEMV kernel really ran."""
+    may flip a near-tie), and the GEMV ran only when on."""
     from nanograph import LLM, SamplingParams
     from nanograph.kernels import gemv as gemv_module
     from nanograph.layers import ops
@@ -50,7 +52,7 @@ def test_decode_with_the_gemv_matches_cublas():
             ran = gemv_module._launch.direct_launches - before
             del llm
         finally:
-            ops.use_triton_gemv(False)
+            ops.use_triton_gemv(True)
         assert (ran > 0) == on
     pairs = [(a, b) for x, y in zip(tokens[False], tokens[True]) for a, b in zip(x, y)]
     agree = sum(a == b for a, b in pairs) / len(pairs)
