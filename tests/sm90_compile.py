@@ -40,7 +40,11 @@ class CompileOnly:
 
     def __getitem__(self, grid):
         def launch(*args, **kwargs):
-            options = {k: kwargs.pop(k) for k in ("num_warps", "num_stages") if k in kwargs}
+            options = {
+                k: kwargs.pop(k) for k in ("num_warps", "num_stages", "launch_pdl") if k in kwargs
+            }
+            if "PDL" in kwargs:  # CPU tensors here; on a GPU the PDL branches are the ones run
+                kwargs["PDL"] = options["launch_pdl"] = True
             values = dict(zip(self.kernel.arg_names, args))
             values.update(kwargs)
             signature, constexprs, attrs = {}, {}, {}

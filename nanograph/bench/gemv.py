@@ -102,6 +102,7 @@ def measure(n: int, k: int, silu_mul: bool, sweep: bool, rep_ms: int) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="nanograph bench gemv", description=__doc__)
     parser.add_argument("--models", default="qwen3-8b,qwen3-0.6b")
+    parser.add_argument("--sweep", action="store_true", help="also try other tile shapes")
     parser.add_argument("--rep-ms", type=int, default=100, help="do_bench time per measurement")
     parser.add_argument("--out", default="benchmarks/results/gemv.json")
     args = parser.parse_args(argv)

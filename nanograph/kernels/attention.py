@@ -215,7 +215,12 @@ def _paged_attention_kernel(
     USE_SOFTCAP: tl.constexpr,
     HAS_SINKS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:
+        # the next kernel (the batch-1 o projection's GEMV) may launch now: it prefetches
+        # weights, then waits for this whole grid before reading the output
+        tl.extra.cuda.gdc_launch_dependents()
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     if Q_BLOCKS_PER_REQUEST > 0:
@@ -576,6 +581,7 @@ def paged_attention(
             HAS_SINKS=sinks is not None,
             # fp32 inputs: exact products (tests, references); 16-bit inputs: the default
             DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,
+            PDL=q.is_cuda,
             num_warps=tiles.num_warps,
             num_stages=tiles.num_stages,
         ),

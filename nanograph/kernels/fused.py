@@ -47,7 +47,12 @@ def _rmsnorm_kernel(
     eps,
     BLOCK: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:
+        # a kernel launched as a dependent of this one (the decode GEMV) may start now and
+        # prefetch its weights; it waits for this kernel before it reads anything written here
+        tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < hidden
@@ -84,8 +89,9 @@ def _norm(
         (rows.shape[0],),
         (rows, res_rows, weight, out_rows),
         (rows.stride(0), res_rows.stride(0), out_rows.stride(0), hidden, eps),
-        dict(BLOCK=block, HAS_RESIDUAL=residual is not None, num_warps=_warps_for(block)),
-    )
+        dict(BLOCK=block, HAS_RESIDUAL=residual is not None, PDL=x.is_cuda,
+             num_warps=_warps_for(block)),
+    )  # fmt: skip
     return out
 
 

@@ -14,6 +14,10 @@ Invariants:
 - ``silu_mul``: x is ``[1, 2K]`` (gate, up) and the product takes ``silu(gate) * up`` rounded
   to x's dtype, exactly the input ``fused.silu_and_mul`` would have written, so the MLP's
   activation kernel disappears without changing the numbers.
+- On CUDA it is launched as a programmatic dependent launch (PDL): its programs may start
+  while the previous kernel finishes, load their first weight block (the weight never depends
+  on that kernel), then wait for it (``gdc_wait``) before reading x. Nothing is written before
+  the wait. The kernels before it (norms, attention) let dependents launch early.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ def _gemv_kernel(
     K,
     stride_wn,
     SILU_MUL: tl.constexpr,
+    PDL: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
@@ -52,20 +57,35 @@ def _gemv_kernel(
     offs_k = tl.arange(0, BLOCK_K)
     n_mask = offs_n < N
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
-    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):  # pipelined num_stages deep (a launch option)
-        k = k0 + offs_k
-        k_mask = k < K
-        # streamed once per step: evict first, keep L2 for the activations
-        w = tl.load(w_rows + k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0,
-                    eviction_policy="evict_first")  # fmt: skip
-        x = tl.load(x_ptr + k, mask=k_mask, other=0.0)
-        if SILU_MUL:
-            gate = x.to(tl.float32)
-            up = tl.load(x_ptr + K + k, mask=k_mask, other=0.0).to(tl.float32)
-            x = (gate * tl.sigmoid(gate) * up).to(x_ptr.dtype.element_ty)
-        acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
+    # the first K block, peeled: its weights load before waiting for the previous kernel
+    w = _weight_block(w_rows, offs_k, n_mask, K)
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+    acc = w.to(tl.float32) * _x_block(x_ptr, offs_k, K, SILU_MUL)[None, :]
+    for k0 in range(BLOCK_K, K, BLOCK_K):  # pipelined num_stages deep (a launch option)
+        w = _weight_block(w_rows, k0 + offs_k, n_mask, K)
+        acc += w.to(tl.float32) * _x_block(x_ptr, k0 + offs_k, K, SILU_MUL)[None, :]
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()  # after the loop: the last wave is running
     tl.store(out_ptr + offs_n, tl.sum(acc, 1).to(out_ptr.dtype.element_ty), mask=n_mask)
+
+
+@triton.jit
+def _weight_block(w_rows, k, n_mask, K):
+    # streamed once per step: evict first, keep L2 for the activations
+    return tl.load(w_rows + k[None, :], mask=n_mask[:, None] & (k < K)[None, :], other=0.0,
+                   eviction_policy="evict_first")  # fmt: skip
+
+
+@triton.jit
+def _x_block(x_ptr, k, K, SILU_MUL: tl.constexpr):
+    """x[k] in fp32; with SILU_MUL, silu(gate[k]) * up[k] rounded to x's dtype first."""
+    x = tl.load(x_ptr + k, mask=k < K, other=0.0)
+    if SILU_MUL:
+        gate = x.to(tl.float32)
+        up = tl.load(x_ptr + K + k, mask=k < K, other=0.0).to(tl.float32)
+        x = (gate * tl.sigmoid(gate) * up).to(x_ptr.dtype.element_ty)
+    return x.to(tl.float32)
 
 
 _launch = LaunchCache(_gemv_kernel)
@@ -113,8 +133,8 @@ def gemv(
         (x, weight, out),
         (n, k, weight.stride(0)),
         dict(
-            SILU_MUL=silu_mul, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
-            num_stages=tiles.num_stages, num_warps=tiles.num_warps,
+            SILU_MUL=silu_mul, PDL=x.is_cuda, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
+            num_stages=tiles.num_stages, num_warps=tiles.num_warps, launch_pdl=x.is_cuda,
         ),
     )  # fmt: skip
     return out
