@@ -98,7 +98,8 @@ def _attention_cases():
     yield "decode split", {"tiles": gpu_decode, "max_query_len": 1}, None
     yield "decode", {"tiles": replace(gpu_decode, num_splits=1), "max_query_len": 1}, None
     yield "decode split prefetch", {
-        "tiles": replace(gpu_decode, prefetch_pages=True), "max_query_len": 1,
+        "tiles": replace(gpu_decode, prefetch_pages=True, num_warps=8, num_stages=3),
+        "max_query_len": 1,
     }, None  # fmt: skip
     yield "extend window prefetch", {
         "tiles": replace(gpu_extend, num_splits=2, prefetch_pages=True), "sliding_window": 100,

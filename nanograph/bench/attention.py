@@ -5,11 +5,12 @@ Cases (qwen3-8b's head layout: 32 q heads, 8 kv heads, head_dim 128, bf16, page 
 - decode: 1 request at 32k context, 128 requests at 2k, reported in GB/s of KV read.
 SDPA runs the same work on contiguous K/V (extend: K/V expanded to the q heads, causal;
 decode: ``enable_gqa``), so the gap is the price of paging plus kernel quality. Both are timed
-as CUDA-graph replays (as the engine runs them): medians of ``triton.testing.do_bench`` samples,
-L2 flushed between samples. Ceilings are the H200's measured ~790 TFLOP/s bf16 dense and
-~4.3 TB/s copy; this device's copy bandwidth is measured too. ``--sweep`` also times a grid of
-launch configurations per case (to tune ``choose_tiles``). Writes JSON: device, versions,
-commit, config, every sample, medians.
+as CUDA-graph replays (as the engine runs them): medians of ``bench.common.graphed_samples``,
+the L2 flushed by a read before each sample (results before 18721c3 used do_bench's zeroing
+flush, whose dirty write-backs fell inside the timed kernel). Ceilings are the H200's measured
+~790 TFLOP/s bf16 dense and ~4.3 TB/s copy; this device's copy bandwidth is measured too.
+``--sweep`` also times a grid of launch configurations per case (to tune ``choose_tiles``).
+Writes JSON: device, versions, commit, config, every sample, medians.
 """
 
 from __future__ import annotations
@@ -209,7 +210,7 @@ def _sweep(case: Case, batch: PagedBatch, rep_ms: int, deadline: float) -> list[
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="nanograph bench attention", description=__doc__)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/attention.json"))
-    parser.add_argument("--rep-ms", type=int, default=200, help="do_bench time per measurement")
+    parser.add_argument("--rep-ms", type=int, default=200, help="sampling time per measurement")
     parser.add_argument("--sweep", action="store_true", help="also time launch configurations")
     parser.add_argument("--sweep-seconds", type=float, default=120.0)
     parser.add_argument(

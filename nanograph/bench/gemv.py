@@ -5,9 +5,9 @@ both run as CUDA-graph replays over enough weight copies (>= 256 MiB together) t
 stays in the 50 MiB L2: decode streams every weight from HBM once per step, and so must the
 measurement. ``silu_down`` is the engine's pair of kernels on the cuBLAS side (the activation
 kernel, then the product) and one fused GEMV on the Triton side. Reported: microseconds per
-product and weight GB/s, medians of ``do_bench`` samples; ``--sweep`` also tries other tile
-shapes. What a step gains is the sum over its products (``per_step_us``: each product times
-the layer count, plus lm_head once).
+product and weight GB/s, medians of graph-replay samples (``bench.common.graphed_samples``);
+``--sweep`` also tries other tile shapes. What a step gains is the sum over its products
+(``per_step_us``: each product times the layer count, plus lm_head once).
 """
 
 from __future__ import annotations
@@ -19,9 +19,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from nanograph.bench.common import environment, graphed_samples, median, write
-
-L2_FLUSH_BYTES = 256 * 2**20
+from nanograph.bench.common import L2_FLUSH_BYTES, environment, graphed_samples, median, write
 
 
 def projections(model: str) -> dict[str, tuple[int, int, int]]:
@@ -103,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="nanograph bench gemv", description=__doc__)
     parser.add_argument("--models", default="qwen3-8b,qwen3-0.6b")
     parser.add_argument("--sweep", action="store_true", help="also try other tile shapes")
-    parser.add_argument("--rep-ms", type=int, default=100, help="do_bench time per measurement")
+    parser.add_argument("--rep-ms", type=int, default=100, help="sampling time per measurement")
     parser.add_argument("--out", default="benchmarks/results/gemv.json")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():

@@ -67,8 +67,7 @@ class AttentionTiles:
     per_request: bool  # per-request grid (needs max_query_len) instead of the flat one
     num_warps: int
     num_stages: int
-    # load the next key block's page ids one iteration ahead (an experiment for long decode:
-    # off by default until ``nanograph bench attention --sweep`` shows it pays)
+    # load the next key block's page ids one iteration ahead (split decode of few sequences)
     prefetch_pages: bool = False
 
 
@@ -474,9 +473,16 @@ def choose_tiles(
     # key blocks, so extend splits only ranges of at least 8 blocks (a 256-token prompt never
     # splits); a decode tile's partial is small. CPU: 1, so the tests exercise splitting.
     min_split_blocks = 8 if on_gpu and not small else 1
+    # Decode of few sequences, split: each program's key loop is latency-bound (ncu, 1 x 32k:
+    # 7.6 warps an SM), so more warps, a deeper pipeline and page ids loaded one block ahead
+    # (sweeps at 3c212ef and bb53192: 54 vs 58 us at 1 x 32k, even at 1 x 512).
+    prefetch = on_gpu and small and max_query_len == 1 and num_splits > 1
+    if prefetch:
+        num_warps, num_stages = 8, 3
     return AttentionTiles(
-        block_q, group_pad, block_n, num_splits, min_split_blocks, small, num_warps, num_stages
-    )
+        block_q, group_pad, block_n, num_splits, min_split_blocks, small, num_warps, num_stages,
+        prefetch,
+    )  # fmt: skip
 
 
 def paged_attention(
