@@ -92,3 +92,16 @@ def test_interpreter_mode_always_takes_the_jit(monkeypatch):
     for _ in range(2):
         cache((4,), (torch.zeros(4),), (4,), dict(BLOCK=4))
     assert [entry[0] for entry in kernel.log] == ["jit", "jit"]
+
+
+def test_programmatic_dependent_launch_only_from_sm90(monkeypatch):
+    """gdc_wait / gdc_launch_dependents exist from sm_90 on: older GPUs and the CPU launch
+    every kernel plainly (the kernels' PDL constexpr is False)."""
+    from nanograph.kernels import pdl
+
+    assert not pdl.enabled(torch.zeros(1))
+    for capability, expected in (((8, 0), False), ((8, 9), False), ((9, 0), True), ((10, 0), True)):
+        pdl._supported.cache_clear()
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i, c=capability: c)
+        assert pdl._supported(0) is expected
+    pdl._supported.cache_clear()

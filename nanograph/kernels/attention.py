@@ -40,6 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
+from nanograph.kernels import pdl
 from nanograph.kernels.launch import LaunchCache
 
 # Largest split count. The last split of a tile merges the partials one split at a time, so
@@ -587,7 +588,7 @@ def paged_attention(
             HAS_SINKS=sinks is not None,
             # fp32 inputs: exact products (tests, references); 16-bit inputs: the default
             DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,
-            PDL=q.is_cuda,
+            PDL=pdl.enabled(q),
             num_warps=tiles.num_warps,
             num_stages=tiles.num_stages,
         ),

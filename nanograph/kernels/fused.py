@@ -20,6 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
+from nanograph.kernels import pdl
 from nanograph.kernels.launch import LaunchCache
 
 
@@ -89,7 +90,7 @@ def _norm(
         (rows.shape[0],),
         (rows, res_rows, weight, out_rows),
         (rows.stride(0), res_rows.stride(0), out_rows.stride(0), hidden, eps),
-        dict(BLOCK=block, HAS_RESIDUAL=residual is not None, PDL=x.is_cuda,
+        dict(BLOCK=block, HAS_RESIDUAL=residual is not None, PDL=pdl.enabled(x),
              num_warps=_warps_for(block)),
     )  # fmt: skip
     return out

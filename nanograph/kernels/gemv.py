@@ -14,7 +14,7 @@ Invariants:
 - ``silu_mul``: x is ``[1, 2K]`` (gate, up) and the product takes ``silu(gate) * up`` rounded
   to x's dtype, exactly the input ``fused.silu_and_mul`` would have written, so the MLP's
   activation kernel disappears without changing the numbers.
-- On CUDA it is launched as a programmatic dependent launch (PDL): its programs may start
+- On sm_90+ it is launched as a programmatic dependent launch (PDL): its programs may start
   while the previous kernel finishes, load their first weight block (the weight never depends
   on that kernel), then wait for it (``gdc_wait``) before reading x. Nothing is written before
   the wait. The kernels before it (norms, attention) let dependents launch early.
@@ -29,6 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
+from nanograph.kernels import pdl
 from nanograph.kernels.launch import LaunchCache
 
 
@@ -128,13 +129,14 @@ def gemv(
         out = torch.empty(1, n, dtype=x.dtype, device=x.device)
     if tiles is None:
         tiles = choose_tiles(n, x.device.index or 0) if x.is_cuda else GemvTiles(4, 16, 1, 1)
+    use_pdl = pdl.enabled(x)
     _launch(
         (triton.cdiv(n, tiles.block_n),),
         (x, weight, out),
         (n, k, weight.stride(0)),
         dict(
-            SILU_MUL=silu_mul, PDL=x.is_cuda, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
-            num_stages=tiles.num_stages, num_warps=tiles.num_warps, launch_pdl=x.is_cuda,
+            SILU_MUL=silu_mul, PDL=use_pdl, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
+            num_stages=tiles.num_stages, num_warps=tiles.num_warps, launch_pdl=use_pdl,
         ),
     )  # fmt: skip
     return out

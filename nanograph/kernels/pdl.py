@@ -1,0 +1,25 @@
+"""Programmatic dependent launch (PDL): when kernels may overlap their neighbours.
+
+A kernel launched with ``launch_pdl=True`` may start while the kernel before it in the stream
+is still running; it must call ``tl.extra.cuda.gdc_wait()`` before it reads anything an earlier
+kernel wrote and before it writes anything. A kernel calls ``gdc_launch_dependents()`` to let
+such a dependent start before it exits. Both instructions exist from sm_90 (Hopper) on; on
+older GPUs and on CPU (the interpreter) every kernel is launched plainly and the ``PDL``
+constexpr that guards them is False.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+
+@functools.lru_cache(maxsize=16)
+def _supported(device_index: int) -> bool:
+    return torch.cuda.get_device_capability(device_index) >= (9, 0)
+
+
+def enabled(t: torch.Tensor) -> bool:
+    """Whether kernels working on ``t``'s device use PDL (their ``PDL`` constexpr)."""
+    return t.is_cuda and _supported(t.device.index if t.device.index is not None else 0)
