@@ -474,12 +474,12 @@ def choose_tiles(
     # key blocks, so extend splits only ranges of at least 8 blocks (a 256-token prompt never
     # splits); a decode tile's partial is small. CPU: 1, so the tests exercise splitting.
     min_split_blocks = 8 if on_gpu and not small else 1
-    # Decode of a few sequences (>= 16 splits: batch <= 4 with 8 kv heads on the H200): each
+    # Decode of a few sequences (32 splits: batch <= 4 with 8 kv heads on the H200): each
     # program's key loop is latency-bound (ncu, 1 x 32k: 7.6 warps an SM), so more warps, a
     # deeper pipeline and page ids loaded one block ahead (H200, 95c599c: 44 vs 51 us at
     # 1 x 32k, 11.6 vs 12.4 us at 1 x 512). Larger batches keep the configuration measured
-    # there before (not swept with this one yet).
-    prefetch = on_gpu and small and max_query_len == 1 and num_splits >= 16
+    # before (batch 8-32 not swept with this one yet).
+    prefetch = on_gpu and small and max_query_len == 1 and num_splits >= MAX_SPLITS
     if prefetch:
         num_warps, num_stages = 8, 3
     return AttentionTiles(
