@@ -6,7 +6,7 @@ Cases (qwen3-8b's head layout: 32 q heads, 8 kv heads, head_dim 128, bf16, page 
 SDPA runs the same work on contiguous K/V (extend: K/V expanded to the q heads, causal;
 decode: ``enable_gqa``), so the gap is the price of paging plus kernel quality. Both are timed
 as CUDA-graph replays (as the engine runs them): medians of ``bench.common.graphed_samples``,
-the L2 flushed by a read before each sample (results before 18721c3 used do_bench's zeroing
+the L2 flushed by a read before each sample (results before 95c599c used do_bench's zeroing
 flush, whose dirty write-backs fell inside the timed kernel). Ceilings are the H200's measured
 ~790 TFLOP/s bf16 dense and ~4.3 TB/s copy; this device's copy bandwidth is measured too.
 ``--sweep`` also times a grid of launch configurations per case (to tune ``choose_tiles``).
