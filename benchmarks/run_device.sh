@@ -102,5 +102,9 @@ case $stage in
     timeout 80 python3 -m nanograph bench floor --model qwen3-8b --lengths 512 --decode-batch 1 \
       --graph full --out "$out/floor_graph_8b_b1.json" > "$out/floor_graph_8b_b1.log" 2>&1
     tail -25 "$out/floor_graph_8b_b1.log" ;;
+  sweep-small)  # ~2 min: decode attention launch configurations at small batches (1 x 512,
+    # 8 x 1k: 8 takes 16 splits and the earlier tiles; is the 32-split choice better there too?)
+    python3 -m nanograph bench attention --cases decode_1x512,decode_8x1k --sweep \
+      --sweep-seconds 90 --out "$out/attention_small.json" 2>&1 | tee "$out/attention_small.log" ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;
 esac

@@ -2,7 +2,8 @@
 
 Cases (qwen3-8b's head layout: 32 q heads, 8 kv heads, head_dim 128, bf16, page size 16):
 - extend: 1 request x 8192 new tokens, 32 requests x 256 (no prefix), reported in TFLOP/s;
-- decode: 1 request at 32k context, 128 requests at 2k, reported in GB/s of KV read.
+- decode: 1 request at 32k context, 128 requests at 2k, and the latency-bound small cases (1 at
+  512, 8 at 1k), reported in GB/s of KV read.
 SDPA runs the same work on contiguous K/V (extend: K/V expanded to the q heads, causal;
 decode: ``enable_gqa``), so the gap is the price of paging plus kernel quality. Both are timed
 as CUDA-graph replays (as the engine runs them): medians of ``bench.common.graphed_samples``,
@@ -64,6 +65,8 @@ CASES = (
     # qwen3-8b decode at batch 1, 512 tokens of context: 36 launches a step, 0.31 ms of the
     # step's 4.80 ms kernel floor (h200/floor_decode_8b.json): latency, not bandwidth
     Case("decode_1x512", "decode", 1, 511, 1),
+    # a small batch at a short context: 16 splits, the regime between the two tile choices
+    Case("decode_8x1k", "decode", 8, 1023, 1),
 )
 
 
@@ -176,9 +179,11 @@ def _sweep(case: Case, batch: PagedBatch, rep_ms: int, deadline: float) -> list[
              "num_stages": st}
             for bn in (64, 128, 32)
             # one long sequence: 8 and 128 splits lost to 16-64 in every configuration at
-            # 3c212ef; one short one: few key blocks to split at all
+            # 3c212ef; a few short ones: few key blocks to split at all
             for sp in (
-                (1, 2) if case.requests > 1 else (32, 16, 64) if long else (1, 2, 4, 8, 16, 32)
+                (1, 2) if case.requests >= 64
+                else (32, 16, 64) if long
+                else (1, 2, 4, 8, 16, 32)
             )
             for pf in (False, True)
             # deeper pipelines for the long sequence: its loop is latency-bound (ncu at
