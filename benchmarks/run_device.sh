@@ -8,7 +8,8 @@
 #   breakable/tc_piecewise at batch 32/128 and on qwen3-0.6b, the transformers generate peer,
 #   and the build bench on the default ladder), rerun (figures older than cd44b17's changes),
 #   sweep-32k (tile/split sweep of the 1 x 32k decode), sweep-1x512 (the batch-1 decode),
-#   ncu-32k (hardware counters of the 1 x 32k decode launch), gemv (the decode GEMV vs cuBLAS).
+#   ncu-32k (hardware counters of the 1 x 32k decode launch), gemv (the decode GEMV vs cuBLAS),
+#   sweep-small (decode attention tiles at batch 1 and 8).
 # Run from the repo root; logs and JSON land in OUTDIR (copy them to benchmarks/results/).
 # Export NANOGRAPH_COMMIT=<short hash> first: the device copy's .git can be stale.
 set -uo pipefail
