@@ -1,4 +1,4 @@
-"""Command line: ``nanograph generate`` and ``nanograph bench ...``.
+"""Command line: ``nanograph generate``, ``nanograph serve`` and ``nanograph bench ...``.
 
 Engine flags are generated from ``EngineConfig`` so the CLI and the Python API cannot drift.
 Answers go to stdout; the summary and logs go to stderr.
@@ -215,6 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--ignore-eos", action="store_true", help="keep going past end-of-sequence")
     add_engine_args(gen)
     gen.set_defaults(func=cmd_generate)
+    _add_serve(sub)
     from nanograph.bench import BENCHES
 
     bench = sub.add_parser(
@@ -226,6 +227,35 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("args", nargs=argparse.REMAINDER, help="options of the benchmark")
     bench.set_defaults(func=lambda a: _bench(a.name, a.args))
     return parser
+
+
+def _add_serve(sub) -> None:
+    serve = sub.add_parser(
+        "serve", help="an OpenAI-compatible HTTP server (chat and completions, streaming)",
+        description="Serve the model over HTTP: /v1/chat/completions, /v1/completions, "
+        "/v1/models, /health, /metrics. Needs the serve extra: pip install 'nanograph[serve]'.",
+    )  # fmt: skip
+    s = serve.add_argument_group("server")
+    s.add_argument("--host", default="127.0.0.1", help="address to listen on [127.0.0.1]")
+    s.add_argument("--port", type=int, default=8000, help="port [8000]")
+    s.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1 endpoints")
+    s.add_argument("--served-model-name", help="the model name clients send [--model]")
+    s.add_argument(
+        "--max-queue", type=int, default=1024,
+        help="requests allowed to wait for admission; beyond it: 503 with Retry-After [1024]",
+    )  # fmt: skip
+    s.add_argument(
+        "--shutdown-timeout", type=float, default=10.0,
+        help="on SIGINT/SIGTERM, seconds in-flight requests get to finish before abort [10]",
+    )  # fmt: skip
+    add_engine_args(serve)
+    serve.set_defaults(func=_serve)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from nanograph.serve.server import run
+
+    return run(args)
 
 
 def _bench(name: str, argv: list[str]) -> int:
