@@ -143,12 +143,10 @@ def build_app(
         except BaseException:
             front.abort(stream)
             raise
-        answer = _Answer(
-            stream, request, chat, model_name, TextStream(front.tokenizer, params.stop), metrics
-        )
+        answer = _Answer(front, stream, request, chat, model_name, metrics)
         if request.stream:
-            return StreamingResponse(answer.events(front), media_type="text/event-stream")
-        return await _until_disconnect(http, answer.whole(front), lambda: front.abort(stream))
+            return StreamingResponse(answer.events(), media_type="text/event-stream")
+        return await _until_disconnect(http, answer.whole(), answer.abandon)
 
     return app
 
@@ -162,8 +160,9 @@ def _authorize(request: Request, api_key: str | None) -> None:
         )
 
 
-async def _until_disconnect(http: Request, work, on_disconnect) -> Response:
-    """Awaits ``work``, unless the client disconnects first: then ``on_disconnect`` runs."""
+async def _until_disconnect(http: Request, work, abandon) -> Response:
+    """Awaits ``work``; if the client disconnects first (or this handler is cancelled), the work
+    is cancelled and ``abandon`` runs."""
     task = asyncio.ensure_future(work)
 
     async def disconnected() -> None:
@@ -175,9 +174,10 @@ async def _until_disconnect(http: Request, work, on_disconnect) -> Response:
         await asyncio.wait([task, watcher], return_when=asyncio.FIRST_COMPLETED)
     finally:
         watcher.cancel()
-    if not task.done():
-        task.cancel()
-        on_disconnect()
+        if not task.done():
+            task.cancel()
+            abandon()
+    if task.cancelled():
         return Response(status_code=499)  # nobody reads it
     return task.result()
 
@@ -186,21 +186,12 @@ class _Answer:
     """One admitted request's answer, as a whole or as OpenAI stream chunks."""
 
     def __init__(
-        self,
-        stream: RequestStream,
-        request: Any,
-        chat: bool,
-        model: str,
-        text: TextStream,
+        self, front: EngineFront, stream: RequestStream, request: Any, chat: bool, model: str,
         metrics: ServerMetrics,
-    ) -> None:
-        self.stream, self.request, self.chat, self.text, self.metrics = (
-            stream,
-            request,
-            chat,
-            text,
-            metrics,
-        )
+    ) -> None:  # fmt: skip
+        self.front, self.stream, self.request, self.chat = front, stream, request, chat
+        self.text = TextStream(front.tokenizer, stream.params.stop)
+        self.metrics = metrics
         prefix = "chatcmpl" if chat else "cmpl"
         self.id, self.created, self.model = f"{prefix}-{uuid.uuid4().hex}", int(time.time()), model
         self.object = "chat.completion" if chat else "text_completion"
@@ -238,23 +229,22 @@ class _Answer:
             "total_tokens": prompt + self.completion_tokens,
         }
 
-    async def whole(self, front: EngineFront) -> Response:
-        text, last = [], None
-        try:
-            async for update in self.stream.updates():
-                self._observe(update)
-                if update.finished:
-                    last = update
-                    text.append(self.text.final(update.token_ids, update.text))
-                else:
-                    text.append(self.text.feed(update.token_ids))
-        except BaseException:
-            front.abort(self.stream)
-            raise
+    async def whole(self) -> Response:
+        text, tokens, last = [], [], None
+        async for update in self.stream.updates():
+            self._observe(update)
+            tokens += update.token_ids
+            if update.finished:
+                last = update
+                text.append(self.text.final(update.token_ids, update.text))
+            else:
+                text.append(self.text.feed(update.token_ids))
         if last.finish_reason not in ("stop", "length"):
             raise self._failure(last)
         content = "".join(text)
         choice = {"index": 0, "finish_reason": last.finish_reason, "logprobs": None}
+        if self.request.return_token_ids:
+            choice["token_ids"] = tokens
         choice.update(
             {"message": {"role": "assistant", "content": content}}
             if self.chat
@@ -272,9 +262,15 @@ class _Answer:
         )
 
     def _chunk(
-        self, delta: str | None, finish_reason: str | None = None, role: bool = False
+        self,
+        delta: str | None,
+        finish_reason: str | None = None,
+        role: bool = False,
+        token_ids: list[int] | None = None,
     ) -> str:
         choice: dict[str, Any] = {"index": 0, "finish_reason": finish_reason, "logprobs": None}
+        if self.request.return_token_ids and token_ids is not None:
+            choice["token_ids"] = token_ids
         if self.chat:
             choice["delta"] = {} if delta is None else {"content": delta}
             if role:
@@ -295,7 +291,13 @@ class _Answer:
             body["usage"] = usage
         return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
 
-    async def events(self, front: EngineFront) -> AsyncIterator[str]:
+    def abandon(self) -> None:
+        """The client went away before the end: the request is aborted, its pages freed."""
+        self.front.abort(self.stream)
+        self.metrics.finished.labels("abort").inc()
+
+    async def events(self) -> AsyncIterator[str]:
+        front = self.front
         finished = False
         try:
             if self.chat:
@@ -304,20 +306,21 @@ class _Answer:
                 self._observe(update)
                 if not update.finished:
                     delta = self.text.feed(update.token_ids)
-                    if delta or front.tokenizer is None:  # no text: one chunk per token step
-                        yield self._chunk(delta)
+                    # one chunk per token step when there is no text to wait for
+                    if delta or front.tokenizer is None or self.request.return_token_ids:
+                        yield self._chunk(delta, token_ids=update.token_ids)
                     continue
                 finished = True
                 if update.finish_reason not in ("stop", "length"):
                     yield f"data: {json.dumps(self._failure(update).body())}\n\n"
                     break
                 delta = self.text.final(update.token_ids, update.text)
-                if delta or (update.token_ids and front.tokenizer is None):
-                    yield self._chunk(delta)
+                if delta or update.token_ids:
+                    yield self._chunk(delta, token_ids=update.token_ids)
                 yield self._chunk(None, update.finish_reason)
                 if self.request.stream_options and self.request.stream_options.include_usage:
                     yield self._event([], self.usage())
             yield "data: [DONE]\n\n"
         finally:
             if not finished:  # the client went away (or the task was cancelled): free it now
-                front.abort(self.stream)
+                self.abandon()

@@ -72,6 +72,8 @@ class _Request(BaseModel):
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None  # vLLM's extension
     ignore_eos: bool = False  # vLLM's extension: generate max_tokens tokens whatever comes
+    # vLLM's extension: each choice (and stream chunk) also carries its output token ids
+    return_token_ids: bool = False
     n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -210,6 +212,8 @@ def sampling_params(request: _Request, prompt_len: int, max_model_len: int) -> S
     except ValueError as e:
         message = str(e)
         param = message.split(" ", 1)[0].split("[", 1)[0]
-        if param == "max_tokens" and isinstance(request, ChatRequest):
-            param = "max_completion_tokens" if request.max_completion_tokens else "max_tokens"
-        raise ApiError(400, message, param=param if param in given else None) from None
+        if param not in given:
+            param = None
+        elif param == "max_tokens" and getattr(request, "max_completion_tokens", None) is not None:
+            param = "max_completion_tokens"
+        raise ApiError(400, message, param=param) from None

@@ -36,7 +36,8 @@ class TextStream:
     def final(self, token_ids: list[int], engine_text: str | None) -> str:
         """The rest of the text once the request finished (``engine_text``: the engine's text,
         when it tracked one for stop strings)."""
-        self.feed(token_ids)
+        if self._decoder is not None:
+            self.text += "".join(self._decoder.step(t) for t in token_ids)
         if engine_text is not None:
             self.text = engine_text
         delta = self.text[self._sent :]
