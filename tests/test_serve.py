@@ -292,6 +292,55 @@ def test_metrics_parse(server):
     assert _metric(server, "nanograph_requests_rejected_total", status="400") > 0
 
 
+def test_bench_serve_reports_every_field(server, tmp_path):
+    from nanograph.bench.serve import main
+
+    out = tmp_path / "serve.json"
+    argv = [
+        "--base-url",
+        server.base,
+        "--api-key",
+        KEY,
+        "--dataset",
+        "random,sharegpt",
+        "--request-rate",
+        "inf,20",
+        "--max-concurrency",
+        "2,0",
+        "--num-prompts",
+        "3",
+        "--input-len",
+        "8",
+        "--output-len",
+        "3",
+        "--max-input-len",
+        "16",
+        "--max-output-len",
+        "3",
+        "--warmup",
+        "1",
+        "--request-timeout",
+        "60",
+        "--out",
+        str(out),
+    ]
+    assert main(argv) == 0
+    report = json.loads(out.read_text())
+    assert {"env", "config", "workloads", "points"} <= set(report)
+    assert set(report["workloads"]) == {"random", "sharegpt"}
+    stats = {"mean", "median", "p90", "p99"}
+    for point, dataset in zip(report["points"], ["random", "sharegpt"]):
+        assert point["dataset"] == dataset and point["completed"] == 3 and point["failed"] == 0
+        for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
+            assert set(point[key]) == stats
+        for key in ("request_throughput", "input_throughput", "output_throughput", "duration_s"):
+            assert point[key] > 0
+        assert point["forwards"]["decode_eager"] > 0
+    # ignore_eos: every request produced exactly its output length
+    assert report["points"][0]["total_output_tokens"] == 3 * 3
+    assert report["points"][0]["total_input_tokens"] == 3 * 8
+
+
 def test_sigterm_exits_cleanly_after_finishing_in_flight(server):
     """The last test: SIGTERM while a request streams; it completes, then the process exits 0."""
     body = {"prompt": "Once upon a time", "max_tokens": 24, "ignore_eos": True, "stream": True}

@@ -1,0 +1,448 @@
+"""``nanograph bench serve``: load-test an OpenAI-compatible server, as SGLang's
+``bench_serving`` and ``vllm bench serve`` do.
+
+Targets any base URL (``--base-url``), or ``--launch "ENGINE FLAGS"`` starts ``nanograph serve``
+with those flags on a free port and stops it (SIGTERM) at the end. A run is a list of points;
+``--dataset``, ``--request-rate``, ``--max-concurrency`` and ``--num-prompts`` each take one value
+or one per point (comma-separated), so one server start covers a sweep. Arrivals are Poisson at
+the request rate (``inf``: all at once), capped by the concurrency (0: no cap). Every request is
+a streamed ``/v1/completions`` call with token-id prompts and ``ignore_eos`` (workloads:
+``serve_workload``).
+
+Per point: request throughput, input/output tokens/s, TTFT, TPOT (per request: time after the
+first token over the tokens after it), ITL (time between streamed chunks) and end-to-end
+latency (mean, median, p90, p99, in ms), failures and their first messages; for our server also
+the graph replays and eager forwards per path during the point (from /metrics). The sweep draws
+the latency-throughput curves (median TTFT and ITL against output tokens/s).
+
+``--offline`` (with ``--launch``): once the server is stopped, the same engine flags build an
+``LLM`` in this process, which runs the prompts of each saturation point (rate inf, no
+concurrency cap) through ``LLM.generate`` and measures the batch-1 decode step (one request of
+the workload's first prompt); the JSON compares them with the served numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import math
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from nanograph.bench.common import environment, figure, write
+from nanograph.bench.serve_workload import Workload
+
+
+@dataclass
+class Outcome:
+    ok: bool
+    prompt_len: int
+    output_tokens: int = 0
+    ttft: float | None = None
+    itl: list[float] = field(default_factory=list)
+    latency: float = 0.0
+    error: str | None = None
+
+
+async def _one(client, url: str, body: dict, prompt_len: int) -> Outcome:
+    import httpx
+
+    start = time.perf_counter()
+    out = Outcome(False, prompt_len)
+    last, chunks, usage = start, 0, None
+    try:
+        async with client.stream("POST", url, json=body) as r:
+            if r.status_code != 200:
+                out.error = (
+                    f"HTTP {r.status_code}: {(await r.aread())[:300].decode(errors='replace')}"
+                )
+                return out
+            async for line in r.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                chunk = json.loads(data)
+                if "error" in chunk:
+                    out.error = str(chunk["error"])[:300]
+                    return out
+                usage = chunk.get("usage") or usage
+                choices = chunk.get("choices") or []
+                if choices and (choices[0].get("text") or choices[0].get("token_ids")):
+                    now = time.perf_counter()
+                    if out.ttft is None:
+                        out.ttft = now - start
+                    else:
+                        out.itl.append(now - last)
+                    last, chunks = now, chunks + 1
+    except (httpx.HTTPError, json.JSONDecodeError) as e:
+        out.error = f"{type(e).__name__}: {e}"[:300]
+        return out
+    out.latency = time.perf_counter() - start
+    out.output_tokens = usage["completion_tokens"] if usage else chunks
+    out.ok = out.ttft is not None
+    if not out.ok:
+        out.error = "no token came back"
+    return out
+
+
+async def run_point(
+    base_url: str,
+    model: str,
+    requests: list[tuple[list[int], int]],
+    rate: float,
+    concurrency: int,
+    seed: int,
+    api_key: str | None,
+    timeout: float,
+) -> tuple[list[Outcome], float]:
+    """Sends ``requests`` (Poisson arrivals at ``rate``, at most ``concurrency`` in flight);
+    returns their outcomes and the wall time from the first send to the last answer."""
+    import httpx
+
+    rng = np.random.default_rng(seed)
+    gate = asyncio.Semaphore(concurrency) if concurrency > 0 else None
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    url = f"{base_url}/v1/completions"
+
+    async def send(prompt: list[int], output_len: int) -> Outcome:
+        body = {
+            "model": model,
+            "prompt": prompt,
+            "max_tokens": output_len,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "return_token_ids": True,
+        }
+        if gate is None:
+            return await _one(client, url, body, len(prompt))
+        async with gate:
+            return await _one(client, url, body, len(prompt))
+
+    async with httpx.AsyncClient(timeout=timeout, limits=limits, headers=headers) as client:
+        start = time.perf_counter()
+        tasks = []
+        for i, (prompt, output_len) in enumerate(requests):
+            if i and math.isfinite(rate):
+                await asyncio.sleep(rng.exponential(1 / rate))
+            tasks.append(asyncio.create_task(send(prompt, output_len)))
+        outcomes = await asyncio.gather(*tasks)
+    return list(outcomes), time.perf_counter() - start
+
+
+def _stats_ms(values: list[float]) -> dict | None:
+    if not values:
+        return None
+    ms = np.asarray(values) * 1000
+    return {
+        "mean": float(ms.mean()),
+        "median": float(np.median(ms)),
+        "p90": float(np.percentile(ms, 90)),
+        "p99": float(np.percentile(ms, 99)),
+    }
+
+
+def summarize(outcomes: list[Outcome], duration: float) -> dict:
+    ok = [o for o in outcomes if o.ok]
+    tpot = [(o.latency - o.ttft) / (o.output_tokens - 1) for o in ok if o.output_tokens > 1]
+    input_tokens, output_tokens = sum(o.prompt_len for o in ok), sum(o.output_tokens for o in ok)
+    return {
+        "completed": len(ok),
+        "failed": len(outcomes) - len(ok),
+        "duration_s": duration,
+        "request_throughput": len(ok) / duration,
+        "input_throughput": input_tokens / duration,
+        "output_throughput": output_tokens / duration,
+        "total_input_tokens": input_tokens,
+        "total_output_tokens": output_tokens,
+        "ttft_ms": _stats_ms([o.ttft for o in ok]),
+        "tpot_ms": _stats_ms(tpot),
+        "itl_ms": _stats_ms([x for o in ok for x in o.itl]),
+        "e2e_ms": _stats_ms([o.latency for o in ok]),
+        "errors": sorted({o.error for o in outcomes if o.error})[:5],
+    }
+
+
+def forward_counts(base_url: str) -> dict[str, int] | None:
+    """nanograph's graph replays / eager forwards per path, from /metrics (None elsewhere)."""
+    import httpx
+
+    try:
+        text = httpx.get(f"{base_url}/metrics", timeout=10).text
+    except httpx.HTTPError:
+        return None
+    pattern = r'^nanograph_forwards_total\{kind="(\w+)",path="(\w+)"\} (\S+)$'
+    found = re.findall(pattern, text, re.M)
+    return {f"{path}_{kind}": int(float(v)) for kind, path, v in found} or None
+
+
+class LaunchedServer:
+    """``nanograph serve FLAGS`` on a free loopback port; stopped with SIGTERM on exit."""
+
+    def __init__(self, flags: str, log: Path, startup_timeout: float) -> None:
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.base_url = f"http://127.0.0.1:{port}"
+        self.log = open(log, "w")  # noqa: SIM115 (closed in stop)
+        cmd = [sys.executable, "-m", "nanograph", "serve", "--port", str(port), *shlex.split(flags)]
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + startup_timeout
+        while not _healthy(self.base_url):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise SystemExit(f"the server did not start (see {log})")
+            time.sleep(0.5)
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(120)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+        return self.proc.returncode
+
+
+def _healthy(base_url: str) -> bool:
+    import httpx
+
+    try:
+        return httpx.get(f"{base_url}/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _served_model(base_url: str, api_key: str | None) -> str:
+    import httpx
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    return httpx.get(f"{base_url}/v1/models", headers=headers, timeout=30).json()["data"][0]["id"]
+
+
+def offline(flags: str, saturation: dict[str, list], batch1: dict[str, tuple]) -> dict:
+    """``LLM.generate`` throughput on each saturation point's prompts, and the batch-1 decode
+    step (ms) of one request per workload, with the server's engine flags."""
+    import dataclasses
+
+    from nanograph import LLM, SamplingParams
+    from nanograph.cli import build_parser, engine_config_from
+
+    config = engine_config_from(build_parser().parse_args(["serve", *shlex.split(flags)]))
+    llm = LLM(**dataclasses.asdict(config))
+    params = lambda n: SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
+    result: dict = {}
+    for dataset, requests in saturation.items():
+        llm.generate([p for p, _ in requests[:4]], params(8))  # warm-up
+        start = time.perf_counter()
+        outs = llm.generate([p for p, _ in requests], [params(n) for _, n in requests])
+        seconds = time.perf_counter() - start
+        tokens = sum(len(o.token_ids) for o in outs)
+        result[f"{dataset}_generate"] = {
+            "num_prompts": len(requests),
+            "seconds": seconds,
+            "output_throughput": tokens / seconds,
+        }
+    for dataset, (prompt, output_len) in batch1.items():
+        llm.generate([prompt], params(8))  # warm-up
+        rates = [
+            llm.generate([prompt], params(output_len))[0].decode_tokens_per_s for _ in range(3)
+        ]
+        result[f"{dataset}_batch1_step_ms"] = 1000 / statistics.median(rates)
+    return result
+
+
+def _per_point(values: str, n: int, kind, name: str) -> list:
+    items = [kind(v) for v in values.split(",")]
+    if len(items) not in (1, n):
+        raise SystemExit(f"--{name} needs 1 or {n} values, got {len(items)}")
+    return items * n if len(items) == 1 else items
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="nanograph bench serve",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--base-url", default="http://127.0.0.1:8000")
+    parser.add_argument("--launch", metavar="FLAGS", help="start `nanograph serve FLAGS` instead")
+    parser.add_argument("--api-key")
+    parser.add_argument("--model", help="model name to send [the server's first model]")
+    parser.add_argument("--dataset", default="random", help="random | sharegpt, per point")
+    parser.add_argument("--request-rate", default="inf", help="requests/s per point (inf: all)")
+    parser.add_argument("--max-concurrency", default="0", help="per point; 0 = no cap")
+    parser.add_argument("--num-prompts", default="200", help="per point")
+    parser.add_argument("--input-len", type=int, default=1024, help="random: input tokens")
+    parser.add_argument("--output-len", type=int, default=256, help="random: output tokens")
+    parser.add_argument("--range-ratio", type=float, default=0.0, help="random: length spread")
+    parser.add_argument("--max-input-len", type=int, default=2048, help="sharegpt: input cap")
+    parser.add_argument("--max-output-len", type=int, default=1024, help="sharegpt: output cap")
+    parser.add_argument("--vocab-size", type=int, default=20000, help="token ids drawn below it")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--warmup", type=int, default=4, help="untimed requests first")
+    parser.add_argument("--request-timeout", type=float, default=600.0)
+    parser.add_argument("--startup-timeout", type=float, default=900.0)
+    parser.add_argument("--offline", action="store_true", help="with --launch: LLM.generate too")
+    parser.add_argument("--out", default="benchmarks/results/serve.json")
+    args = parser.parse_args(argv)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per request
+    if args.offline and not args.launch:
+        raise SystemExit("--offline needs --launch (the engine flags to build the LLM with)")
+    datasets = args.dataset.split(",")
+    n = len(datasets)
+    for name in ("request_rate", "max_concurrency", "num_prompts"):
+        n = max(n, len(getattr(args, name).split(",")))
+    datasets = _per_point(args.dataset, n, str, "dataset")
+    rates = _per_point(args.request_rate, n, float, "request-rate")
+    caps = _per_point(args.max_concurrency, n, int, "max-concurrency")
+    counts = _per_point(args.num_prompts, n, int, "num-prompts")
+    workloads = {
+        d: Workload(
+            d,
+            args.input_len,
+            args.output_len,
+            args.range_ratio,
+            args.max_input_len,
+            args.max_output_len,
+            args.vocab_size,
+        )
+        for d in dict.fromkeys(datasets)
+    }
+    out = Path(args.out)
+    report = {
+        "bench": "serve",
+        "env": environment(),
+        "config": vars(args),
+        "workloads": {d: w.describe() for d, w in workloads.items()},
+        "points": [],
+    }
+    server = None
+    if args.launch:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        server = LaunchedServer(args.launch, out.with_suffix(".server.log"), args.startup_timeout)
+    base_url = server.base_url if server else args.base_url.rstrip("/")
+    saturation, batch1 = {}, {}
+    try:
+        model = args.model or _served_model(base_url, args.api_key)
+        for i, (dataset, rate, cap, count) in enumerate(zip(datasets, rates, caps, counts)):
+            requests = workloads[dataset].requests(count, args.seed + i)
+            if i == 0 and args.warmup:
+                warm = [(p, min(o, 8)) for p, o in requests[: args.warmup]]
+                asyncio.run(
+                    run_point(
+                        base_url, model, warm, math.inf, 0, 0, args.api_key, args.request_timeout
+                    )
+                )
+            before = forward_counts(base_url)
+            outcomes, duration = asyncio.run(
+                run_point(
+                    base_url,
+                    model,
+                    requests,
+                    rate,
+                    cap,
+                    args.seed + i,
+                    args.api_key,
+                    args.request_timeout,
+                )
+            )
+            after = forward_counts(base_url)
+            point = {
+                "dataset": dataset,
+                "request_rate": rate,
+                "max_concurrency": cap,
+                "num_prompts": count,
+                **summarize(outcomes, duration),
+            }
+            if before and after:
+                point["forwards"] = {k: after[k] - before.get(k, 0) for k in after}
+            report["points"].append(point)
+            if math.isinf(rate) and cap == 0:
+                saturation[dataset] = requests
+            batch1.setdefault(dataset, requests[0])
+            write(out, report)
+            _print_point(point)
+    finally:
+        if server is not None:
+            report["server_exit_code"] = server.stop()
+            write(out, report)
+    if args.offline:
+        report["offline"] = offline(args.launch, saturation, batch1)
+        report["comparisons"] = _compare(report)
+        write(out, report)
+        print(json.dumps(report["comparisons"], indent=1))
+    _figures(out, report)
+    print(f"wrote {out}")
+    return 0 if all(p["failed"] == 0 for p in report["points"]) else 1
+
+
+def _compare(report: dict) -> dict:
+    """The issue's aims: ITL at concurrency 1 against the offline batch-1 step, and the
+    saturation output throughput against ``LLM.generate`` on the same prompts."""
+    result, offline = {}, report["offline"]
+    for p in report["points"]:
+        d = p["dataset"]
+        step = offline.get(f"{d}_batch1_step_ms")
+        if p["max_concurrency"] == 1 and p["itl_ms"] and step:
+            result[f"{d}_c1_itl_mean_over_batch1_step"] = p["itl_ms"]["mean"] / step
+        generate = offline.get(f"{d}_generate")
+        if math.isinf(p["request_rate"]) and p["max_concurrency"] == 0 and generate:
+            result[f"{d}_saturation_over_generate"] = (
+                p["output_throughput"] / generate["output_throughput"]
+            )
+    return result
+
+
+def _print_point(p: dict) -> None:
+    med = lambda key, q="median": f"{p[key][q]:.1f}" if p[key] else "-"
+    print(
+        f"{p['dataset']:>8} rate={p['request_rate']:<5g} c={p['max_concurrency']:<3d} "
+        f"n={p['num_prompts']:<4d} ok={p['completed']} fail={p['failed']} "
+        f"req/s={p['request_throughput']:.2f} out tok/s={p['output_throughput']:.0f} "
+        f"TTFT med/p99={med('ttft_ms')}/{med('ttft_ms', 'p99')} ms "
+        f"ITL med/p99={med('itl_ms')}/{med('itl_ms', 'p99')} ms TPOT med={med('tpot_ms')} ms "
+        f"e2e med={med('e2e_ms')} ms",
+        flush=True,
+    )
+
+
+def _figures(out: Path, report: dict) -> None:
+    """Latency against output throughput, one line per dataset (uncapped points only)."""
+    for metric in ("ttft_ms", "itl_ms"):
+        series = {}
+        for d in report["workloads"]:
+            points = sorted(
+                (p["output_throughput"], p[metric]["median"])
+                for p in report["points"]
+                if p["dataset"] == d and p[metric] and p["max_concurrency"] == 0
+            )
+            if points:
+                series[d] = ([x for x, _ in points], [y for _, y in points])
+        if series:
+            figure(
+                out.with_name(f"{out.stem}_{metric}.png"),
+                f"median {metric[:-3].upper()} vs throughput ({report['env']['device']})",
+                "output tokens/s",
+                f"median {metric[:-3].upper()} (ms)",
+                series,
+                logx=False,
+            )
