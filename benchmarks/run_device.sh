@@ -9,7 +9,9 @@
 #   and the build bench on the default ladder), rerun (figures older than cd44b17's changes),
 #   sweep-32k (tile/split sweep of the 1 x 32k decode), sweep-1x512 (the batch-1 decode),
 #   ncu-32k (hardware counters of the 1 x 32k decode launch), gemv (the decode GEMV vs cuBLAS),
-#   sweep-small (decode attention tiles at batch 1 and 8).
+#   sweep-small (decode attention tiles at batch 1 and 8), serve (`bench serve` against
+#   `nanograph serve`: arms, request-rate sweeps and the offline comparisons; needs the wheels
+#   of benchmarks/serve_wheels.txt in $SERVE_WHEELS, default shared/serve_wheels).
 # Run from the repo root; logs and JSON land in OUTDIR (copy them to benchmarks/results/).
 # Export NANOGRAPH_COMMIT=<short hash> first: the device copy's .git can be stale.
 set -uo pipefail
@@ -107,5 +109,32 @@ case $stage in
     # 8 x 1k: 8 takes 16 splits and the earlier tiles; is the 32-split choice better there too?)
     python3 -m nanograph bench attention --cases decode_1x512,decode_8x1k --sweep \
       --sweep-seconds 90 --out "$out/attention_small.json" 2>&1 | tee "$out/attention_small.log" ;;
+  serve)  # ~9 min (estimated, not yet measured): `bench serve` on qwen3-0.6b then qwen3-8b
+    # (dummy weights, ignore_eos). Arm default (decode full + prefill breakable): random
+    # 1024-in/256-out at concurrency 1 and over request rates up to inf, the ShareGPT-like mix,
+    # and --offline (LLM.generate on the saturation prompts, batch-1 decode step). Arms eager
+    # and full/full: two rates each. Every arm caps the batch at 128 (fewer decode graphs to
+    # capture). Each command is bounded by `timeout`; MODELS narrows the run.
+    pip install -q --no-index --no-deps --find-links "${SERVE_WHEELS:-shared/serve_wheels}" \
+      -r benchmarks/serve_wheels.txt 2>&1 | tail -2
+    common="--load-format dummy --max-num-seqs 128 --cuda-graph-max-bs 128 --quiet"
+    for model in ${MODELS:-qwen3-0.6b qwen3-8b}; do
+      if [ "$model" = qwen3-8b ]; then
+        rates=inf,1,4,16,inf,4,inf prompts=6,8,24,64,128,24,128 budget=210 fast=4,inf
+      else
+        rates=inf,4,16,64,inf,16,inf prompts=6,16,64,128,128,64,128 budget=120 fast=16,inf
+      fi
+      timeout $budget python3 -m nanograph bench serve --launch "--model $model $common" --offline \
+        --dataset random,random,random,random,random,sharegpt,sharegpt --request-rate $rates \
+        --max-concurrency 1,0,0,0,0,0,0 --num-prompts $prompts \
+        --out "$out/serve_${model}_default.json" 2>&1 | tee "$out/serve_${model}_default.log"
+      for arm in eager full; do
+        graphs="--decode-cuda-graph none --prefill-cuda-graph none"
+        [ $arm = full ] && graphs="--decode-cuda-graph full --prefill-cuda-graph full"
+        timeout $((budget / 2)) python3 -m nanograph bench serve \
+          --launch "--model $model $common $graphs" --request-rate $fast --num-prompts 48,128 \
+          --out "$out/serve_${model}_$arm.json" 2>&1 | tee "$out/serve_${model}_$arm.log"
+      done
+    done ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;
 esac

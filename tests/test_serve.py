@@ -25,6 +25,7 @@ pytestmark = requires_smollm2
 KEY = "test-key"
 MAX_LEN = 512
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+COMPLETION_PROMPT = "The three primary colours are"
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +44,16 @@ def client(server):
 
 @pytest.fixture(scope="module")
 def reference():
-    return LLM("smollm2-135m", max_model_len=MAX_LEN, progress=False)
+    """Offline greedy answers, in one batch: the chat question (16 tokens), a completion (12)."""
+    llm = LLM("smollm2-135m", max_model_len=MAX_LEN, progress=False)
+    chat, completion = llm.generate(
+        [QUESTION, COMPLETION_PROMPT],
+        [
+            SamplingParams(max_tokens=16, temperature=0),
+            SamplingParams(max_tokens=12, temperature=0),
+        ],
+    )
+    return {"chat": chat, "completion": completion}
 
 
 def test_models_and_health(server, client):
@@ -53,8 +63,7 @@ def test_models_and_health(server, client):
 
 
 def test_chat_matches_offline_and_stream_matches_whole(client, reference):
-    greedy = SamplingParams(max_tokens=16, temperature=0)
-    expected = reference.chat(QUESTION, greedy)[0]
+    expected = reference["chat"]
     whole = client.chat.completions.create(
         model="smollm2-135m", messages=QUESTION, max_tokens=16, temperature=0
     )
@@ -83,8 +92,8 @@ def test_chat_matches_offline_and_stream_matches_whole(client, reference):
 
 
 def test_completions_text_and_token_ids(client, reference, server):
-    prompt = "The three primary colours are"
-    expected = reference.generate(prompt, SamplingParams(max_tokens=12, temperature=0))[0]
+    prompt = COMPLETION_PROMPT
+    expected = reference["completion"]
     whole = client.completions.create(
         model="smollm2-135m", prompt=prompt, max_tokens=12, temperature=0
     )
@@ -110,7 +119,7 @@ def test_completions_text_and_token_ids(client, reference, server):
 
 
 def test_stop_strings_never_stream_out(client, reference):
-    full = reference.chat(QUESTION, SamplingParams(max_tokens=16, temperature=0))[0].text
+    full = reference["chat"].text
     stop = "of"  # inside the greedy answer ("The capital of France is Paris.")
     assert stop in full
     kwargs = dict(

@@ -17,8 +17,9 @@ the latency-throughput curves (median TTFT and ITL against output tokens/s).
 
 ``--offline`` (with ``--launch``): once the server is stopped, the same engine flags build an
 ``LLM`` in this process, which runs the prompts of each saturation point (rate inf, no
-concurrency cap) through ``LLM.generate`` and measures the batch-1 decode step (one request of
-the workload's first prompt); the JSON compares them with the served numbers.
+concurrency cap) through ``LLM.generate`` and measures the batch-1 decode step (the first
+request of each concurrency-1 point, alone, median of 3); the JSON compares them with the served
+numbers (``comparisons``: served / offline).
 """
 
 from __future__ import annotations
@@ -378,7 +379,8 @@ def main(argv: list[str] | None = None) -> int:
             report["points"].append(point)
             if math.isinf(rate) and cap == 0:
                 saturation[dataset] = requests
-            batch1.setdefault(dataset, requests[0])
+            if cap == 1:  # its ITL is compared with the offline batch-1 step
+                batch1.setdefault(dataset, requests[0])
             write(out, report)
             _print_point(point)
     finally:

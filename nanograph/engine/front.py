@@ -132,8 +132,8 @@ class EngineFront:
         self._thread.start()
 
     def submit(self, prompt_ids: list[int], params: SamplingParams) -> RequestStream:
-        if self._stopping:
-            raise ShuttingDown("the server is shutting down")
+        if self._stopping or not self.running:
+            raise ShuttingDown("the engine is not running (shutting down)")
         with self._lock:
             if self._engine_waiting + self._pending_adds >= self.max_queue:
                 raise QueueFull(f"{self.max_queue} requests are already waiting")
@@ -176,13 +176,13 @@ class EngineFront:
             if deadline is not None and time.monotonic() >= deadline:
                 for stream in list(self._live.values()):
                     self._abort(stream, "abort", "the server shut down before it finished")
-            if engine.has_work():
-                try:
+            try:
+                if engine.has_work():
                     engine.step()
-                except Exception as e:  # a bug: fail the live requests, keep serving the next
-                    logger.exception("engine step failed")
-                    for stream in list(self._live.values()):
-                        self._abort(stream, "error", f"internal error: {e!r}")
+            except Exception as e:  # a bug: fail the live requests, keep serving the next ones
+                logger.exception("engine step failed")
+                for stream in list(self._live.values()):
+                    self._abort(stream, "error", f"internal error: {e!r}")
             self._publish()
             self._snapshot()
             if deadline is not None and not self._live:
