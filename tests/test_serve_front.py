@@ -204,3 +204,30 @@ def test_arbitrary_bodies_mixed_with_valid_requests(server, reference, requests)
             if r.status_code != 200:
                 assert set(r.json()["error"]) == {"message", "type", "param", "code"}
     assert wait_pages_free(base)["kv_pages_free"] == start["kv_pages_free"]
+
+
+def test_server_imports_nothing_below_the_engine():
+    """DESIGN.md: serve/ talks to the engine's front, never to runners, graphs or models."""
+    import ast
+    from pathlib import Path
+
+    import nanograph.serve
+
+    below = (
+        "nanograph.runners",
+        "nanograph.graph",
+        "nanograph.models",
+        "nanograph.attention",
+        "nanograph.kernels",
+        "nanograph.layers",
+        "nanograph.loader",
+    )
+    for path in Path(nanograph.serve.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom | ast.Import):
+                names = (
+                    [node.module]
+                    if isinstance(node, ast.ImportFrom)
+                    else [a.name for a in node.names]
+                )
+                assert not any(n and n.startswith(below) for n in names), (path.name, names)
