@@ -245,7 +245,7 @@ class Engine:
         problem = self._validate(request)
         if problem:
             request.finish("error", problem)
-            logger.warning("request %d rejected: %s", request.request_id, problem)
+            logger.debug("request %d rejected: %s", request.request_id, problem)
         else:
             self.scheduler.add(request)
         return request
