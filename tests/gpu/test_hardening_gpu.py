@@ -42,8 +42,10 @@ def _compiled_variants() -> int:
     """Compiled kernels held by the JIT caches of nanograph's Triton kernels on this device."""
     from nanograph.kernels import attention, fused, gemv
 
-    kernels = [attention._paged_attention_kernel, fused._rmsnorm_kernel,
-               fused._silu_and_mul_kernel, fused._rope_store_kv_kernel, gemv._gemv_kernel]  # fmt: skip
+    kernels = [
+        attention._paged_attention_kernel, fused._rmsnorm_kernel, fused._silu_and_mul_kernel,
+        fused._rope_store_kv_kernel, gemv._gemv_kernel,
+    ]  # fmt: skip
     total = 0
     for kernel in kernels:
         caches = getattr(kernel, "device_caches", None)
