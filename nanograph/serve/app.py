@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import json
 import logging
 import time
@@ -154,7 +155,8 @@ def build_app(
 def _authorize(request: Request, api_key: str | None) -> None:
     if api_key is None:
         return
-    if request.headers.get("authorization", "") != f"Bearer {api_key}":
+    given = request.headers.get("authorization", "").encode()
+    if not hmac.compare_digest(given, f"Bearer {api_key}".encode()):  # constant time
         raise ApiError(
             401, "invalid API key: send 'Authorization: Bearer <key>'", code="invalid_api_key"
         )
