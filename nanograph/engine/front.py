@@ -9,7 +9,8 @@ Invariants:
   last publication: the prefix of ``output_ids`` before the first ``UNRESOLVED`` placeholder
   (tokens still on the device are never published). The engine needs no hook for this. A
   published token is final: a finishing request only drops tokens that were still unresolved.
-  All of a step's publications reach the event loop in one ``call_soon_threadsafe``.
+  All of a step's publications reach the event loop in one ``call_soon_threadsafe``; a consumer
+  that falls behind receives the updates waiting for it merged into one.
 - The first update of a stream says whether the engine admitted the request; one it refuses
   (too long, token ids outside the vocabulary, larger than the KV pool) is ``rejected``: the
   caller's mistake, reported as such. Its last update has ``finished`` set and the finish reason.
@@ -28,7 +29,7 @@ import queue
 import threading
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -98,9 +99,14 @@ class RequestStream:
             raise RequestRejected(first.error or "the request was rejected")
 
     async def updates(self) -> AsyncIterator[Update]:
-        """Token updates until (and including) the finishing one; call after ``admitted``."""
+        """Token updates until (and including) the finishing one; call after ``admitted``.
+        Updates that queued up while the consumer was busy come merged into one, so a consumer
+        slower than the engine sends fewer, larger chunks instead of falling behind."""
         while True:
             update = await self._updates.get()
+            while not update.finished and not self._updates.empty():
+                later = self._updates.get_nowait()
+                update = replace(later, token_ids=update.token_ids + later.token_ids)
             yield update
             if update.finished:
                 return
