@@ -57,7 +57,10 @@ def run_arm(args: argparse.Namespace, engine_args: dict, caches: dict[str, str])
         str(args.long), "--new-tokens", str(args.new_tokens),
     ]  # fmt: skip
     start = time.perf_counter()
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+    try:
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": [f"not done after {args.timeout} s"]}
     if done.returncode != 0:
         return {"error": done.stderr.strip().splitlines()[-1:] or ["failed"]}
     result = json.loads(done.stdout.strip().splitlines()[-1])

@@ -176,10 +176,6 @@ class Engine:
             # a two-page pool is enough to measure: measurement batches read the scratch page
             scratch = KVCache(self.model_config, 2, self.config.page_size, self.dtype, self.device)
             eager = ModelRunner(self.model, self.attention, scratch.k, scratch.v, self.device)
-            self.kernel_warmup_seconds = warm_up_kernels(
-                eager, self.config.page_size, self.config.progress
-            )
-            logger.info("kernels warmed up in %.1f s", self.kernel_warmup_seconds)
             self.memory.activation_peak = self._measure_activation_peak(eager)
             for path, backend in backends.items():
                 largest = max(self._shapes(path))
@@ -203,6 +199,13 @@ class Engine:
             runners[path] = self._graph_runner(path, backend, kv, self._shapes(path))
             runners[path].capture(progress=self.config.progress)
             self.memory.graph_pools[path] = runners[path].pool_bytes()
+        if self.device.type == "cuda":
+            # after capture, which compiled the variants its graphs hold: this compiles the rest
+            eager = ModelRunner(self.model, self.attention, kv.k, kv.v, self.device)
+            self.kernel_warmup_seconds = warm_up_kernels(
+                eager, self.config.page_size, self.config.progress
+            )
+            logger.info("kernels warmed up in %.1f s", self.kernel_warmup_seconds)
         runner = ModelRunner(self.model, self.attention, kv.k, kv.v, self.device, runners)
         return kv, runner
 

@@ -10,6 +10,9 @@ is compiled with the very arguments a request passes), and the same forwards com
 norm, rope and GEMV kernels. Compiled kernels land in Triton's disk cache, so later start-ups
 on the same machine load them instead of compiling.
 
+It runs after graph capture, which compiled the variants its graphs hold, so it compiles only
+the rest (the shapes eager fallbacks can reach).
+
 Invariant: the warm-up reads only the scratch page 0 and writes no KV (every slot is -1).
 """
 
