@@ -127,7 +127,8 @@ case $stage in
     # 1024-in/256-out at concurrency 1 and over request rates up to inf, the ShareGPT-like mix,
     # and --offline (LLM.generate on the saturation prompts, batch-1 decode step). Arms eager
     # and full/full: two rates each. Every arm caps the batch at 128 (fewer decode graphs to
-    # capture). Each command is bounded by `timeout`; MODELS narrows the run.
+    # capture) and first sends 128 untimed 8-token requests at once (kernels that compile on
+    # first use do so there). Each command is bounded by `timeout`; MODELS narrows the run.
     pip install -q --no-index --no-deps --find-links "${SERVE_WHEELS:-shared/serve_wheels}" \
       -r benchmarks/serve_wheels.txt 2>&1 | tail -2
     common="--load-format dummy --max-num-seqs 128 --cuda-graph-max-bs 128 --quiet"
@@ -139,13 +140,14 @@ case $stage in
       fi
       timeout $budget python3 -m nanograph bench serve --launch "--model $model $common" --offline \
         --dataset random,random,random,random,random,sharegpt,sharegpt --request-rate $rates \
-        --max-concurrency 1,0,0,0,0,0,0 --num-prompts $prompts \
+        --max-concurrency 1,0,0,0,0,0,0 --num-prompts $prompts --warmup 128 \
         --out "$out/serve_${model}_default.json" 2>&1 | tee "$out/serve_${model}_default.log"
       for arm in eager full; do
         graphs="--decode-cuda-graph none --prefill-cuda-graph none"
         [ $arm = full ] && graphs="--decode-cuda-graph full --prefill-cuda-graph full"
         timeout $((budget / 2)) python3 -m nanograph bench serve \
           --launch "--model $model $common $graphs" --request-rate $fast --num-prompts 48,128 \
+          --warmup 128 \
           --out "$out/serve_${model}_$arm.json" 2>&1 | tee "$out/serve_${model}_$arm.log"
       done
     done ;;

@@ -252,7 +252,7 @@ def offline(flags: str, saturation: dict[str, list], batch1: dict[str, tuple]) -
     params = lambda n: SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
     result: dict = {}
     for dataset, requests in saturation.items():
-        llm.generate([p for p, _ in requests[:4]], params(8))  # warm-up
+        llm.generate([p for p, _ in requests], params(8))  # warm-up at the full batch
         start = time.perf_counter()
         outs = llm.generate([p for p, _ in requests], [params(n) for _, n in requests])
         seconds = time.perf_counter() - start
@@ -299,7 +299,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-output-len", type=int, default=1024, help="sharegpt: output cap")
     parser.add_argument("--vocab-size", type=int, default=20000, help="token ids drawn below it")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--warmup", type=int, default=4, help="untimed requests first")
+    parser.add_argument(
+        "--warmup", type=int, default=4, help="untimed requests (8 tokens each) sent at once first"
+    )
     parser.add_argument("--request-timeout", type=float, default=600.0)
     parser.add_argument("--startup-timeout", type=float, default=900.0)
     parser.add_argument("--offline", action="store_true", help="with --launch: LLM.generate too")
@@ -346,8 +348,9 @@ def main(argv: list[str] | None = None) -> int:
         model = args.model or _served_model(base_url, args.api_key)
         for i, (dataset, rate, cap, count) in enumerate(zip(datasets, rates, caps, counts)):
             requests = workloads[dataset].requests(count, args.seed + i)
-            if i == 0 and args.warmup:
-                warm = [(p, min(o, 8)) for p, o in requests[: args.warmup]]
+            if i == 0 and args.warmup:  # all at once: compiles what a full batch needs first
+                warm = workloads[dataset].requests(args.warmup, args.seed - 1)
+                warm = [(p, min(o, 8)) for p, o in warm]
                 asyncio.run(
                     run_point(
                         base_url, model, warm, math.inf, 0, 0, args.api_key, args.request_timeout
