@@ -14,8 +14,8 @@ import sys
 import time
 
 ENGINE_HELP = {
-    "model": "preset name (smollm2-135m, qwen3-0.6b, qwen3-8b, llama-3.1-8b), a .gguf file or "
-    "a Hugging Face folder",
+    "model": "preset name (smollm2-135m, qwen3-0.6b, qwen3-8b, llama-3.1-8b, qwen3-30b-a3b, "
+    "gpt-oss-20b), a .gguf file or a Hugging Face folder",
     "load_format": "auto | gguf | hf | dummy (random weights at full size, for benchmarks)",
     "dtype": "auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16 | float16",
     "device": "auto | cpu | cuda[:N]",
@@ -26,6 +26,8 @@ ENGINE_HELP = {
     "max_num_seqs": "most requests running at once",
     "max_model_len": "context length cap (default: the model's)",
     "attention_backend": "auto (triton on CUDA, torch_native on CPU) | triton | torch_native",
+    "moe_backend": "experts of MoE models: auto (triton on CUDA, torch_native on CPU) | triton "
+    "(fused, graph-safe) | torch_native (per-expert loop: an eager break; no full graphs)",
     "seed": "engine seed (sampling of requests without their own seed)",
     "decode_cuda_graph": "full | breakable | tc_piecewise | none | auto (full on CUDA, none "
     "on CPU)",

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
+from nanograph.models.moe import MOE_BACKENDS
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 GRAPH_CHOICES = ("auto", "full", "breakable", "tc_piecewise", "none")
 
@@ -30,6 +32,8 @@ class EngineConfig:
     max_num_seqs: int = 256
     max_model_len: int | None = None  # None = the model's context length
     attention_backend: str = "auto"  # auto = triton on CUDA, torch_native on CPU
+    # experts of MoE models: auto = triton (graph-safe fused) on CUDA, torch_native on CPU
+    moe_backend: str = "auto"
     seed: int = 0
     progress: bool = True
     # off: the host reads each step's tokens before it schedules the next step (SGLang's flag);
@@ -70,6 +74,10 @@ class EngineConfig:
         ):  # fmt: skip
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.moe_backend not in MOE_BACKENDS:
+            raise ValueError(
+                f"moe_backend must be one of {', '.join(MOE_BACKENDS)}, got {self.moe_backend!r}"
+            )
         for flag in ("decode_cuda_graph", "prefill_cuda_graph"):
             value = getattr(self, flag)
             if value not in GRAPH_CHOICES:

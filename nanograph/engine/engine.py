@@ -34,7 +34,7 @@ from nanograph.engine.sampler import Sampler
 from nanograph.engine.sampling_params import SamplingParams
 from nanograph.engine.scheduler import Scheduler
 from nanograph.graph import get_backend
-from nanograph.models import build_model
+from nanograph.models import build_model, get_moe_backend
 from nanograph.runners.forward_batch import ForwardBatch
 from nanograph.runners.graph_runner import GraphRunner
 from nanograph.runners.model_runner import ModelRunner
@@ -89,8 +89,11 @@ class Engine:
         self.source = resolve_model(config.model, config.load_format)
         self.model_config = self.source.config
         self.attention = get_attention_backend(config.attention_backend, self.device)
+        self.moe = (
+            get_moe_backend(config.moe_backend, self.device) if self.model_config.is_moe else None
+        )
         self.graph_backends = self._graph_backends()  # refuse bad combinations before loading
-        self.model = build_model(self.model_config, self.dtype, self.device)
+        self.model = build_model(self.model_config, self.dtype, self.device, self.moe)
         if self.source.kind == "dummy":
             init_dummy_weights(self.model, seed=config.seed)
         else:
@@ -123,17 +126,34 @@ class Engine:
         return self.memory.weights
 
     # ---- start-up -------------------------------------------------------------------------
+    def host_planned_ops(self) -> list[str]:
+        """The model's ops that read the host (not graph-safe), each with its graph-safe
+        alternative: they run as eager breaks, and a full graph cannot hold them."""
+        ops = []
+        if not self.attention.graph_safe:
+            ops.append(
+                f"attention_backend={self.attention.name!r} reads Python lengths "
+                "(graph-safe: attention_backend='triton')"
+            )
+        if self.moe is not None and not self.moe.graph_safe:
+            ops.append(
+                f"moe_backend={self.moe.name!r} reads per-expert token counts "
+                "(graph-safe: moe_backend='triton')"
+            )
+        return ops
+
     def _graph_backends(self) -> dict[str, str]:
         """Resolved graph backend per path, refusing combinations that cannot capture."""
         backends = {}
+        host_planned = self.host_planned_ops()
         for path in ("decode", "prefill"):
             name = self.config.graph_backend(path)
-            if name == "full" and not self.attention.graph_safe:
+            if name == "full" and host_planned:
                 raise ValueError(
-                    f"{path}_cuda_graph='full' captures attention inside the graph, but the "
-                    f"{self.attention.name!r} attention backend plans on the host (it reads "
-                    "Python lengths). Use attention_backend='triton' (graph-safe), or "
-                    f"{path}_cuda_graph 'breakable', 'tc_piecewise' or 'none'."
+                    f"{path}_cuda_graph='full' captures the whole forward in one graph, but "
+                    f"{'; '.join(host_planned)}. Use the graph-safe backend, or "
+                    f"{path}_cuda_graph 'breakable' or 'tc_piecewise' (they run these ops "
+                    "eagerly between graph segments) or 'none'."
                 )
             if name != "none":
                 backends[path] = name

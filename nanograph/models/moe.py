@@ -1,0 +1,173 @@
+"""The mixture-of-experts layer of Qwen3-MoE and gpt-oss, with two expert implementations.
+
+Invariants:
+- One module for both families: a router (``Linear``, with a bias for gpt-oss), device-side
+  routing (``route``: torch ops, static shapes), then the experts through the chosen
+  ``MoEBackend``. Weights are ``w13 [E, 2I, H]`` (gate/up), ``w2 [E, H, I]`` and, for
+  gpt-oss, biases; the layout is ``kernels.moe``'s (gpt-oss keeps its checkpoint's
+  interleaved gate/up columns, so its tensors load as transposed views of ours, no copy).
+- ``triton`` is graph-safe (no host reads, static shapes): captured inline by every graph
+  backend. ``torch_native`` is the plain per-expert loop: the host reads how many tokens each
+  expert got, so it is a ``split_op``: an eager break under ``breakable``, a split point under
+  ``tc_piecewise``; ``full`` graphs cannot hold it (the engine refuses that combination).
+- Both write into a zeroed output allocated by the caller (inside the graph), like attention,
+  so a break has nothing to copy out.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import nn
+
+from nanograph.graph import split_op
+from nanograph.kernels import reference
+from nanograph.layers import ops
+from nanograph.models.config import ModelConfig
+
+MOE_BACKENDS = ("auto", "triton", "torch_native")
+
+
+class MoEBackend:
+    """How a MoE layer runs its experts: ``experts(...)`` fills ``out [T, H]`` (zeroed)."""
+
+    name: str
+    #: launches the same kernels with the same shapes for any routing (no host reads)
+    graph_safe: bool
+
+    def experts(
+        self, x: torch.Tensor, layer: MoE, weights: torch.Tensor, ids: torch.Tensor,
+        out: torch.Tensor,
+    ) -> None:  # fmt: skip
+        raise NotImplementedError
+
+
+class TritonMoE(MoEBackend):
+    name = "triton"
+    graph_safe = True
+
+    def experts(self, x, layer, weights, ids, out) -> None:
+        args = (x, layer.w13, layer.w2, layer.w13_bias, layer.w2_bias, weights, ids,
+                layer.activation_id, layer.alpha, layer.limit, out)  # fmt: skip
+        (_fused_experts_op if torch.compiler.is_compiling() else _fused_experts)(*args)
+
+
+class TorchNativeMoE(MoEBackend):
+    name = "torch_native"
+    graph_safe = False
+
+    def experts(self, x, layer, weights, ids, out) -> None:
+        native_experts(x, layer.w13, layer.w2, layer.w13_bias, layer.w2_bias, weights, ids,
+                       layer.activation_id, layer.alpha, layer.limit, out)  # fmt: skip
+
+
+def get_moe_backend(name: str, device: torch.device) -> MoEBackend:
+    """``auto`` is ``triton`` on CUDA and ``torch_native`` elsewhere (the interpreter is slow)."""
+    if name == "auto":
+        name = "triton" if device.type == "cuda" else "torch_native"
+    if name == "triton":
+        if device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+            raise ValueError(
+                "moe_backend='triton' needs CUDA (or TRITON_INTERPRET=1, for tests); use "
+                "moe_backend 'torch_native' or 'auto' on this machine"
+            )
+        return TritonMoE()
+    if name == "torch_native":
+        return TorchNativeMoE()
+    raise ValueError(f"unknown MoE backend {name!r}; choose one of {', '.join(MOE_BACKENDS)}")
+
+
+_ACTIVATIONS = ("silu", "clamped_swiglu")
+
+
+def _fused_experts(
+    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, b13: torch.Tensor | None,
+    b2: torch.Tensor | None, weights: torch.Tensor, ids: torch.Tensor, activation: int,
+    alpha: float, limit: float, out: torch.Tensor,
+) -> None:  # fmt: skip
+    from nanograph.kernels.moe import fused_experts  # imports triton: only when used
+
+    out.copy_(fused_experts(x, w13, w2, b13, b2, weights, ids, _ACTIVATIONS[activation],
+                            alpha, limit))  # fmt: skip
+
+
+# What dynamo records while tracing (tc_piecewise): one opaque node inside a compiled piece.
+_fused_experts_op = torch.library.custom_op("nanograph::fused_experts", mutates_args=("out",))(
+    _fused_experts
+)
+_fused_experts_op.register_fake(lambda *args: None)
+
+
+@split_op("nanograph::native_experts", fake=lambda *args: None, mutates_args=("out",))
+def native_experts(
+    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, b13: torch.Tensor | None,
+    b2: torch.Tensor | None, weights: torch.Tensor, ids: torch.Tensor, activation: int,
+    alpha: float, limit: float, out: torch.Tensor,
+) -> None:  # fmt: skip
+    """out += each expert's tokens through that expert, one expert at a time: the host reads
+    the per-expert counts (a sync) and the shapes follow the routing."""
+    num_experts = w13.shape[0]
+    top_k = ids.shape[1]
+    flat = ids.reshape(-1)
+    counts = torch.bincount(flat, minlength=num_experts).tolist()
+    order = torch.argsort(flat, stable=True)
+    start = 0
+    for expert, count in enumerate(counts):
+        if count == 0:
+            continue
+        pairs = order[start : start + count]
+        start += count
+        tokens = pairs // top_k
+        gate_up = ops.linear(x[tokens], w13[expert], None if b13 is None else b13[expert])
+        act = reference.moe_activation(gate_up, _ACTIVATIONS[activation], alpha, limit)
+        down = ops.linear(act, w2[expert], None if b2 is None else b2[expert])
+        scale = weights.reshape(-1)[pairs].to(down.dtype)[:, None]
+        out.index_add_(0, tokens, down * scale)
+
+
+def route(
+    logits: torch.Tensor, top_k: int, softmax_first: bool, renormalize: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Router logits [T, E] -> (weights [T, K] in the logits' dtype, expert ids [T, K] int64).
+
+    ``softmax_first`` (Qwen3-MoE): softmax over all experts in fp32, top-k, optionally
+    renormalised to sum to 1. Otherwise (gpt-oss): top-k of the logits, softmax over the k.
+    Device-side torch ops with static shapes: graph-safe, no host reads.
+    """
+    if softmax_first:
+        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+        weights, ids = torch.topk(probs, top_k, dim=-1)
+        if renormalize:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return weights.to(logits.dtype), ids
+    values, ids = torch.topk(logits, top_k, dim=-1)
+    return torch.softmax(values, dim=-1, dtype=values.dtype), ids
+
+
+class MoE(nn.Module):
+    """Router + experts of one layer (every layer of a MoE model has one)."""
+
+    def __init__(self, config: ModelConfig, backend: MoEBackend) -> None:
+        super().__init__()
+        num_experts, hidden = config.num_experts, config.hidden_size
+        inter = config.expert_intermediate_size
+        gpt_oss = config.moe_activation == "clamped_swiglu"
+        self.backend = backend
+        self.top_k = config.num_experts_per_tok
+        self.softmax_first = not gpt_oss
+        self.renormalize = config.norm_topk_prob
+        self.activation_id = _ACTIVATIONS.index(config.moe_activation)
+        self.alpha, self.limit = config.swiglu_alpha, config.swiglu_limit
+        self.router = nn.Linear(hidden, num_experts, bias=gpt_oss)
+        self.w13 = nn.Parameter(torch.empty(num_experts, 2 * inter, hidden))
+        self.w2 = nn.Parameter(torch.empty(num_experts, hidden, inter))
+        self.w13_bias = nn.Parameter(torch.empty(num_experts, 2 * inter)) if gpt_oss else None
+        self.w2_bias = nn.Parameter(torch.empty(num_experts, hidden)) if gpt_oss else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = ops.linear(x, self.router.weight, self.router.bias)
+        weights, ids = route(logits, self.top_k, self.softmax_first, self.renormalize)
+        out = torch.zeros_like(x)
+        self.backend.experts(x, self, weights, ids, out)
+        return out
