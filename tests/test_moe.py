@@ -271,3 +271,24 @@ def test_dummy_moe_model_builds_and_runs():
     init_dummy_weights(model, seed=0)
     assert model.model.layers[0].mlp.backend.name == "torch_native"  # auto on CPU
     assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_transformers_reference_from_our_weights(arch):
+    """``transformers_model(state_dict=model.hf_state_dict())``, the benchmarks' peer and the
+    GPU tests' reference, holds our weights: per-expert names are stacked where transformers
+    holds experts fused, gpt-oss' transposed experts are views."""
+    from test_model_reference import run_chunks
+
+    from nanograph.loader import init_dummy_weights
+    from nanograph.models.reference import transformers_model
+
+    config = ModelConfig.from_hf_dict(TINY[arch])
+    model = build_model(config, torch.float32, CPU)
+    init_dummy_weights(model, seed=1)
+    hf = transformers_model(config, state_dict=model.hf_state_dict())
+    kv = KVCache(config, num_pages=16, page_size=4, dtype=torch.float32, device=CPU)
+    ids = _prompts()[0]
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids])).logits[0]
+    torch.testing.assert_close(run_chunks(model, kv, ids, [len(ids)]), ref, atol=1e-4, rtol=1e-4)
