@@ -114,7 +114,8 @@ def main() -> int:
     checked = 0
     # Every launch goes through a LaunchCache: give each one a compiling stand-in.
     launches = [attention._launch_attention, fused._launch_norm, fused._launch_silu_and_mul,
-                fused._launch_rope_store_kv, gemv._launch, moe._launch_gemm]  # fmt: skip
+                fused._launch_rope_store_kv, gemv._launch, moe._launch_gemm,
+                moe._launch_pair_gate_up, moe._launch_pair_down]  # fmt: skip
     for launch in launches:
         launch.kernel = CompileOnly(launch.kernel)
     kernels = [launch.kernel for launch in launches]
@@ -166,7 +167,8 @@ def main() -> int:
         ("qwen3-30b-a3b prefill", 256, 128, 8, 2048, 768, "silu", torch.bfloat16),
         ("gpt-oss-20b decode", 4, 32, 4, 2880, 2880, "clamped_swiglu", torch.bfloat16),
         ("gpt-oss-20b prefill", 512, 32, 4, 2880, 2880, "clamped_swiglu", torch.bfloat16),
-        ("fp32", 8, 6, 2, 64, 32, "clamped_swiglu", torch.float32),
+        ("fp32 pairwise", 8, 6, 2, 64, 32, "clamped_swiglu", torch.float32),
+        ("fp32 sorted", 40, 6, 2, 64, 32, "silu", torch.float32),
     ):
         biases = activation == "clamped_swiglu"
         w13 = torch.zeros(experts, 2 * inter, hidden, dtype=dtype)
@@ -176,8 +178,7 @@ def main() -> int:
         ids = torch.randint(0, experts, (tokens, top_k))
         weights = torch.ones(tokens, top_k, dtype=dtype)
         # the tiles choose_tiles picks on a GPU for this many (token, expert) pairs
-        block_m = moe.choose_tiles(tokens * top_k, experts, torch.device("cuda")).block_m
-        tiles = moe.MoeTiles(block_m=block_m, block_n=64, block_k=64)
+        tiles = moe.choose_tiles(tokens, top_k, experts, torch.device("cuda"))
         check(f"fused_experts {name} {tiles}", moe.fused_experts,
               torch.zeros(tokens, hidden, dtype=dtype), w13, w2, b13, b2, weights, ids,
               activation, tiles=tiles)  # fmt: skip

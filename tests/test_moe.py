@@ -200,7 +200,8 @@ CASES = [
 @pytest.mark.parametrize(
     "case", CASES, ids=[f"{c[0]}-{c[1]}x{c[2]}top{c[3]}-{c[4]}" for c in CASES]
 )
-def test_fused_experts_match_float64_and_native(case):
+@pytest.mark.parametrize("pairwise", [True, False], ids=["pairwise", "sorted"])
+def test_fused_experts_match_float64_and_native(case, pairwise):
     routing, tokens, num_experts, top_k, activation = case
     w13, w2, b13, b2 = _experts(activation, num_experts)
     weights, ids = _routing(routing, tokens, num_experts, top_k)
@@ -209,7 +210,8 @@ def test_fused_experts_match_float64_and_native(case):
         x = 4 * x  # reach the clamps
     f64 = [None if t is None else t.double() for t in (x, w13, w2, b13, b2, weights)]
     expected = reference.fused_experts(*f64[:5], f64[5], ids, activation).float()
-    fused = moe_kernels.fused_experts(x, w13, w2, b13, b2, weights, ids, activation)
+    tiles = moe_kernels.MoeTiles(16, 16 if pairwise else 32, 32, 1, 1, pairwise)
+    fused = moe_kernels.fused_experts(x, w13, w2, b13, b2, weights, ids, activation, tiles=tiles)
     torch.testing.assert_close(fused, expected, atol=2e-4, rtol=2e-4)
     native = torch.zeros_like(x)
     native_experts(x, w13, w2, b13, b2, weights, ids, ["silu", "clamped_swiglu"].index(activation),

@@ -1,6 +1,13 @@
-"""Graph-safe fused mixture-of-experts: expert-sorted token blocks built on the device, and two
-grouped GEMMs in Triton (the experts' gate/up product, then the down product with the
-activation fused into its operand load).
+"""Graph-safe fused mixture-of-experts in Triton, in two static regimes chosen by token count.
+
+- Few tokens (decode, ``num_tokens <= PAIRWISE_MAX_TOKENS``): one weight-streaming GEMV per
+  (token, expert) pair for gate/up, then one program per (token, output block) that walks the
+  token's k experts through the down projection (activation fused into its operand load) and
+  sums them weighted: two kernels, no sorting, no metadata. A token reads only its experts.
+- More tokens: the (token, expert) pairs are sorted by expert into blocks of BLOCK_M rows with
+  device-side torch ops, then two grouped GEMMs (``tl.dot``) run per block with the block's
+  expert weights: gate/up, then down with the activation fused into its operand load and the
+  routing weight applied; a reduction over k returns to token order.
 
 Layouts (fixed; the MoE layer of ``nanograph.models.moe`` holds its weights this way):
 - ``w13 [E, 2I, H]``: each expert's gate and up rows, either concatenated (gate rows 0..I-1, up
@@ -10,15 +17,16 @@ Layouts (fixed; the MoE layer of ``nanograph.models.moe`` holds its weights this
   Flat index ``f = t * K + k`` names one (token, expert) pair.
 
 Invariants:
-- No host reads and no data-dependent shapes: every size is derived from static sizes (T, K, E
-  and the tile), so one capture replays for any routing. The expert-sorted order holds at most
-  ``T*K + min(T*K, E) * (BLOCK_M - 1)`` entries (each non-empty expert's segment is padded up
-  to a multiple of BLOCK_M); unused entries hold the sentinel ``T*K`` and blocks past the last
-  segment have expert -1, so their programs exit at once.
-- A block of BLOCK_M sorted entries belongs to one expert, so a program multiplies its rows by
-  that expert's weights only: decode at small batch reads only the selected experts.
-- Results land at flat index f (not in sorted order), so the weighted sum over k back to token
-  order is a plain reduction; sums are in fp32 with one rounding to the activation dtype.
+- No host reads and no data-dependent shapes: every size and the regime derive from static
+  sizes (T, K, E and the tiles), so one capture replays for any routing. The expert-sorted
+  order holds at most ``T*K + min(T*K, E) * (BLOCK_M - 1)`` entries (each non-empty expert's
+  run padded up to a multiple of BLOCK_M); unused entries hold the sentinel ``T*K`` and blocks
+  past the last run have expert -1, so their programs exit at once.
+- A token's result does not depend on the other tokens of the batch (padding rows, batch
+  composition), within a regime; the regime boundary is a decode bucket (8), so a padded decode
+  batch and the same batch run eagerly take the same regime.
+- The activation is computed in fp32 and rounded to the weights' dtype before its product (as
+  the unfused gate/up -> activation -> down would store it); products accumulate in fp32.
 """
 
 from __future__ import annotations
@@ -41,14 +49,25 @@ class MoeTiles:
     block_k: int
     num_warps: int = 4
     num_stages: int = 3
+    pairwise: bool = False  # the few-token regime: GEMVs per (token, expert) pair
 
 
-def choose_tiles(num_pairs: int, num_experts: int, device: torch.device) -> MoeTiles:
-    """Rows per block from the mean rows per expert (static: T*K and E); tl.dot needs >= 16."""
-    mean_rows = num_pairs / num_experts
-    block_m = 16 if mean_rows <= 16 else 32 if mean_rows <= 64 else 64
+# Up to this many tokens the pairwise GEMVs run (a decode bucket: see the module docstring).
+PAIRWISE_MAX_TOKENS = 8
+
+
+def choose_tiles(num_tokens: int, top_k: int, num_experts: int, device: torch.device) -> MoeTiles:
+    """Static launch configuration from static sizes. Pairwise: the GEMV tiles of
+    ``kernels.gemv`` (H200 sweep). Sorted: rows per block from the mean rows per expert
+    (tl.dot needs >= 16)."""
+    pairwise = num_tokens <= PAIRWISE_MAX_TOKENS
     if device.type != "cuda":  # the interpreter: small tiles keep CPU tests fast
-        return MoeTiles(block_m=16, block_n=32, block_k=32, num_warps=1, num_stages=1)
+        return MoeTiles(16, 16 if pairwise else 32, 32, 1, 1, pairwise)
+    if pairwise:
+        return MoeTiles(block_m=1, block_n=16, block_k=512, num_warps=8, num_stages=4,
+                        pairwise=True)  # fmt: skip
+    mean_rows = num_tokens * top_k / num_experts
+    block_m = 16 if mean_rows <= 16 else 32 if mean_rows <= 64 else 64
     return MoeTiles(block_m=block_m, block_n=64, block_k=64)
 
 
@@ -123,15 +142,8 @@ def _moe_gemm_kernel(
         if ACT == 0:
             a = tl.load(a_ptr + a_rows[:, None] * stride_am + offs_k[None, :], mask=a_mask, other=0)
         else:
-            gate_ptrs = a_ptr + a_rows[:, None] * stride_am + offs_k[None, :] * gate_stride
-            gate = tl.load(gate_ptrs, mask=a_mask, other=0).to(tl.float32)
-            up = tl.load(gate_ptrs + up_offset, mask=a_mask, other=0).to(tl.float32)
-            if ACT == 1:
-                act = gate * tl.sigmoid(gate) * up
-            else:
-                gate = tl.minimum(gate, limit)
-                up = tl.minimum(tl.maximum(up, -limit), limit)
-                act = (up + 1.0) * gate * tl.sigmoid(gate * alpha)
+            act = _activation(a_ptr + a_rows[:, None] * stride_am, offs_k[None, :], a_mask,
+                              gate_stride, up_offset, alpha, limit, ACT)  # fmt: skip
             a = act.to(w_ptr.dtype.element_ty)
         w = tl.load(
             w_base + offs_k[:, None] * stride_wk, mask=k_valid[:, None] & n_valid[None, :], other=0
@@ -175,6 +187,115 @@ def _grouped_gemm(
     )  # fmt: skip
 
 
+@triton.jit
+def _activation(a_ptr, k, mask, gate_stride, up_offset, alpha, limit, ACT: tl.constexpr):
+    """act(gate, up)[k] in fp32 from a gate/up row at ``a_ptr`` (layout: module docstring)."""
+    gate = tl.load(a_ptr + k * gate_stride, mask=mask, other=0).to(tl.float32)
+    up = tl.load(a_ptr + k * gate_stride + up_offset, mask=mask, other=0).to(tl.float32)
+    if ACT == 1:
+        return gate * tl.sigmoid(gate) * up
+    gate = tl.minimum(gate, limit)
+    up = tl.minimum(tl.maximum(up, -limit), limit)
+    return (up + 1.0) * gate * tl.sigmoid(gate * alpha)
+
+
+@triton.jit
+def _pair_gate_up_kernel(
+    x_ptr, w_ptr, bias_ptr, c_ptr, ids_ptr,
+    N, K, stride_xm, stride_we, stride_wn, stride_be, stride_cm,
+    TOP_K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """c[f, n] = x[f // TOP_K] . w13[ids[f], n] (+ b13[ids[f], n]) for pair f = program 0."""
+    pair = tl.program_id(0)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    n_mask = offs_n < N
+    expert = tl.load(ids_ptr + pair).to(tl.int64)
+    x_row = x_ptr + (pair // TOP_K).to(tl.int64) * stride_xm
+    w_rows = w_ptr + expert * stride_we + offs_n.to(tl.int64)[:, None] * stride_wn
+    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + offs_k
+        w = tl.load(w_rows + k[None, :], mask=n_mask[:, None] & (k < K)[None, :], other=0,
+                    eviction_policy="evict_first")  # fmt: skip
+        x = tl.load(x_row + k, mask=k < K, other=0).to(tl.float32)
+        acc += w.to(tl.float32) * x[None, :]
+    out = tl.sum(acc, 1)
+    if HAS_BIAS:
+        out += tl.load(bias_ptr + expert * stride_be + offs_n, mask=n_mask, other=0).to(tl.float32)
+    tl.store(c_ptr + pair.to(tl.int64) * stride_cm + offs_n, out.to(c_ptr.dtype.element_ty),
+             mask=n_mask)  # fmt: skip
+
+
+@triton.jit
+def _pair_down_kernel(
+    a_ptr, w_ptr, bias_ptr, out_ptr, ids_ptr, topk_weights_ptr,
+    N, K, stride_am, stride_we, stride_wn, stride_be, stride_om, gate_stride, up_offset, alpha,
+    limit,
+    TOP_K: tl.constexpr, ACT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """out[t, n] = sum_j weight[t, j] * (act(gate_up[t*K + j]) . w2[ids[t, j], n] (+ b2)) for
+    token t = program 0: the k experts summed in fp32 in one program, in order."""
+    token = tl.program_id(0)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    n_mask = offs_n < N
+    total = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for j in range(TOP_K):
+        pair = token * TOP_K + j
+        expert = tl.load(ids_ptr + pair).to(tl.int64)
+        a_row = a_ptr + pair.to(tl.int64) * stride_am
+        w_rows = w_ptr + expert * stride_we + offs_n.to(tl.int64)[:, None] * stride_wn
+        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            k = k0 + offs_k
+            act = _activation(a_row, k, k < K, gate_stride, up_offset, alpha, limit, ACT)
+            act = act.to(w_ptr.dtype.element_ty).to(tl.float32)
+            w = tl.load(w_rows + k[None, :], mask=n_mask[:, None] & (k < K)[None, :], other=0,
+                        eviction_policy="evict_first")  # fmt: skip
+            acc += w.to(tl.float32) * act[None, :]
+        y = tl.sum(acc, 1)
+        if HAS_BIAS:
+            y += tl.load(bias_ptr + expert * stride_be + offs_n, mask=n_mask, other=0).to(
+                tl.float32
+            )
+        total += tl.load(topk_weights_ptr + pair).to(tl.float32) * y
+    tl.store(out_ptr + token.to(tl.int64) * stride_om + offs_n,
+             total.to(out_ptr.dtype.element_ty), mask=n_mask)  # fmt: skip
+
+
+_launch_pair_gate_up = LaunchCache(_pair_gate_up_kernel)
+_launch_pair_down = LaunchCache(_pair_down_kernel)
+
+
+def _pairwise(
+    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, b13: torch.Tensor | None,
+    b2: torch.Tensor | None, weights: torch.Tensor, ids: torch.Tensor, tiles: MoeTiles,
+    act: int, gate_stride: int, up_offset: int, alpha: float, limit: float, out: torch.Tensor,
+) -> None:  # fmt: skip
+    num_tokens, top_k = ids.shape
+    two_i, hidden = w13.shape[1], w13.shape[2]
+    gate_up = x.new_empty((num_tokens * top_k, two_i))
+    _launch_pair_gate_up(
+        (num_tokens * top_k, triton.cdiv(two_i, tiles.block_n)),
+        (x, w13, b13 if b13 is not None else w13, gate_up, ids),
+        (two_i, hidden, x.stride(0), w13.stride(0), w13.stride(1),
+         b13.stride(0) if b13 is not None else 0, gate_up.stride(0)),
+        dict(TOP_K=top_k, HAS_BIAS=b13 is not None, BLOCK_N=tiles.block_n,
+             BLOCK_K=tiles.block_k, num_warps=tiles.num_warps, num_stages=tiles.num_stages),
+    )  # fmt: skip
+    _launch_pair_down(
+        (num_tokens, triton.cdiv(hidden, tiles.block_n)),
+        (gate_up, w2, b2 if b2 is not None else w2, out, ids, weights),
+        (hidden, two_i // 2, gate_up.stride(0), w2.stride(0), w2.stride(1),
+         b2.stride(0) if b2 is not None else 0, out.stride(0), gate_stride, up_offset,
+         float(alpha), float(limit)),
+        dict(TOP_K=top_k, ACT=act, HAS_BIAS=b2 is not None, BLOCK_N=tiles.block_n,
+             BLOCK_K=tiles.block_k, num_warps=tiles.num_warps, num_stages=tiles.num_stages),
+    )  # fmt: skip
+
+
 def fused_experts(
     x: torch.Tensor,
     w13: torch.Tensor,
@@ -187,28 +308,37 @@ def fused_experts(
     alpha: float = 1.702,
     limit: float = 7.0,
     tiles: MoeTiles | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """sum_k topk_weights[t, k] * expert_{topk_ids[t, k]}(x[t]) for ``x [T, H]``; see the
-    module docstring for the weight layouts. Returns [T, H] in x's dtype."""
+    module docstring for the weight layouts. Returns ``out`` ([T, H] in x's dtype)."""
     num_tokens, hidden = x.shape
     num_experts, two_i, _ = w13.shape
     top_k = topk_ids.shape[1]
-    num_pairs = num_tokens * top_k
     if x.stride(-1) != 1 or w13.stride(-1) != 1 or w2.stride(-1) != 1:
         raise ValueError("x and the expert weights must be contiguous in their last dim")
-    tiles = tiles or choose_tiles(num_pairs, num_experts, x.device)
+    tiles = tiles or choose_tiles(num_tokens, top_k, num_experts, x.device)
+    if out is None:
+        out = torch.empty_like(x)
+    interleaved = activation == "clamped_swiglu"
+    act = ACTIVATIONS[activation]
+    gate_stride, up_offset = (2, 1) if interleaved else (1, two_i // 2)
+    weights = topk_weights.reshape(-1).contiguous()
+    ids = topk_ids.contiguous()
+    if tiles.pairwise:
+        _pairwise(x, w13, w2, b13, b2, weights, ids, tiles, act, gate_stride, up_offset, alpha,
+                  limit, out)  # fmt: skip
+        return out
     if min(tiles.block_m, tiles.block_n, tiles.block_k) < 16:
         raise ValueError(f"MoE tiles must be >= 16 (tl.dot), got {tiles}")
-    sorted_ids, block_expert = align_by_expert(topk_ids, num_experts, tiles.block_m)
-    weights = topk_weights.reshape(-1).contiguous()
+    num_pairs = num_tokens * top_k
+    sorted_ids, block_expert = align_by_expert(ids, num_experts, tiles.block_m)
     gate_up = x.new_empty((num_pairs, two_i))
     _grouped_gemm(x, w13, b13, gate_up, sorted_ids, block_expert, weights, tiles,
                   a_row_div=top_k, act=ACTIVATIONS["none"])  # fmt: skip
-    interleaved = activation == "clamped_swiglu"
     down = x.new_empty((num_pairs, hidden))
     _grouped_gemm(
-        gate_up, w2, b2, down, sorted_ids, block_expert, weights, tiles, a_row_div=1,
-        act=ACTIVATIONS[activation], gate_stride=2 if interleaved else 1,
-        up_offset=1 if interleaved else two_i // 2, alpha=alpha, limit=limit, mul_weight=True,
+        gate_up, w2, b2, down, sorted_ids, block_expert, weights, tiles, a_row_div=1, act=act,
+        gate_stride=gate_stride, up_offset=up_offset, alpha=alpha, limit=limit, mul_weight=True,
     )  # fmt: skip
-    return down.view(num_tokens, top_k, hidden).sum(dim=1, dtype=torch.float32).to(x.dtype)
+    return out.copy_(down.view(num_tokens, top_k, hidden).sum(dim=1, dtype=torch.float32))

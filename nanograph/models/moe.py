@@ -88,8 +88,8 @@ def _fused_experts(
 ) -> None:  # fmt: skip
     from nanograph.kernels.moe import fused_experts  # imports triton: only when used
 
-    out.copy_(fused_experts(x, w13, w2, b13, b2, weights, ids, _ACTIVATIONS[activation],
-                            alpha, limit))  # fmt: skip
+    fused_experts(x, w13, w2, b13, b2, weights, ids, _ACTIVATIONS[activation], alpha, limit,
+                  out=out)  # fmt: skip
 
 
 # What dynamo records while tracing (tc_piecewise): one opaque node inside a compiled piece.
