@@ -9,7 +9,9 @@
 #   and the build bench on the default ladder), rerun (figures older than cd44b17's changes),
 #   sweep-32k (tile/split sweep of the 1 x 32k decode), sweep-1x512 (the batch-1 decode),
 #   ncu-32k (hardware counters of the 1 x 32k decode launch), gemv (the decode GEMV vs cuBLAS),
-#   sweep-small (decode attention tiles at batch 1 and 8).
+#   sweep-small (decode attention tiles at batch 1 and 8), moe (MoE models: GPU tests, decode
+#   roofline on qwen3-30b-a3b, native-MoE prefill breakable vs eager), moe-coverage (the
+#   `bench coverage` table: model x MoE backend x graph backend x path).
 # Run from the repo root; logs and JSON land in OUTDIR (copy them to benchmarks/results/).
 # Export NANOGRAPH_COMMIT=<short hash> first: the device copy's .git can be stale.
 set -uo pipefail
@@ -107,5 +109,24 @@ case $stage in
     # 8 x 1k: 8 takes 16 splits and the earlier tiles; is the 32-split choice better there too?)
     python3 -m nanograph bench attention --cases decode_1x512,decode_8x1k --sweep \
       --sweep-seconds 90 --out "$out/attention_small.json" 2>&1 | tee "$out/attention_small.log" ;;
+  moe)  # <= ~7 min: MoE models (issue 15). GPU tests (transformers, graph backends vs eager,
+    # the fused MoE vs the native loop per layer); decode at batch 1 on qwen3-30b-a3b (dummy,
+    # 61 GB bf16) with the fused MoE against its roofline (aim >= 60%); prefill at 256 tokens
+    # with the native MoE, breakable vs eager (aim >= 1.5x)
+    timeout 270 python3 -m pytest -q -s -p no:cacheprovider --durations=10 -rfE \
+      tests/gpu/test_moe_gpu.py > "$out/moe_tests.log" 2>&1
+    grep -E "rel err|identical|passed|failed|Error" "$out/moe_tests.log" | tail -60
+    timeout 75 python3 -m nanograph bench decode --models qwen3-30b-a3b --arms full,none \
+      --batches 1 --repeats 3 --moe-backend triton --out "$out/decode_moe.json" 2>&1 \
+      | grep -v "^INFO" | tee "$out/decode_moe.log"
+    timeout 75 python3 -m nanograph bench prefill --models qwen3-30b-a3b --lengths 256 \
+      --arms eager,breakable --moe-backend torch_native --peer-lengths '' --repeats 5 \
+      --out "$out/prefill_moe.json" 2>&1 | grep -v "^INFO" | tee "$out/prefill_moe.log" ;;
+  moe-coverage)  # <= ~8 min: which graph backend holds which model (qwen3-8b dense,
+    # qwen3-30b-a3b, gpt-oss-20b; MoE triton and torch_native); JSON written after every cell.
+    # If it runs out of time, run the rest separately: MODELS=gpt-oss-20b SUFFIX=_oss
+    timeout 470 python3 -m nanograph bench coverage \
+      --models "${MODELS:-qwen3-8b,qwen3-30b-a3b,gpt-oss-20b}" \
+      --out "$out/coverage${SUFFIX:-}.json" 2>&1 | grep -v "^INFO" | tee "$out/coverage${SUFFIX:-}.log" ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;
 esac

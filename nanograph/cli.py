@@ -156,6 +156,7 @@ def _summary(llm, outputs, elapsed: float) -> None:
         ),
         ("device / dtype", f"{e.device} / {str(e.dtype).removeprefix('torch.')}"),
         ("attention", e.attention.name),
+        *([("moe", e.moe.name)] if e.moe is not None else []),
         ("weights", f"{e.weights_bytes / 2**20:.0f} MiB, loaded in {e.load_seconds:.1f} s"),
         (
             "KV pool",
