@@ -294,3 +294,17 @@ def test_transformers_reference_from_our_weights(arch):
     with torch.no_grad():
         ref = hf(torch.tensor([ids])).logits[0]
     torch.testing.assert_close(run_chunks(model, kv, ids, [len(ids)]), ref, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("experts, top_k", [(6, 2), (5, 5), (128, 8), (32, 4)])
+def test_routing_kernel_matches_torch(experts, top_k, dtype):
+    logits = torch.randn(5, experts, generator=torch.Generator().manual_seed(experts)).to(dtype)
+    for softmax_first, renormalize in ((True, True), (True, False), (False, False)):
+        expected = route(logits, top_k, softmax_first, renormalize)
+        weights, ids = moe_kernels.route(logits, top_k, softmax_first, renormalize)
+        # the same experts; ties aside (none here) torch.topk orders them the same way
+        assert torch.equal(ids, expected[1]), (softmax_first, renormalize)
+        assert weights.dtype == dtype
+        torch.testing.assert_close(weights, expected[0], atol=1e-6, rtol=1e-2 if dtype ==
+                                   torch.bfloat16 else 1e-6)  # fmt: skip

@@ -1,4 +1,5 @@
-"""Graph-safe fused mixture-of-experts in Triton, in two static regimes chosen by token count.
+"""Graph-safe fused mixture-of-experts in Triton: routing (``route``: top-k and its weights,
+one program per token), then the experts in two static regimes chosen by token count.
 
 - Few tokens (decode, ``num_tokens <= PAIRWISE_MAX_TOKENS``): one weight-streaming GEMV per
   (token, expert) pair for gate/up, then one program per (token, output block) that walks the
@@ -69,6 +70,69 @@ def choose_tiles(num_tokens: int, top_k: int, num_experts: int, device: torch.de
     mean_rows = num_tokens * top_k / num_experts
     block_m = 16 if mean_rows <= 16 else 32 if mean_rows <= 64 else 64
     return MoeTiles(block_m=block_m, block_n=64, block_k=64)
+
+
+@triton.jit
+def _route_kernel(
+    logits_ptr, weights_ptr, ids_ptr, num_experts, stride_l,
+    TOP_K: tl.constexpr, K_PAD: tl.constexpr, E_PAD: tl.constexpr,
+    SOFTMAX_FIRST: tl.constexpr, RENORMALIZE: tl.constexpr,
+):  # fmt: skip
+    """Token t = program 0: top-k of its router logits by repeated argmax (the lowest index
+    wins a tie), weights as ``models.moe.route`` defines them, in fp32, stored rounded."""
+    token = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, E_PAD)
+    valid = offs < num_experts
+    logits = tl.load(logits_ptr + token * stride_l + offs, mask=valid, other=float("-inf"))
+    scores = logits.to(tl.float32)
+    if SOFTMAX_FIRST:
+        probs = tl.exp(scores - tl.max(scores, 0))
+        scores = tl.where(valid, probs / tl.sum(probs, 0), float("-inf"))
+    k_offs = tl.arange(0, K_PAD)
+    top = tl.zeros((K_PAD,), dtype=tl.float32)
+    ids = tl.zeros((K_PAD,), dtype=tl.int64)
+    for j in tl.static_range(TOP_K):
+        best = tl.max(scores, 0)
+        index = tl.argmax(scores, 0)
+        top = tl.where(k_offs == j, best, top)
+        ids = tl.where(k_offs == j, index.to(tl.int64), ids)
+        scores = tl.where(offs == index, float("-inf"), scores)
+    chosen = k_offs < TOP_K
+    if SOFTMAX_FIRST:
+        if RENORMALIZE:
+            top = top / tl.sum(tl.where(chosen, top, 0.0), 0)
+    else:
+        top = tl.exp(top - tl.max(tl.where(chosen, top, float("-inf")), 0))
+        top = top / tl.sum(tl.where(chosen, top, 0.0), 0)
+    tl.store(weights_ptr + token * TOP_K + k_offs, top.to(weights_ptr.dtype.element_ty),
+             mask=chosen)  # fmt: skip
+    tl.store(ids_ptr + token * TOP_K + k_offs, ids, mask=chosen)
+
+
+_launch_route = LaunchCache(_route_kernel)
+
+
+def route(
+    logits: torch.Tensor, top_k: int, softmax_first: bool, renormalize: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``models.moe.route`` in one kernel: (weights [T, K] in the logits' dtype, ids [T, K]
+    int64). One program per token; the logits row fits one block (E <= a few thousand)."""
+    num_tokens, num_experts = logits.shape
+    weights = logits.new_empty((num_tokens, top_k))
+    ids = torch.empty((num_tokens, top_k), dtype=torch.int64, device=logits.device)
+    if num_tokens == 0:
+        return weights, ids
+    _launch_route(
+        (num_tokens,),
+        (logits, weights, ids),
+        (num_experts, logits.stride(0)),
+        dict(
+            TOP_K=top_k, K_PAD=triton.next_power_of_2(top_k),
+            E_PAD=triton.next_power_of_2(num_experts), SOFTMAX_FIRST=softmax_first,
+            RENORMALIZE=renormalize, num_warps=1 if num_experts <= 256 else 4, num_stages=1,
+        ),
+    )  # fmt: skip
+    return weights, ids
 
 
 def sorted_capacity(num_pairs: int, num_experts: int, block_m: int) -> int:

@@ -1,17 +1,18 @@
 """The mixture-of-experts layer of Qwen3-MoE and gpt-oss, with two expert implementations.
 
 Invariants:
-- One module for both families: a router (``Linear``, with a bias for gpt-oss), device-side
-  routing (``route``: torch ops, static shapes), then the experts through the chosen
-  ``MoEBackend``. Weights are ``w13 [E, 2I, H]`` (gate/up), ``w2 [E, H, I]`` and, for
-  gpt-oss, biases; the layout is ``kernels.moe``'s (gpt-oss keeps its checkpoint's
-  interleaved gate/up columns, so its tensors load as transposed views of ours, no copy).
+- One module for both families: a router (``Linear``, with a bias for gpt-oss), then routing
+  and experts through the chosen ``MoEBackend``; routing is on the device either way (``route``:
+  torch ops with static shapes; the triton backend's one-kernel ``kernels.moe.route``).
+  Weights are ``w13 [E, 2I, H]`` (gate/up), ``w2 [E, H, I]`` and, for gpt-oss, biases; the
+  layout is ``kernels.moe``'s (gpt-oss keeps its checkpoint's interleaved gate/up columns, so
+  its tensors load as transposed views of ours, no copy).
 - ``triton`` is graph-safe (no host reads, static shapes): captured inline by every graph
   backend. ``torch_native`` is the plain per-expert loop: the host reads how many tokens each
   expert got, so it is a ``split_op``: an eager break under ``breakable``, a split point under
   ``tc_piecewise``; ``full`` graphs cannot hold it (the engine refuses that combination).
-- Both write into a zeroed output allocated by the caller (inside the graph), like attention,
-  so a break has nothing to copy out.
+- The native experts write into a zeroed output allocated before the split op (inside the
+  graph), like attention, so a break has nothing to copy out.
 """
 
 from __future__ import annotations
@@ -30,16 +31,13 @@ MOE_BACKENDS = ("auto", "triton", "torch_native")
 
 
 class MoEBackend:
-    """How a MoE layer runs its experts: ``experts(...)`` fills ``out [T, H]`` (zeroed)."""
+    """How a MoE layer routes and runs its experts: ``forward`` returns [T, H]."""
 
     name: str
     #: launches the same kernels with the same shapes for any routing (no host reads)
     graph_safe: bool
 
-    def experts(
-        self, x: torch.Tensor, layer: MoE, weights: torch.Tensor, ids: torch.Tensor,
-        out: torch.Tensor,
-    ) -> None:  # fmt: skip
+    def forward(self, layer: MoE, x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
 
@@ -47,19 +45,25 @@ class TritonMoE(MoEBackend):
     name = "triton"
     graph_safe = True
 
-    def experts(self, x, layer, weights, ids, out) -> None:
-        args = (x, layer.w13, layer.w2, layer.w13_bias, layer.w2_bias, weights, ids,
-                layer.activation_id, layer.alpha, layer.limit, out)  # fmt: skip
-        (_fused_experts_op if torch.compiler.is_compiling() else _fused_experts)(*args)
+    def forward(self, layer: MoE, x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        out = torch.empty_like(x)  # every row is written
+        args = (x, logits, layer.w13, layer.w2, layer.w13_bias, layer.w2_bias, layer.top_k,
+                layer.softmax_first, layer.renormalize, layer.activation_id, layer.alpha,
+                layer.limit, out)  # fmt: skip
+        (_fused_moe_op if torch.compiler.is_compiling() else _fused_moe)(*args)
+        return out
 
 
 class TorchNativeMoE(MoEBackend):
     name = "torch_native"
     graph_safe = False
 
-    def experts(self, x, layer, weights, ids, out) -> None:
+    def forward(self, layer: MoE, x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        weights, ids = route(logits, layer.top_k, layer.softmax_first, layer.renormalize)
+        out = torch.zeros_like(x)  # allocated here, inside the graph: the break only fills it
         native_experts(x, layer.w13, layer.w2, layer.w13_bias, layer.w2_bias, weights, ids,
                        layer.activation_id, layer.alpha, layer.limit, out)  # fmt: skip
+        return out
 
 
 def get_moe_backend(name: str, device: torch.device) -> MoEBackend:
@@ -81,22 +85,21 @@ def get_moe_backend(name: str, device: torch.device) -> MoEBackend:
 _ACTIVATIONS = ("silu", "clamped_swiglu")
 
 
-def _fused_experts(
-    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, b13: torch.Tensor | None,
-    b2: torch.Tensor | None, weights: torch.Tensor, ids: torch.Tensor, activation: int,
-    alpha: float, limit: float, out: torch.Tensor,
+def _fused_moe(
+    x: torch.Tensor, logits: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+    b13: torch.Tensor | None, b2: torch.Tensor | None, top_k: int, softmax_first: bool,
+    renormalize: bool, activation: int, alpha: float, limit: float, out: torch.Tensor,
 ) -> None:  # fmt: skip
-    from nanograph.kernels.moe import fused_experts  # imports triton: only when used
+    from nanograph.kernels import moe as kernels  # imports triton: only when used
 
-    fused_experts(x, w13, w2, b13, b2, weights, ids, _ACTIVATIONS[activation], alpha, limit,
-                  out=out)  # fmt: skip
+    weights, ids = kernels.route(logits, top_k, softmax_first, renormalize)
+    kernels.fused_experts(x, w13, w2, b13, b2, weights, ids, _ACTIVATIONS[activation], alpha,
+                          limit, out=out)  # fmt: skip
 
 
 # What dynamo records while tracing (tc_piecewise): one opaque node inside a compiled piece.
-_fused_experts_op = torch.library.custom_op("nanograph::fused_experts", mutates_args=("out",))(
-    _fused_experts
-)
-_fused_experts_op.register_fake(lambda *args: None)
+_fused_moe_op = torch.library.custom_op("nanograph::fused_moe", mutates_args=("out",))(_fused_moe)
+_fused_moe_op.register_fake(lambda *args: None)
 
 
 @split_op("nanograph::native_experts", fake=lambda *args: None, mutates_args=("out",))
@@ -167,7 +170,4 @@ class MoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         logits = ops.linear(x, self.router.weight, self.router.bias)
-        weights, ids = route(logits, self.top_k, self.softmax_first, self.renormalize)
-        out = torch.zeros_like(x)
-        self.backend.experts(x, self, weights, ids, out)
-        return out
+        return self.backend.forward(self, x, logits)
