@@ -160,9 +160,10 @@ def align_by_expert(
     padded_starts = padded_ends - padded
     starts = counts.cumsum(0) - counts
     experts, order = torch.sort(flat, stable=True)
-    rank = torch.arange(num_pairs, device=flat.device) - starts[experts]
+    rank = torch.arange(num_pairs, device=flat.device) - starts.index_select(0, experts)
+    destination = padded_starts.index_select(0, experts) + rank  # distinct entries
     sorted_ids = torch.full((capacity,), num_pairs, dtype=torch.int32, device=flat.device)
-    sorted_ids[padded_starts[experts] + rank] = order.to(torch.int32)
+    sorted_ids.scatter_(0, destination, order.to(torch.int32))
     block_starts = torch.arange(0, capacity, block_m, device=flat.device)
     # the expert whose padded run contains the block's first entry (empty runs are skipped)
     block_expert = torch.searchsorted(padded_ends, block_starts, right=True)
