@@ -29,8 +29,8 @@ ENGINE_HELP = {
     "moe_backend": "experts of MoE models: auto (triton on CUDA, torch_native on CPU) | triton "
     "(fused, graph-safe) | torch_native (per-expert loop: an eager break; no full graphs)",
     "seed": "engine seed (sampling of requests without their own seed)",
-    "decode_cuda_graph": "full | breakable | tc_piecewise | none | auto (full on CUDA, none "
-    "on CPU)",
+    "decode_cuda_graph": "full | breakable | tc_piecewise | none | auto (full on CUDA, or "
+    "breakable with a host-planned attention/MoE backend; none on CPU)",
     "prefill_cuda_graph": "full | breakable | tc_piecewise | none | auto (breakable on CUDA, "
     "none on CPU)",
     "debug_cuda_graph": "run captured paths as one eager break through the graph buffers and "

@@ -39,7 +39,8 @@ class EngineConfig:
     # off: the host reads each step's tokens before it schedules the next step (SGLang's flag);
     # on (default): it schedules and launches step t+1 while the device still runs step t
     disable_overlap_schedule: bool = False
-    # graph backend per path; auto = full decode + breakable prefill on CUDA, none on CPU
+    # graph backend per path; auto = full decode + breakable prefill on CUDA (breakable decode
+    # too when an attention or MoE backend reads the host), none on CPU
     decode_cuda_graph: str = "auto"
     prefill_cuda_graph: str = "auto"
     # run every captured path as one eager break through the same buffers and replay path

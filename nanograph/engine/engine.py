@@ -148,6 +148,9 @@ class Engine:
         host_planned = self.host_planned_ops()
         for path in ("decode", "prefill"):
             name = self.config.graph_backend(path)
+            explicit = getattr(self.config, f"{path}_cuda_graph") != "auto"
+            if name == "full" and host_planned and not explicit:
+                name = "breakable"  # auto: the graph backend that holds host-planned ops
             if name == "full" and host_planned:
                 raise ValueError(
                     f"{path}_cuda_graph='full' captures the whole forward in one graph, but "

@@ -156,6 +156,9 @@ def test_full_graph_refuses_native_moe(model_dirs, path):
                        "'tc_piecewise'"):  # fmt: skip
         LLM(str(model_dirs["qwen3_moe"]), moe_backend="torch_native",
             **{f"{path}_cuda_graph": "full", f"{other}_cuda_graph": "none"}, **SMALL)  # fmt: skip
+    # auto takes breakable where it would take full
+    llm = LLM(str(model_dirs["qwen3_moe"]), moe_backend="torch_native", **SMALL)
+    assert llm.engine.runner.graph_runners[path].backend.name == "breakable"
 
 
 # ---- the fused MoE against the native loop, at the presets' layer shapes -----------------
