@@ -169,7 +169,9 @@ def figure(report: dict, path: Path) -> Path | None:
                 grid[i, j] = cell["speedup"]
             text = _verdict(cell) if cell else "-"
             ax.text(j, i, text.replace(" ", "\n"), ha="center", va="center", fontsize=7)
-    ax.imshow(grid.numpy(), cmap="Greens", vmin=0.5, aspect="auto")
+    finite = grid[~grid.isnan()]
+    top = max(2.0, float(finite.max())) if finite.numel() else 2.0
+    ax.imshow(grid.numpy(), cmap="Greens", vmin=0.5, vmax=top, aspect="auto")
     ax.set_xticks(range(len(cols)), [f"{b}\n{p}" for b, p in cols], fontsize=8)
     ax.set_yticks(range(len(rows)), [f"{m}\nmoe={moe}" for m, moe in rows], fontsize=8)
     ax.set_title(f"graph backend coverage, speedup over eager ({report['env']['device']})")
