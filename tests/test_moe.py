@@ -315,3 +315,16 @@ def test_routing_kernel_matches_torch(experts, top_k, dtype):
         assert weights.dtype == dtype
         torch.testing.assert_close(weights, expected[0], atol=1e-6, rtol=1e-2 if dtype ==
                                    torch.bfloat16 else 1e-6)  # fmt: skip
+
+
+def test_transformers5_in_memory_weights_load(hf_models):
+    """A transformers-5 Qwen3-MoE holds its experts fused (``mlp.experts.gate_up_proj``); its
+    ``state_dict()`` loads as well as the per-expert checkpoint."""
+    hf, folder = hf_models["qwen3_moe"]
+    config = read_hf_config(folder)
+    from_folder = build_model(config, torch.float32, CPU)
+    load_weights(from_folder, iter_hf_weights(folder, config), progress=False)
+    in_memory = build_model(config, torch.float32, CPU)
+    load_weights(in_memory, hf.state_dict().items(), progress=False)
+    for (name, a), b in zip(from_folder.named_parameters(), in_memory.parameters()):
+        assert torch.equal(a, b), name
