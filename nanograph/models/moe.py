@@ -17,6 +17,8 @@ Invariants:
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 import torch
 from torch import nn
 
@@ -28,15 +30,16 @@ from nanograph.models.config import ModelConfig
 MOE_BACKENDS = ("auto", "triton", "torch_native")
 
 
-class MoEBackend:
-    """How a MoE layer routes and runs its experts: ``forward`` returns [T, H]."""
+class MoEBackend(ABC):
+    """How a MoE layer routes and runs its experts."""
 
     name: str
     #: launches the same kernels with the same shapes for any routing (no host reads)
     graph_safe: bool
 
+    @abstractmethod
     def forward(self, layer: MoE, x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
+        """x [T, H] and its router logits [T, E] -> the layer's output [T, H]."""
 
 
 class TritonMoE(MoEBackend):
