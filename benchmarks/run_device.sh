@@ -116,12 +116,12 @@ case $stage in
     timeout 270 python3 -m pytest -q -s -p no:cacheprovider --durations=10 -rfE \
       tests/gpu/test_moe_gpu.py > "$out/moe_tests.log" 2>&1
     grep -E "rel err|identical|passed|failed|Error" "$out/moe_tests.log" | tail -60
-    timeout 75 python3 -m nanograph bench decode --models qwen3-30b-a3b --arms full,none \
+    timeout 75 python3 -m nanograph bench decode --models qwen3-30b-a3b --arms full \
       --batches 1 --repeats 3 --moe-backend triton --out "$out/decode_moe.json" 2>&1 \
       | grep -v "^INFO" | tee "$out/decode_moe.log"
-    timeout 75 python3 -m nanograph bench prefill --models qwen3-30b-a3b --lengths 256 \
-      --arms eager,breakable --moe-backend torch_native --peer-lengths '' --repeats 5 \
-      --out "$out/prefill_moe.json" 2>&1 | grep -v "^INFO" | tee "$out/prefill_moe.log" ;;
+    timeout 100 python3 -m nanograph bench prefill --models qwen3-30b-a3b,gpt-oss-20b \
+      --lengths 256 --arms eager,breakable --moe-backend torch_native --peer-lengths '' \
+      --repeats 5 --out "$out/prefill_moe.json" 2>&1 | grep -v "^INFO" | tee "$out/prefill_moe.log" ;;
   moe-coverage)  # <= ~8 min: which graph backend holds which model (qwen3-8b dense,
     # qwen3-30b-a3b, gpt-oss-20b; MoE triton and torch_native); JSON written after every cell.
     # If it runs out of time, run the rest separately: MODELS=gpt-oss-20b SUFFIX=_oss

@@ -105,24 +105,30 @@ def native_experts(
     alpha: float, limit: float, out: torch.Tensor,
 ) -> None:  # fmt: skip
     """out += each expert's tokens through that expert, one expert at a time: the host reads
-    the per-expert counts (a sync) and the shapes follow the routing."""
+    the per-expert counts (a sync) and the shapes follow the routing. The (token, expert) pairs
+    are gathered in expert order once; each expert then runs on a contiguous slice."""
     num_experts = w13.shape[0]
     top_k = ids.shape[1]
     flat = ids.reshape(-1)
     counts = torch.bincount(flat, minlength=num_experts).tolist()
     order = torch.argsort(flat, stable=True)
+    tokens = order // top_k
+    rows = x[tokens]
+    scales = weights.reshape(-1)[order].to(x.dtype)[:, None]
+    down = torch.empty_like(rows)
     start = 0
     for expert, count in enumerate(counts):
         if count == 0:
             continue
-        pairs = order[start : start + count]
-        start += count
-        tokens = pairs // top_k
-        gate_up = ops.linear(x[tokens], w13[expert], None if b13 is None else b13[expert])
+        end = start + count
+        gate_up = ops.linear(rows[start:end], w13[expert], None if b13 is None else b13[expert])
         act = reference.moe_activation(gate_up, _ACTIVATIONS[activation], alpha, limit)
-        down = ops.linear(act, w2[expert], None if b2 is None else b2[expert])
-        scale = weights.reshape(-1)[pairs].to(down.dtype)[:, None]
-        out.index_add_(0, tokens, down * scale)
+        down[start:end] = ops.linear(act, w2[expert], None if b2 is None else b2[expert])
+        start = end
+    # back to pair order, then a sum over k: deterministic (an index_add_ of duplicate token
+    # rows would add in any order on CUDA)
+    by_pair = torch.empty_like(down).index_copy_(0, order, down * scales)
+    out.add_(by_pair.view(-1, top_k, by_pair.shape[1]).sum(dim=1, dtype=torch.float32))
 
 
 def route(
