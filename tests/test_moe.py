@@ -338,3 +338,13 @@ def test_transformers5_in_memory_weights_load(hf_models):
     load_weights(in_memory, hf.state_dict().items(), progress=False)
     for (name, a), b in zip(from_folder.named_parameters(), in_memory.parameters()):
         assert torch.equal(a, b), name
+
+
+def test_unknown_expert_tensor_is_a_clear_error(hf_models):
+    from nanograph.loader import ModelLoadError
+
+    config = read_hf_config(hf_models["qwen3_moe"][1])
+    model = build_model(config, torch.float32, CPU)
+    for name in ("model.layers.0.mlp.experts.1.fc.weight", "model.layers.0.mlp.experts.x.up"):
+        with pytest.raises(ModelLoadError, match="has no place in the model"):
+            load_weights(model, [(name, torch.zeros(1))], progress=False)

@@ -231,10 +231,11 @@ class CausalLM(nn.Module):
         if parts[5] in ("gate_up_proj", "down_proj"):  # transformers 5 in memory: all experts
             return f"{prefix}.{'w13' if parts[5] == 'gate_up_proj' else 'w2'}", index
         inter = self.config.expert_intermediate_size
-        expert, proj = int(parts[5]), parts[6]
         rows = {"gate_proj": slice(0, inter), "up_proj": slice(inter, 2 * inter)}
-        param = "w2" if proj == "down_proj" else "w13"
-        return f"{prefix}.{param}", (expert, rows.get(proj, slice(None)))
+        if len(parts) != 8 or not parts[5].isdigit() or parts[6] not in (*rows, "down_proj"):
+            return name, index  # no such parameter: the loader reports the name
+        param = "w2" if parts[6] == "down_proj" else "w13"
+        return f"{prefix}.{param}", (int(parts[5]), rows.get(parts[6], slice(None)))
 
     def _parameters_by_name(self) -> dict[str, nn.Parameter]:
         # Cached: a checkpoint load resolves every tensor name through it. Rebuilt when the
