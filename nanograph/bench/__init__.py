@@ -20,6 +20,7 @@ BENCHES = {
     "host": "nanograph.bench.host",
     "gemv": "nanograph.bench.gemv",
     "coverage": "nanograph.bench.coverage",
+    "startup": "nanograph.bench.startup",
 }
 
 

@@ -251,6 +251,8 @@ class Engine:
             budget = cfg.kv_cache_bytes
         # never more than every sequence slot at full length could use
         cap = cfg.max_num_seqs * (-(-self.max_model_len // cfg.page_size)) + 1
+        if cfg.max_total_tokens is not None:
+            cap = min(cap, -(-cfg.max_total_tokens // cfg.page_size) + 1)
         num_pages = min(budget // per_page, cap)
         if num_pages < 2:
             raise MemoryError(

@@ -171,7 +171,10 @@ def _attend_key_range(
     return acc, m_i, l_i
 
 
-@triton.jit
+# Batch-dependent integers are not specialized: Triton would otherwise compile a new variant
+# whenever the request count or the page-table width changes between 1, a multiple of 16 and
+# anything else, i.e. on a request's path.
+@triton.jit(do_not_specialize=["num_seqs", "stride_page_table"])
 def _paged_attention_kernel(
     q_ptr,
     k_cache_ptr,
@@ -423,6 +426,16 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+def _dot_precision(q: torch.Tensor) -> str | None:
+    """16-bit inputs: the default. fp32 inputs: products near fp32 accuracy. On a GPU that is
+    tf32x3 (three tensor-core products, ~1e-6 relative): "ieee" compiles the dots to FMA loops,
+    which took Triton minutes per launch configuration on the H200, on a request's path. The
+    interpreter (CPU tests, references) computes exact fp32 products."""
+    if q.dtype != torch.float32:
+        return None
+    return "tf32x3" if q.is_cuda else "ieee"
+
+
 def _next_pow2(x: int) -> int:
     return 1 << max(x - 1, 0).bit_length()
 
@@ -588,8 +601,7 @@ def paged_attention(
             USE_WINDOW=sliding_window > 0,
             USE_SOFTCAP=use_softcap,
             HAS_SINKS=sinks is not None,
-            # fp32 inputs: exact products (tests, references); 16-bit inputs: the default
-            DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,
+            DOT_PRECISION=_dot_precision(q),
             PDL=pdl.enabled(q),
             num_warps=tiles.num_warps,
             num_stages=tiles.num_stages,
