@@ -171,7 +171,8 @@ def align_by_expert(
     return sorted_ids, block_expert.to(torch.int32)
 
 
-@triton.jit
+# The pair count changes with the batch: not specialized, so a new batch size compiles nothing.
+@triton.jit(do_not_specialize=["num_pairs"])
 def _moe_gemm_kernel(
     a_ptr, w_ptr, bias_ptr, c_ptr, sorted_ids_ptr, block_expert_ptr, topk_weights_ptr,
     num_pairs, N, K, stride_am, stride_we, stride_wn, stride_wk, stride_be, stride_cm,
@@ -246,7 +247,10 @@ def _grouped_gemm(
         dict(
             A_ROW_DIV=a_row_div, ACT=act, HAS_BIAS=bias is not None, MUL_WEIGHT=mul_weight,
             BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
-            DOT_PRECISION="ieee" if a.dtype == torch.float32 else None,
+            # fp32: tf32x3 on a GPU ("ieee" compiles to FMA loops, minutes per variant, see
+            # kernels.attention), exact products in the interpreter; 16-bit: the default
+            DOT_PRECISION=(("tf32x3" if a.is_cuda else "ieee") if a.dtype == torch.float32
+                           else None),
             num_warps=tiles.num_warps, num_stages=tiles.num_stages,
         ),
     )  # fmt: skip
