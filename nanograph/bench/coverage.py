@@ -78,7 +78,8 @@ def _path_record(llm, path: str) -> dict:
         "graph_bytes": llm.engine.memory.graph_pools.get(path, 0),
         "replays": runner.replays,
         "fallbacks": runner.fallbacks,
-        "breaks": sum(sum(g.stats.breaks.values()) for g in runner.graphs.values()),
+        # eager regions a replay runs (breakable breaks, tc_piecewise split ops)
+        "breaks_per_replay": max((g.stats.num_breaks for g in runner.graphs.values()), default=0),
     }
 
 
