@@ -35,6 +35,7 @@ from nanograph.attention import get_attention_backend
 from nanograph.engine.config import EngineConfig
 from nanograph.engine.kv_cache import KVCache, bytes_per_token
 from nanograph.engine.memory import MemoryReport
+from nanograph.engine.prefix_cache import PrefixCache
 from nanograph.engine.request import UNRESOLVED, Request, Status
 from nanograph.engine.sampler import Sampler
 from nanograph.engine.sampling_params import SamplingParams
@@ -110,9 +111,14 @@ class Engine:
             weights=sum(p.numel() * p.element_size() for p in self.model.parameters())
         )
         self.kv_cache, self.runner = self._build_kv_cache_and_runners()
+        self.prefix_cache = (
+            None if config.disable_prefix_caching
+            else PrefixCache(self.kv_cache.allocator, config.page_size)
+        )  # fmt: skip
         self.scheduler = Scheduler(
-            self.kv_cache, config.chunked_prefill_size, config.max_num_seqs, self.max_model_len
-        )
+            self.kv_cache, config.chunked_prefill_size, config.max_num_seqs, self.max_model_len,
+            self.prefix_cache,
+        )  # fmt: skip
         self.sampler = Sampler(self.device, seed=config.seed)
         self.eos_token_ids = set(self.model_config.eos_token_ids)
         if self.tokenizer is not None:
@@ -122,11 +128,21 @@ class Engine:
         self._in_flight: _InFlight | None = None  # launched, its tokens not read yet
         self.load_seconds = time.perf_counter() - start
         if config.progress:
-            logger.info("%s", self.memory.table())
+            logger.info("%s", self.memory_report().table())
 
     @property
     def weights_bytes(self) -> int:
         return self.memory.weights
+
+    def memory_report(self) -> MemoryReport:
+        """The start-up memory report with the prefix cache's figures as of now."""
+        if self.prefix_cache is not None:
+            stats = self.prefix_cache.stats()
+            page_bytes = self.kv_cache.nbytes // self.kv_cache.num_pages
+            self.memory.prefix_cache = stats.as_dict() | {
+                "cached_bytes": stats.cached_pages * page_bytes
+            }
+        return self.memory
 
     # ---- start-up -------------------------------------------------------------------------
     def _graph_backends(self) -> dict[str, str]:

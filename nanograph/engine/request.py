@@ -4,6 +4,8 @@ Invariant: the first ``num_computed`` tokens of ``token_ids`` have their KV in t
 the next forward computes ``token_ids[num_computed:]`` (or a chunk of it). When a forward
 reaches the end of ``token_ids``, its last row is sampled and one token is appended.
 Preemption frees the pages and sets ``num_computed = 0``: recompute rebuilds the same KV.
+With prefix caching the first ``num_shared_pages`` of ``pages`` belong to the prefix cache's
+tree (``prefix_node`` is the node the request locks); the rest are the request's own.
 
 With the overlap schedule a sampled token is known on the device before the host reads it:
 its place in ``output_ids`` holds ``UNRESOLVED`` until the host reads the step that sampled it,
@@ -46,6 +48,9 @@ class Request:
     finish_time: float | None = None
     num_preemptions: int = 0
     future: tuple[object, int] | None = None  # (step, row) of the last sampled token
+    prefix_node: object | None = None  # the prefix cache's node this request locks
+    num_shared_pages: int = 0  # pages[:num_shared_pages] are the prefix cache's
+    num_cached_tokens: int = 0  # prompt tokens taken from the prefix cache at admission
 
     @property
     def token_ids(self) -> list[int]:
