@@ -57,6 +57,12 @@ class Scheduler:
     def add(self, request: Request) -> None:
         self.waiting.append(request)
 
+    @property
+    def num_available_pages(self) -> int:
+        """Pages a request could get now: free ones plus cached ones no request reads."""
+        cached = self.cache.num_evictable if self.cache is not None else 0
+        return self.kv.allocator.num_free + cached
+
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
