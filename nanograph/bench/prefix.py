@@ -114,7 +114,7 @@ def measure_arm(args: argparse.Namespace, caching: bool) -> dict:
 
     llm = LLM(
         args.model, load_format=args.load_format, disable_prefix_caching=not caching,
-        chunked_prefill_size=args.chunk, progress=False,
+        chunked_prefill_size=args.chunk, max_num_seqs=args.max_num_seqs, progress=False,
     )  # fmt: skip
     work = Workloads(llm, args)
     warm = torch.randint(0, work.vocab, (args.system + args.user,)).tolist()
@@ -145,6 +145,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nosharing-prompt", type=int, default=1024)
     parser.add_argument("--repeats", type=int, default=3, help="no-sharing runs per arm")
     parser.add_argument("--chunk", type=int, default=8192, help="chunked_prefill_size")
+    parser.add_argument(
+        "--max-num-seqs",
+        type=int,
+        default=64,
+        help="also the largest decode graph (the workloads run 64 at a time)",
+    )
     parser.add_argument(
         "--smoke",
         action="store_true",
