@@ -149,6 +149,24 @@ def test_prefilled_tokens_drop_by_the_cached_amount(tiny):
     assert counts[True] - counts[False] == sum(o.cached_tokens for o in on)
 
 
+def test_requests_sharing_a_head_submitted_together_compute_it_once(tiny):
+    """The first request prefills the shared head; the others wait one step (their next page
+    is being computed) and take it from the tree."""
+    g = torch.Generator().manual_seed(12)
+    head = torch.randint(0, 256, (32,), generator=g).tolist()
+    batch = [head + torch.randint(0, 256, (5,), generator=g).tolist() for _ in range(4)]
+    params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    outs, counts = {}, {}
+    for disable in (True, False):
+        llm = make_llm(tiny, disable_prefix_caching=disable)
+        counted = count_prefilled(llm)
+        outs[disable], counts[disable] = llm.generate(batch, params), counted[0]
+        assert_pages_back(llm)
+    assert [o.token_ids for o in outs[False]] == [o.token_ids for o in outs[True]]
+    assert [o.cached_tokens for o in outs[False]] == [0, 32, 32, 32]
+    assert counts[True] - counts[False] == 96
+
+
 def test_identical_and_strict_prefix_prompts(tiny):
     g = torch.Generator().manual_seed(8)
     prompt = torch.randint(0, 256, (24,), generator=g).tolist()  # exactly 6 pages

@@ -12,7 +12,9 @@ fails with an error instead of stalling the batch.
 With a prefix cache (``prefix_cache.py``), an admitted request first takes the longest cached
 prefix of its tokens, so admission and the token budget count only the tokens still to compute;
 running requests put their computed whole pages into the tree before each step is scheduled,
-so a request admitted later shares them; a short pool evicts unused cached pages before it
+so a request admitted later shares them, and a waiting request whose next page of prompt a
+running request is prefilling right now waits a step for it rather than computing it twice
+(requests behind it go first); a short pool evicts unused cached pages before it
 preempts or refuses anyone; preemption and finishing keep the computed pages cached (an error
 does not: its KV is not trusted). Every page goes back through ``release``.
 """
@@ -132,6 +134,7 @@ class Scheduler:
                 continue
             # nobody left to preempt: this one waits until pages come back
             self._preempt(request)
+        deferred: list[Request] = []
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
             if request.done_sampling(self.max_model_len):
@@ -141,6 +144,11 @@ class Scheduler:
                 failed.append(request)
                 continue
             queried = self.cache.acquire(request) if self.cache is not None else 0
+            if self.cache is not None and self._next_page_in_progress(request):
+                self.release(request, keep=False)  # the match is taken again next step
+                request.num_computed = 0
+                deferred.append(self.waiting.popleft())
+                continue
             n = min(request.num_pending, budget)
             if not self._grow(request, request.num_computed + n):
                 if self.cache is not None:  # undo the match: a waiting request holds no pages
@@ -157,7 +165,23 @@ class Scheduler:
             chosen.append(request)
             num_new.append(n)
             budget -= n
+        self.waiting.extendleft(reversed(deferred))
         return ScheduledStep(chosen, num_new), failed
+
+    def _next_page_in_progress(self, request: Request) -> bool:
+        """Whether a running request is prefilling the very page of prompt this one would
+        compute next after its match (same tokens from the start): it then waits a step and
+        takes that page from the tree instead of computing it twice."""
+        ps, m = self.kv.page_size, request.num_computed
+        if m + ps > request.num_tokens - 1:
+            return False  # no further whole page could be shared
+        head = request.token_ids[: m + ps]
+        return any(
+            other.num_computed < m + ps <= len(other.prompt_ids)
+            and other.prompt_ids[m : m + ps] == head[m:]
+            and other.prompt_ids[:m] == head[:m]
+            for other in self.running
+        )
 
     def finish(self, request: Request) -> None:
         if request in self.running:
