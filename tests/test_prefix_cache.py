@@ -39,6 +39,8 @@ def check_accounting(cache: PrefixCache, requests: list[Request]) -> None:
             tree += node.pages
             evictable += len(node.pages) if node.ref == 0 else 0
             assert node.ref >= sum(c.ref for c in node.children.values())
+            if node.ref == 0 and not node.children:  # an eviction candidate has a live entry
+                assert any(n is node and t == node.last_used for t, _, n in cache._heap)
     private = [p for r in requests for p in r.pages[r.num_shared_pages :]]
     free = cache.allocator._free
     everything = tree + private + free

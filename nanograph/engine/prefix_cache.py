@@ -69,7 +69,11 @@ class PrefixCache:
         self.allocator = allocator
         self.page_size = page_size
         self.root = _Node([], [], None)
-        self._leaves: set[_Node] = set()  # nodes without children, root excluded
+        # eviction candidates, lazily: an entry is stale once its node is touched, locked, given
+        # a child or evicted (its state no longer matches); every change that makes a node an
+        # unlocked leaf, or touches one, pushes a fresh entry
+        self._heap: list[tuple[int, int, _Node]] = []
+        self._pushes = itertools.count()  # tie-break: nodes never compare
         self._clock = itertools.count(1)
         self._num_pages = 0
         self._num_evictable = 0
@@ -106,7 +110,7 @@ class PrefixCache:
         if full <= start:
             return
         node = request.prefix_node or self.root
-        tokens = request.token_ids[start * ps : full * ps]
+        tokens = request.token_slice(start * ps, full * ps)
         node, pages = self._insert(node, tokens, request.pages[start:full])
         duplicates = [p for p, q in zip(request.pages[start:full], pages) if p != q]
         request.pages[start:full] = pages
@@ -138,11 +142,11 @@ class PrefixCache:
     def evict(self, n: int) -> int:
         """Frees up to ``n`` pages no request reads, least recently used leaves first, each
         from its tail; returns how many were freed."""
-        heap = [(leaf.last_used, id(leaf), leaf) for leaf in self._leaves if leaf.ref == 0]
-        heapq.heapify(heap)
         freed = 0
-        while freed < n and heap:
-            _, _, node = heapq.heappop(heap)
+        while freed < n and self._heap:
+            used, _, node = heapq.heappop(self._heap)
+            if used != node.last_used or not self._evictable(node):
+                continue  # a stale entry
             k = min(len(node.pages), n - freed)
             freed += k
             self._num_pages -= k
@@ -151,16 +155,21 @@ class PrefixCache:
                 cut = len(node.pages) - k
                 self.allocator.free(node.pages[cut:])
                 del node.pages[cut:], node.key[cut * self.page_size :]
+                self._push(node)
                 break
             self.allocator.free(node.pages)
             parent = node.parent
             del parent.children[tuple(node.key[: self.page_size])]
-            self._leaves.discard(node)
-            if parent is not self.root and not parent.children:
-                self._leaves.add(parent)
-                if parent.ref == 0:
-                    heapq.heappush(heap, (parent.last_used, id(parent), parent))
+            node.pages, node.key = [], []
+            self._push(parent)
         self._evicted += freed
+        if len(self._heap) > 2 * self._num_pages + 64:  # mostly stale: rebuild
+            self._heap = []
+            stack = [self.root]
+            while stack:
+                node = stack.pop()
+                stack += node.children.values()
+                self._push(node)
         return freed
 
     def stats(self) -> PrefixCacheStats:
@@ -200,10 +209,9 @@ class PrefixCache:
                 child = _Node(tokens[pos:], pages[pos // ps :], node)
                 child.last_used = clock
                 node.children[tuple(tokens[pos : pos + ps])] = child
-                self._leaves.discard(node)
-                self._leaves.add(child)
                 self._num_pages += len(child.pages)
                 self._num_evictable += len(child.pages)
+                self._push(child)
                 return child, out + child.pages
             k = self._common_pages(child, tokens, pos)
             if k < len(child.pages):
@@ -211,6 +219,7 @@ class PrefixCache:
             out += child.pages
             node, pos = child, pos + k * ps
         node.last_used = clock
+        self._push(node)
         return node, out
 
     def _common_pages(self, node: _Node, tokens: list[int], pos: int) -> int:
@@ -237,6 +246,13 @@ class PrefixCache:
         upper.children[tuple(node.key[:ps])] = node
         return upper
 
+    def _evictable(self, node: _Node) -> bool:
+        return node.ref == 0 and not node.children and bool(node.pages)
+
+    def _push(self, node: _Node) -> None:
+        if node is not self.root and self._evictable(node):
+            heapq.heappush(self._heap, (node.last_used, next(self._pushes), node))
+
     def _lock(self, node: _Node | None) -> None:
         clock = next(self._clock)
         while node is not None and node is not self.root:
@@ -254,6 +270,7 @@ class PrefixCache:
                 self._num_evictable += len(node.pages)
             if touch:
                 node.last_used = clock
+            self._push(node)
             node = node.parent
 
 

@@ -57,13 +57,17 @@ class Request:
         return self.prompt_ids + self.output_ids
 
     def pending_tokens(self, n: int) -> list[int]:
-        """The next ``n`` tokens to compute, sliced without joining prompt and output (a
-        decode step must not copy the whole context of every request)."""
-        start, split = self.num_computed, len(self.prompt_ids)
+        """The next ``n`` tokens to compute."""
+        return self.token_slice(self.num_computed, self.num_computed + n)
+
+    def token_slice(self, start: int, stop: int) -> list[int]:
+        """``token_ids[start:stop]`` without joining prompt and output (a decode step must not
+        copy the whole context of every request)."""
+        split = len(self.prompt_ids)
         if start >= split:
-            return self.output_ids[start - split : start - split + n]
-        head = self.prompt_ids[start : start + n]
-        return head + self.output_ids[: n - len(head)] if len(head) < n else head
+            return self.output_ids[start - split : stop - split]
+        head = self.prompt_ids[start:stop]
+        return head + self.output_ids[: stop - split] if stop > split else head
 
     @property
     def num_tokens(self) -> int:
