@@ -20,6 +20,7 @@ cache's hit rate and cached tokens. JSON + a figure of TTFT per turn.
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -158,10 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", default=str(Path(tempfile.gettempdir()) / "nanograph"
                                              / "prefix.json"))  # fmt: skip
+    if "--smoke" in (sys.argv[1:] if argv is None else argv):
+        parser.set_defaults(**SMOKE)  # explicit flags still win
     args = parser.parse_args(argv)
-    if args.smoke:
-        for key, value in SMOKE.items():
-            setattr(args, key, value)
     report = {"bench": "prefix", "env": environment(), "config": vars(args), "arms": {}}
     for caching in (False, True):
         arm = "caching" if caching else "no_caching"

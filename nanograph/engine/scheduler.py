@@ -113,8 +113,10 @@ class Scheduler:
         num_new: list[int] = []
         failed: list[Request] = []
         if self.cache is not None:
+            ps = self.kv.page_size
             for request in self.running:
-                self.cache.commit(request)
+                if request.num_computed // ps > request.num_shared_pages:  # a new whole page
+                    self.cache.commit(request)
         for request in list(self.running):
             if request.status is not Status.RUNNING or budget == 0:
                 continue  # preempted by an earlier request of this loop
