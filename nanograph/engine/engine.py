@@ -5,14 +5,15 @@ Invariants:
   ``finish_reason == "error"`` and a message saying what to do; it never enters the scheduler,
   so it cannot disturb the other requests.
 - ``step`` launches at most one forward; every scheduled request gains a computed chunk and,
-  at the end of its pending tokens, a sampled token. KV pages are freed the moment the host
-  learns that a request finished.
+  at the end of its pending tokens, a sampled token. KV pages are released the moment the host
+  learns that a request finished (through ``Scheduler.finish``: to the pool, or with prefix
+  caching its computed whole pages to the cache, where nothing reads them until reused).
 - Nothing a request brings can poison the engine. Sampling parameters and prompts are checked
   before a request exists (``SamplingParams``, ``prompts``); what still raises inside a step
   fails the requests it concerns and leaves the engine as usable as before: an exception while
   reading one request's token fails that request; when a forward (or its sampling) raises, each
   of its requests runs again alone at once, so only the culprit fails. A failed or aborted
-  request's pages go back to the pool at once.
+  request's pages are released at once (a failed request's are never cached).
 - Overlap schedule (default): the host launches step t+1 before it reads step t's tokens, so
   its scheduling and input preparation run while the device computes. Step t+1 takes step t's
   tokens from the device (``ForwardBatch.future_rows``); a request that step t finishes (a
