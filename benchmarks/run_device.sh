@@ -113,7 +113,7 @@ case $stage in
     # fp32: nothing may compile on a request's path), then every GPU test but the 130 s bf16
     # numerics one, named as they pass (a timeout still leaves the log)
     timeout "${STARTUP_TIMEOUT:-250}" python3 -m nanograph bench startup --model qwen3-0.6b \
-      --dtypes bfloat16,float32 --graphs auto --timeout 110 --out "$out/startup.json" 2>&1 \
+      --dtypes bfloat16,float32 --graphs "${GRAPHS:-auto,none}" --timeout "${ARM_TIMEOUT:-110}" --out "$out/startup.json" 2>&1 \
       | grep -v "^INFO" | tee "$out/startup.log"
     timeout "${TEST_TIMEOUT:-320}" python3 -m pytest -v -p no:cacheprovider -rfE --durations=10 \
       tests/gpu ${PYTEST_ARGS:-} \
