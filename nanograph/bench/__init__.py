@@ -20,6 +20,7 @@ BENCHES = {
     "host": "nanograph.bench.host",
     "gemv": "nanograph.bench.gemv",
     "startup": "nanograph.bench.startup",
+    "prefix": "nanograph.bench.prefix",
 }
 
 
