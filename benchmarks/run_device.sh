@@ -10,8 +10,9 @@
 #   sweep-32k (tile/split sweep of the 1 x 32k decode), sweep-1x512 (the batch-1 decode),
 #   ncu-32k (hardware counters of the 1 x 32k decode launch), gemv (the decode GEMV vs cuBLAS),
 #   sweep-small (decode attention tiles at batch 1 and 8), hardening (start-up with cold and
-#   warm kernel caches, GPU tests), moe (MoE models: GPU tests, decode roofline on
-#   qwen3-30b-a3b, native-MoE prefill breakable vs eager), moe-coverage (the
+#   warm kernel caches, GPU tests), prefix (prefix caching: its GPU test under each prefill
+#   backend, then bench prefix on qwen3-8b dummy), moe (MoE models: GPU tests, decode
+#   roofline on qwen3-30b-a3b, native-MoE prefill breakable vs eager), moe-coverage (the
 #   `bench coverage` table: model x MoE backend x graph backend x path).
 # Run from the repo root; logs and JSON land in OUTDIR (copy them to benchmarks/results/).
 # Export NANOGRAPH_COMMIT=<short hash> first: the device copy's .git can be stale.
@@ -122,6 +123,14 @@ case $stage in
       > "$out/gpu_tests.log" 2>&1
     grep -E "PASSED|FAILED|ERROR|passed|failed" "$out/gpu_tests.log" | grep -v PASSED | tail -25
     grep -c PASSED "$out/gpu_tests.log" ;;
+  prefix)  # ~6 min (at most 10): prefix caching on vs off (issue 14). The test: 3 prefill
+    # backends on a small model (tc_piecewise compiles 19 shapes); the bench: two qwen3-8b
+    # engines (caching off, on), 64 chats x 6 turns, 32 few-shot, 2 x 32 unrelated prompts
+    timeout 240 python3 -m pytest -q -s -p no:cacheprovider --durations=5 -rfE \
+      tests/gpu/test_prefix_gpu.py > "$out/prefix_tests.log" 2>&1
+    grep -E "prefill=|passed|failed|error" "$out/prefix_tests.log" | tail -8
+    timeout 360 python3 -m nanograph bench prefix --fewshot-requests 32 --nosharing-requests 32 \
+      --repeats 2 --out "$out/prefix.json" 2>&1 | grep -v "^INFO" | tee "$out/prefix.log" ;;
   moe)  # <= ~8 min: MoE models (issue 15). GPU tests (transformers, graph backends vs eager,
     # the fused MoE vs the native loop per layer); decode at batch 1 on qwen3-30b-a3b (dummy,
     # 61 GB bf16) with the fused MoE against its roofline (aim >= 60%); prefill at 256 tokens

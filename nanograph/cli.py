@@ -46,6 +46,8 @@ ENGINE_HELP = {
     "prefill_graph_slots": "request slots per prefill graph; more requests run eagerly",
     "disable_overlap_schedule": "read each step's tokens before scheduling the next "
     "(default: schedule and launch step t+1 while the device runs step t)",
+    "disable_prefix_caching": "recompute every prompt from scratch (default: reuse the KV "
+    "pages of cached prefixes; finished requests' pages stay cached until the pool needs them)",
     "progress": None,  # not a flag: --quiet turns it off
 }
 

@@ -21,6 +21,7 @@ BENCHES = {
     "gemv": "nanograph.bench.gemv",
     "coverage": "nanograph.bench.coverage",
     "startup": "nanograph.bench.startup",
+    "prefix": "nanograph.bench.prefix",
 }
 
 
