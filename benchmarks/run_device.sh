@@ -10,9 +10,12 @@
 #   sweep-32k (tile/split sweep of the 1 x 32k decode), sweep-1x512 (the batch-1 decode),
 #   ncu-32k (hardware counters of the 1 x 32k decode launch), gemv (the decode GEMV vs cuBLAS),
 #   sweep-small (decode attention tiles at batch 1 and 8), hardening (start-up with cold and
-#   warm kernel caches, GPU tests), serve (`bench serve` against `nanograph serve`: arms,
-#   request-rate sweeps and the offline comparisons; needs the wheels of
-#   benchmarks/serve_wheels.txt in $SERVE_WHEELS, default shared/serve_wheels).
+#   warm kernel caches, GPU tests), prefix (prefix caching: its GPU test under each prefill
+#   backend, then bench prefix on qwen3-8b dummy), moe (MoE models: GPU tests, decode
+#   roofline on qwen3-30b-a3b, native-MoE prefill breakable vs eager), moe-coverage (the
+#   `bench coverage` table: model x MoE backend x graph backend x path), serve (`bench serve`
+#   against `nanograph serve`: arms, request-rate sweeps and the offline comparisons; needs the
+#   wheels of benchmarks/serve_wheels.txt in $SERVE_WHEELS, default shared/serve_wheels).
 # Run from the repo root; logs and JSON land in OUTDIR (copy them to benchmarks/results/).
 # Export NANOGRAPH_COMMIT=<short hash> first: the device copy's .git can be stale.
 set -uo pipefail
@@ -151,5 +154,32 @@ case $stage in
           --out "$out/serve_${model}_$arm.json" 2>&1 | tee "$out/serve_${model}_$arm.log"
       done
     done ;;
+  prefix)  # ~6 min (at most 10): prefix caching on vs off (issue 14). The test: 3 prefill
+    # backends on a small model (tc_piecewise compiles 19 shapes); the bench: two qwen3-8b
+    # engines (caching off, on), 64 chats x 6 turns, 32 few-shot, 2 x 32 unrelated prompts
+    timeout 240 python3 -m pytest -q -s -p no:cacheprovider --durations=5 -rfE \
+      tests/gpu/test_prefix_gpu.py > "$out/prefix_tests.log" 2>&1
+    grep -E "prefill=|passed|failed|error" "$out/prefix_tests.log" | tail -8
+    timeout 360 python3 -m nanograph bench prefix --fewshot-requests 32 --nosharing-requests 32 \
+      --repeats 2 --out "$out/prefix.json" 2>&1 | grep -v "^INFO" | tee "$out/prefix.log" ;;
+  moe)  # <= ~8 min: MoE models (issue 15). GPU tests (transformers, graph backends vs eager,
+    # the fused MoE vs the native loop per layer); decode at batch 1 on qwen3-30b-a3b (dummy,
+    # 61 GB bf16) with the fused MoE against its roofline (aim >= 60%); prefill at 256 tokens
+    # with the native MoE, breakable vs eager (aim >= 1.5x)
+    timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -q -s -p no:cacheprovider --durations=10 \
+      -rfE tests/gpu/test_moe_gpu.py ${PYTEST_ARGS:-} > "$out/moe_tests.log" 2>&1
+    grep -E "rel err|identical|passed|failed|Error" "$out/moe_tests.log" | tail -60
+    timeout 75 python3 -m nanograph bench decode --models qwen3-30b-a3b --arms full \
+      --batches 1 --repeats 3 --moe-backend triton --out "$out/decode_moe.json" 2>&1 \
+      | grep -v "^INFO" | tee "$out/decode_moe.log"
+    timeout 90 python3 -m nanograph bench prefill --models qwen3-30b-a3b,gpt-oss-20b \
+      --lengths 256 --arms eager,breakable --moe-backend torch_native --peer-lengths '' \
+      --repeats 5 --out "$out/prefill_moe.json" 2>&1 | grep -v "^INFO" | tee "$out/prefill_moe.log" ;;
+  moe-coverage)  # <= ~8 min: which graph backend holds which model (qwen3-8b dense,
+    # qwen3-30b-a3b, gpt-oss-20b; MoE triton and torch_native); JSON written after every cell.
+    # If it runs out of time, run the rest separately: MODELS=gpt-oss-20b SUFFIX=_oss
+    timeout 470 python3 -m nanograph bench coverage \
+      --models "${MODELS:-qwen3-8b,qwen3-30b-a3b,gpt-oss-20b}" \
+      --out "$out/coverage${SUFFIX:-}.json" 2>&1 | grep -v "^INFO" | tee "$out/coverage${SUFFIX:-}.log" ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;
 esac

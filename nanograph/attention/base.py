@@ -59,4 +59,6 @@ class AttentionBackend(ABC):
         meta: AttentionMetadata,
         scale: float,
         out: torch.Tensor,  # [N, num_q_heads, head_dim], zeroed: rows of no request stay zero
+        sliding_window: int = 0,  # > 0: a query sees only the last `sliding_window` keys
+        sinks: torch.Tensor | None = None,  # fp32 [num_q_heads]: a logit with no value
     ) -> None: ...

@@ -1,6 +1,7 @@
 """Host-planned attention in plain PyTorch: gathers each request's paged KV and runs SDPA.
 
-Works on CPU and GPU and is the reference for the Triton backend. It loops over requests with
+Works on CPU and GPU and is the reference for the Triton backend (sliding windows and attention
+sinks included: sinks take an explicit softmax, as SDPA has none). It loops over requests with
 Python ints taken from the metadata's host copies, so it is not graph-safe: it works where the
 attention split op runs eagerly (eager, breakable, tc_piecewise); full graphs refuse it.
 """
@@ -25,6 +26,8 @@ class TorchNativeAttention(AttentionBackend):
         meta: AttentionMetadata,
         scale: float,
         out: torch.Tensor,
+        sliding_window: int = 0,
+        sinks: torch.Tensor | None = None,
     ) -> None:
         page_size = meta.page_size
         start = 0
@@ -40,8 +43,28 @@ class TorchNativeAttention(AttentionBackend):
             # query i sits at position seq_len - q_len + i and sees keys at positions <= it
             q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)
             mask = positions[None, :] <= q_pos[:, None]
-            o = F.scaled_dot_product_attention(
-                qr, k, v, attn_mask=mask, scale=scale, enable_gqa=True
-            )
+            if sliding_window > 0:
+                mask &= positions[None, :] > q_pos[:, None] - sliding_window
+            if sinks is None:
+                o = F.scaled_dot_product_attention(
+                    qr, k, v, attn_mask=mask, scale=scale, enable_gqa=True
+                )
+            else:
+                o = _attention_with_sinks(qr, k, v, mask, scale, sinks)
             out[start : start + q_len] = o.transpose(0, 1)
             start += q_len
+
+
+def _attention_with_sinks(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float,
+    sinks: torch.Tensor,
+) -> torch.Tensor:  # fmt: skip
+    """SDPA has no sinks: the sink is one more logit per head that takes probability mass and
+    contributes no value. q [Hq, L, D], k/v [Hkv, S, D] -> [Hq, L, D]."""
+    group = q.shape[0] // k.shape[0]
+    k, v = k.repeat_interleave(group, dim=0), v.repeat_interleave(group, dim=0)
+    scores = (q.float() @ k.float().transpose(1, 2)) * scale
+    scores = scores.masked_fill(~mask, float("-inf"))
+    sink = sinks.float()[:, None, None].expand(-1, q.shape[1], 1)
+    probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+    return (probs @ v.float()).to(q.dtype)

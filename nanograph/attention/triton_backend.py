@@ -24,6 +24,8 @@ class TritonAttention(AttentionBackend):
         meta: AttentionMetadata,
         scale: float,
         out: torch.Tensor,
+        sliding_window: int = 0,
+        sinks: torch.Tensor | None = None,
     ) -> None:
         from nanograph.kernels.attention import paged_attention
 
@@ -37,6 +39,8 @@ class TritonAttention(AttentionBackend):
             meta.query_start_loc,
             meta.page_size,
             scale,
+            sliding_window=sliding_window,
+            sinks=sinks,
             max_query_len=meta.max_query_len,
             out=out,
         )

@@ -38,10 +38,15 @@ def build_seconds(llm) -> dict[str, float]:
     return {"total": sum(r.capture_s for r in runner.records.values()), "compile": compile_s}
 
 
-def measure_arm(model: str, arm: str, lengths: list[int], repeats: int) -> dict:
+def measure_arm(
+    model: str, arm: str, lengths: list[int], repeats: int, moe_backend: str = "auto",
+    keep_weights: bool = True,
+) -> tuple[dict, dict | None]:  # fmt: skip
+    """The arm's latencies, and its weights under Hugging Face names for the peer (copies on
+    the device: ``keep_weights=False`` skips them when there is no peer)."""
     from nanograph import SamplingParams
 
-    llm = engine_for(model, arm, lengths)
+    llm = engine_for(model, arm, lengths, moe_backend=moe_backend)
     params = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
     g = torch.Generator().manual_seed(0)
     vocab = llm.engine.model_config.vocab_size
@@ -56,7 +61,9 @@ def measure_arm(model: str, arm: str, lengths: list[int], repeats: int) -> dict:
     runner = llm.engine.runner.graph_runners.get("prefill")
     if runner is not None:
         result["replays"], result["fallbacks"] = runner.replays, runner.fallbacks
-    hf_state = {name: t.clone() for name, t in llm.engine.model.hf_state_dict().items()}
+    hf_state = None
+    if keep_weights:
+        hf_state = {name: t.clone() for name, t in llm.engine.model.hf_state_dict().items()}
     free_engine(llm)
     return result, hf_state
 
@@ -99,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         default="256,2048",
         help="lengths for the transformers peer ('' = skip it)",
     )
+    parser.add_argument("--moe-backend", default="auto", help="experts of MoE models")
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--out", default="benchmarks/results/prefill.json")
     args = parser.parse_args(argv)
@@ -108,7 +116,9 @@ def main(argv: list[str] | None = None) -> int:
         entry = report["models"][model] = {"arms": {}}
         hf_state = None
         for arm in args.arms.split(","):
-            entry["arms"][arm], hf_state = measure_arm(model, arm, lengths, args.repeats)
+            entry["arms"][arm], hf_state = measure_arm(
+                model, arm, lengths, args.repeats, args.moe_backend, bool(args.peer_lengths)
+            )
             write(args.out, report)
             medians = entry["arms"][arm]["median_ms"].items()
             print(f"{model} {arm}: " + ", ".join(f"{n}={ms:.2f}ms" for n, ms in medians))

@@ -30,6 +30,7 @@ class RequestOutput:
     ttft_s: float | None  # time to first token
     decode_tokens_per_s: float | None  # after the first token
     num_preemptions: int
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
 
     @property
     def ok(self) -> bool:
@@ -114,4 +115,5 @@ class LLM:
             ttft_s=(r.first_token_time - r.arrival_time) if r.first_token_time else None,
             decode_tokens_per_s=decode_rate,
             num_preemptions=r.num_preemptions,
+            cached_tokens=r.num_cached_tokens,
         )

@@ -33,5 +33,5 @@ def test_kv_pressure_float32_graphs_equal_an_ample_pool(tiny_model_dir):
     outs = small.generate(batch, params)
     assert sum(o.num_preemptions for o in outs) > 0
     assert [o.token_ids for o in outs] == ref
-    allocator = small.engine.kv_cache.allocator
-    assert allocator.num_free == allocator.num_usable
+    engine = small.engine  # every page free, or cached with no request reading it
+    assert engine.scheduler.num_available_pages == engine.kv_cache.allocator.num_usable
