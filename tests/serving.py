@@ -41,11 +41,13 @@ def health(base: str) -> dict | None:
 
 
 def wait_pages_free(base: str, timeout: float = 20) -> dict:
-    """The /health body once no request holds a KV page and none runs or waits."""
+    """The /health body once no request holds a KV page (every page is free or an evictable
+    prefix-cache page) and none runs or waits."""
 
     def idle():
         h = health(base)
-        ok = h and h["kv_pages_free"] == h["kv_pages_total"] and not h["running"] + h["waiting"]
+        ok = h and h["kv_pages_available"] == h["kv_pages_total"]
+        ok = ok and not h["running"] + h["waiting"]
         return h if ok else None
 
     return wait_until(idle, timeout, "every KV page to be free")

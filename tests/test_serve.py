@@ -206,12 +206,12 @@ def test_cancelled_stream_frees_its_pages(server, client):
     for _, _chunk in zip(range(3), stream):
         pass
     stream.close()  # the client goes away mid-stream
-    assert wait_pages_free(server.base)["kv_pages_free"] == start["kv_pages_free"]
+    assert wait_pages_free(server.base)["kv_pages_available"] == start["kv_pages_available"]
     # a non-streamed request whose client gives up is aborted too
     body = {"messages": QUESTION, "max_tokens": 400, "ignore_eos": True}
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{server.base}/v1/chat/completions", json=body, headers=_auth(), timeout=1.0)
-    assert wait_pages_free(server.base)["kv_pages_free"] == start["kv_pages_free"]
+    assert wait_pages_free(server.base)["kv_pages_available"] == start["kv_pages_available"]
     aborted = _metric(server, "nanograph_requests_finished_total", reason="abort")
     assert aborted >= 2
 

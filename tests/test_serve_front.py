@@ -122,7 +122,7 @@ def test_internal_error_fails_that_request_only(server, reference):
         good, [responses[0], responses[2], responses[3]], [False, True, False]
     ):
         assert r.status_code == 200 and _tokens(r, stream) == reference(prompt, 6)
-    assert wait_pages_free(base)["kv_pages_free"] == start["kv_pages_free"]
+    assert wait_pages_free(base)["kv_pages_available"] == start["kv_pages_available"]
 
 
 def test_full_queue_answers_503_with_retry_after(server, reference):
@@ -203,7 +203,7 @@ def test_arbitrary_bodies_mixed_with_valid_requests(server, reference, requests)
             assert r.status_code == 200 or 400 <= r.status_code < 500, r.text
             if r.status_code != 200:
                 assert set(r.json()["error"]) == {"message", "type", "param", "code"}
-    assert wait_pages_free(base)["kv_pages_free"] == start["kv_pages_free"]
+    assert wait_pages_free(base)["kv_pages_available"] == start["kv_pages_available"]
 
 
 def test_server_imports_nothing_below_the_engine():

@@ -74,7 +74,9 @@ class FrontStats:
     running: int = 0
     waiting: int = 0
     kv_pages_total: int = 0
-    kv_pages_free: int = 0
+    kv_pages_free: int = 0  # in the pool, holding nothing
+    # free plus prefix-cached pages no request reads (evicted on demand): what requests can get
+    kv_pages_available: int = 0
     prompt_tokens: int = 0  # of admitted requests
     output_tokens: int = 0  # published
     # path -> {"graph": replays, "eager": forwards}
@@ -264,6 +266,7 @@ class EngineFront:
             waiting=self._engine_waiting + pending,
             kv_pages_total=allocator.num_usable,
             kv_pages_free=allocator.num_free,
+            kv_pages_available=engine.scheduler.num_available_pages,
             prompt_tokens=self._totals[0],
             output_tokens=self._totals[1],
             forward_counts=engine.runner.forward_counts(),

@@ -77,6 +77,7 @@ def build_app(
             "running": s.running,
             "waiting": s.waiting,
             "kv_pages_free": s.kv_pages_free,
+            "kv_pages_available": s.kv_pages_available,  # free + evictable prefix-cached
             "kv_pages_total": s.kv_pages_total,
         }
         return JSONResponse(body, status_code=200 if front.running else 503)

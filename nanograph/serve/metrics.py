@@ -43,12 +43,13 @@ class _FrontCollector:
         for name, doc, value in (
             ("requests_running", "requests in the running batch", s.running),
             ("requests_waiting", "requests waiting for admission", s.waiting),
+            ("kv_pages_used", "KV pages held by requests", s.kv_pages_total - s.kv_pages_available),
+            ("kv_pages_free", "KV pages holding nothing", s.kv_pages_free),
             (
-                "kv_pages_used",
-                "KV cache pages held by requests",
-                s.kv_pages_total - s.kv_pages_free,
+                "kv_pages_cached",
+                "prefix-cached KV pages no request reads (evictable)",
+                s.kv_pages_available - s.kv_pages_free,
             ),
-            ("kv_pages_free", "KV cache pages free", s.kv_pages_free),
             ("kv_pages_total", "KV cache pages (scratch page excluded)", s.kv_pages_total),
         ):
             yield GaugeMetricFamily(f"nanograph_{name}", doc, value=value)

@@ -48,5 +48,4 @@ def test_front_on_cuda_matches_generate_alone():
     before = engine.runner.forward_counts()["decode"]["graph"]
     assert asyncio.run(through_front()) == alone
     assert engine.runner.forward_counts()["decode"]["graph"] > before  # graphs replayed
-    allocator = engine.kv_cache.allocator
-    assert allocator.num_free == allocator.num_usable
+    assert engine.scheduler.num_available_pages == engine.kv_cache.allocator.num_usable
