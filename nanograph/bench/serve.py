@@ -45,9 +45,10 @@ from nanograph.bench.serve_client import (
 from nanograph.bench.serve_workload import Workload
 
 
-def offline(flags: str, saturation: dict[str, list], batch1: dict[str, tuple]) -> dict:
-    """``LLM.generate`` throughput on each saturation point's prompts, and the batch-1 decode
-    step (ms) of one request per workload, with the server's engine flags."""
+def offline(flags: str, saturation: dict[str, tuple[list, list]], batch1: dict[str, tuple]) -> dict:
+    """``LLM.generate`` throughput on each saturation point's prompts (after a warm-up on other
+    prompts of the same shape: the same ones would hit the prefix cache), and the batch-1
+    decode step (ms) of one request per workload, with the server's engine flags."""
     import dataclasses
 
     from nanograph import LLM, SamplingParams
@@ -57,8 +58,8 @@ def offline(flags: str, saturation: dict[str, list], batch1: dict[str, tuple]) -
     llm = LLM(**dataclasses.asdict(config))
     params = lambda n: SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
     result: dict = {}
-    for dataset, requests in saturation.items():
-        llm.generate([p for p, _ in requests], params(8))  # warm-up at the full batch
+    for dataset, (requests, warm) in saturation.items():
+        llm.generate([p for p, _ in warm], params(8))  # warm-up at the full batch
         start = time.perf_counter()
         outs = llm.generate([p for p, _ in requests], [params(n) for _, n in requests])
         seconds = time.perf_counter() - start
@@ -187,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
                 point["forwards"] = {k: after[k] - before.get(k, 0) for k in after}
             report["points"].append(point)
             if math.isinf(rate) and cap == 0:
-                saturation[dataset] = requests
+                warm = workloads[dataset].requests(count, args.seed + n + 1)  # unused seed
+                saturation[dataset] = (requests, warm)
             if cap == 1:  # its ITL is compared with the offline batch-1 step
                 batch1.setdefault(dataset, requests[0])
             write(out, report)
