@@ -194,3 +194,13 @@ def test_cli_version():
     out = subprocess.run([sys.executable, "-m", "nanograph", "--version"], capture_output=True,
                          text=True, timeout=60)  # fmt: skip
     assert out.returncode == 0 and out.stdout.strip().startswith("nanograph ")
+
+
+@requires_smollm2
+def test_a_stop_string_at_the_very_start_leaves_empty_text(smol):
+    """The first generated text is the stop string: the answer is empty, not the stop string."""
+    first = smol.generate("Count: 1, 2, 3,", GREEDY)[0]
+    stop = first.text[:2] or first.text
+    out = smol.generate("Count: 1, 2, 3,", SamplingParams(max_tokens=6, temperature=0.0,
+                                                          stop=[stop]))[0]  # fmt: skip
+    assert out.finish_reason == "stop" and stop not in out.text and out.text == ""
