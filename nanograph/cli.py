@@ -13,6 +13,8 @@ import logging
 import sys
 import time
 
+from nanograph import __version__
+
 ENGINE_HELP = {
     "model": "preset name (smollm2-135m, qwen3-0.6b, qwen3-8b, llama-3.1-8b), a .gguf file or "
     "a Hugging Face folder",
@@ -81,63 +83,100 @@ def engine_config_from(args: argparse.Namespace):
     return EngineConfig(**values)
 
 
+class _Ordered(argparse.Action):
+    """Appends ``(kind, value)`` to ``args.inputs``, so a batch keeps the command line's order
+    whatever the mix of --prompt, --messages and --prompt-ids."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        inputs = getattr(namespace, "inputs", None) or []
+        namespace.inputs = [*inputs, (self.dest, values)]
+
+
 def _prompts(args: argparse.Namespace) -> list:
     prompts: list = []
-    for text in args.prompt or []:
-        prompts.append(text if args.no_chat_template else [{"role": "user", "content": text}])
-    if args.messages:
-        source = args.messages
-        if not source.lstrip().startswith("["):
-            with open(source) as f:
-                source = f.read()
-        messages = json.loads(source)
-        prompts += [messages] if messages and isinstance(messages[0], dict) else messages
-    for ids in args.prompt_ids or []:
-        try:
-            prompts.append([int(t) for t in ids.split(",") if t.strip()])
-        except ValueError:
-            raise ValueError(f"--prompt-ids takes comma-separated integers, got {ids!r}") from None
+    for kind, value in getattr(args, "inputs", None) or []:
+        if kind == "prompt":
+            prompts.append(value if args.no_chat_template else [{"role": "user", "content": value}])
+        elif kind == "messages":
+            prompts += _conversations(value)
+        else:
+            try:
+                prompts.append([int(t) for t in value.split(",") if t.strip()])
+            except ValueError:
+                raise ValueError(
+                    f"--prompt-ids takes comma-separated integers, got {value!r}"
+                ) from None
     if not prompts:
-        raise SystemExit("nothing to generate: give --prompt, --messages or --prompt-ids")
+        raise ValueError("nothing to generate: give --prompt, --messages or --prompt-ids")
     return prompts
+
+
+def _conversations(source: str) -> list[list[dict]]:
+    """--messages: JSON text or a file holding one conversation (a list of message objects)
+    or a list of conversations."""
+    text = source
+    if not source.lstrip().startswith("["):
+        try:
+            with open(source) as f:
+                text = f.read()
+        except OSError as e:
+            raise ValueError(f"--messages: cannot read {source!r} ({e.strerror})") from None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--messages is not valid JSON: {e}") from None
+    shape = (
+        '--messages takes a JSON list of messages ({"role": ..., "content": ...}) or a list '
+        "of such lists"
+    )
+    if not isinstance(value, list) or not value:
+        raise ValueError(f"{shape}; got {text[:60]!r}")
+    if all(isinstance(m, dict) for m in value):
+        return [value]
+    if all(isinstance(c, list) and c and all(isinstance(m, dict) for m in c) for c in value):
+        return value
+    raise ValueError(f"{shape}; got {text[:60]!r}")
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
     from nanograph.engine.llm import LLM
     from nanograph.engine.sampling_params import SamplingParams
 
-    try:
-        params = SamplingParams(
-            max_tokens=args.max_tokens,
-            temperature=args.temperature,
-            top_k=args.top_k,
-            top_p=args.top_p,
-            min_p=args.min_p,
-            seed=args.sampling_seed,
-            stop=tuple(args.stop or ()),
-            ignore_eos=args.ignore_eos,
-        )
-        config = engine_config_from(args)
-        prompts = _prompts(args)
-        llm = LLM(**dataclasses.asdict(config))
-    except (ValueError, FileNotFoundError, MemoryError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    params = SamplingParams(
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        min_p=args.min_p,
+        seed=args.sampling_seed,
+        stop=tuple(args.stop or ()),
+        ignore_eos=args.ignore_eos,
+    )
+    config = engine_config_from(args)
+    prompts = _prompts(args)
+    llm = LLM(**dataclasses.asdict(config))
     start = time.perf_counter()
     outputs = llm.generate(prompts, params)
     elapsed = time.perf_counter() - start
-    failed = 0
+    batch = len(outputs) > 1
     for i, out in enumerate(outputs):
-        if len(outputs) > 1:
-            print(f"--- [{i}] ---")
-        if out.ok:
-            print(out.text if llm.tokenizer is not None else out.token_ids)
+        if batch:  # a block per prompt, in order; a failed prompt's block holds its error
+            print(f"--- [{i}] ---", flush=True)
+            print(_answer(llm, out) if out.ok else f"(error: {out.error})", flush=True)
+        elif out.ok:
+            print(_answer(llm, out), flush=True)
         else:
-            failed += 1
-            print(f"error: {out.error}", file=sys.stderr)
+            print(f"error: {out.error}", file=sys.stderr, flush=True)
+    failed = sum(not o.ok for o in outputs)
+    if batch and failed:
+        print(f"error: {failed} of {len(outputs)} prompts failed", file=sys.stderr, flush=True)
     if not args.quiet:
         _summary(llm, outputs, elapsed)
     return 1 if failed else 0
+
+
+def _answer(llm, out) -> str:
+    return out.text if llm.tokenizer is not None else str(out.token_ids)
 
 
 def _summary(llm, outputs, elapsed: float) -> None:
@@ -184,21 +223,25 @@ def build_parser() -> argparse.ArgumentParser:
         "-v", "--verbose", action="store_true",
         help="debug logs: every captured graph shape with its capture seconds and pool bytes",
     )  # fmt: skip
+    parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
+    parser.add_argument("--version", action="version", version=f"nanograph {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser(
         "generate",
         help="generate text for one or more prompts",
         description="Generate text. Sampling is greedy unless --temperature > 0.",
     )
-    g = gen.add_argument_group("prompts")
-    g.add_argument("--prompt", action="append", help="a user message (repeat for a batch)")
-    g.add_argument("--messages", help="chat messages as JSON, or a path to a JSON file")
+    g = gen.add_argument_group("prompts (repeat any of them for a batch, answered in order)")
+    g.add_argument("--prompt", action=_Ordered, help="a user message")
     g.add_argument(
-        "--prompt-ids",
-        action="append",
-        help="comma-separated token ids (repeat for a batch); for models without "
-        "a tokenizer, e.g. dummy presets",
-    )
+        "--messages", action=_Ordered,
+        help="a conversation as JSON (a list of {role, content} objects, or a list of such "
+        "lists), or a path to a JSON file",
+    )  # fmt: skip
+    g.add_argument(
+        "--prompt-ids", action=_Ordered,
+        help="comma-separated token ids; for models without a tokenizer, e.g. dummy presets",
+    )  # fmt: skip
     g.add_argument(
         "--no-chat-template",
         action="store_true",
@@ -235,9 +278,28 @@ def _bench(name: str, argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Runs a command. Errors are one line on stderr and a non-zero exit: 2 for what the user
+    can fix (bad flags, values, files), 1 for anything else; ``--debug`` shows the traceback."""
     args = build_parser().parse_args(argv)
     level = logging.DEBUG if args.verbose else logging.INFO
     logging.basicConfig(
         level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
-    return args.func(args)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:
+        if args.debug:
+            raise
+        user_error = isinstance(e, ValueError | OSError | MemoryError)
+        kind = "error" if user_error else f"error ({type(e).__name__})"
+        hint = "" if user_error else " (run with --debug for the traceback)"
+        print(f"{kind}: {_one_line(e)}{hint}", file=sys.stderr)
+        return 2 if user_error else 1
+
+
+def _one_line(error: BaseException) -> str:
+    text = str(error).strip() or type(error).__name__
+    return " ".join(text.split())

@@ -6,12 +6,19 @@ Every default lives here with its reason; the CLI builds its flags from these fi
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 
 import torch
 
+from nanograph.attention import ATTENTION_BACKENDS
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 GRAPH_CHOICES = ("auto", "full", "breakable", "tc_piecewise", "none")
+
+
+def _triton_interpreted() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 @dataclass(frozen=True)
@@ -79,6 +86,28 @@ class EngineConfig:
                     f"{flag}={value!r} needs CUDA, but the engine runs on {self.torch_device}; "
                     "use 'auto' or 'none' (eager) on this machine"
                 )
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError(
+                f"max_model_len must be at least 2 (a prompt token and an answer token), got "
+                f"{self.max_model_len}; leave it unset for the model's context length"
+            )
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(
+                f"attention_backend must be one of {', '.join(ATTENTION_BACKENDS)}, "
+                f"got {self.attention_backend!r}"
+            )
+        cpu = self.torch_device.type != "cuda"
+        if cpu and self.attention_backend == "triton" and not _triton_interpreted():
+            raise ValueError(
+                "attention_backend='triton' needs CUDA, but the engine runs on "
+                f"{self.torch_device}; use 'auto' or 'torch_native' on this machine (Triton "
+                "runs on CPU only in its interpreter, TRITON_INTERPRET=1, for tests)"
+            )
+        if cpu and self.debug_cuda_graph:
+            raise ValueError(
+                "debug_cuda_graph checks CUDA-graph capture, but the engine runs on "
+                f"{self.torch_device}, where nothing is captured: drop the flag"
+            )
         # explicit ladders: sorted, deduplicated, positive and within what a forward can hold
         self._ladder("cuda_graph_bs", "max_num_seqs", "requests decode at once")
         self._ladder("prefill_graph_tokens", "chunked_prefill_size", "tokens go into one forward")

@@ -7,6 +7,12 @@ Invariants:
 - ``step`` launches at most one forward; every scheduled request gains a computed chunk and,
   at the end of its pending tokens, a sampled token. KV pages are freed the moment the host
   learns that a request finished.
+- Nothing a request brings can poison the engine. Sampling parameters and prompts are checked
+  before a request exists (``SamplingParams``, ``prompts``); what still raises inside a step
+  fails the requests it concerns and leaves the engine as usable as before: an exception while
+  reading one request's token fails that request; when a forward (or its sampling) raises, each
+  of its requests runs again alone at once, so only the culprit fails. A failed or aborted
+  request's pages go back to the pool at once.
 - Overlap schedule (default): the host launches step t+1 before it reads step t's tokens, so
   its scheduling and input preparation run while the device computes. Step t+1 takes step t's
   tokens from the device (``ForwardBatch.future_rows``); a request that step t finishes (a
@@ -233,11 +239,13 @@ class Engine:
 
     # ---- requests -------------------------------------------------------------------------
     def add_request(self, prompt_ids: list[int], params: SamplingParams) -> Request:
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
         request = Request(next(self._ids), list(prompt_ids), params)
         problem = self._validate(request)
         if problem:
             request.finish("error", problem)
-            logger.warning("request %d rejected: %s", request.request_id, problem)
+            logger.debug("request %d rejected: %s", request.request_id, problem)
         else:
             self.scheduler.add(request)
         return request
@@ -251,7 +259,9 @@ class Engine:
                 f"the prompt has {n} tokens but the context length is {self.max_model_len}: "
                 "shorten the prompt (one token must remain for the answer)"
             )
-        bad = next((t for t in request.prompt_ids if not 0 <= t < vocab), None)
+        bad = next(
+            (t for t in request.prompt_ids if type(t) is not int or not 0 <= t < vocab), None
+        )
         if bad is not None:
             return f"token id {bad} is outside the vocabulary (0..{vocab - 1})"
         pages = self.kv_cache.pages_needed(min(n + request.params.max_tokens, self.max_model_len))
@@ -264,6 +274,23 @@ class Engine:
 
     def has_work(self) -> bool:
         return self.scheduler.has_work() or self._in_flight is not None
+
+    def abort(self, request: Request, reason: str = "abort", error: str | None = None) -> None:
+        """Ends a request now (a client went away, a caller gave up): its pages go back to the
+        pool at once and a step in flight that computed for it is ignored when read."""
+        if request.status is Status.FINISHED:
+            return
+        while request.output_ids and request.output_ids[-1] == UNRESOLVED:
+            request.output_ids.pop()
+        request.future = None
+        request.finish(reason, error)
+        self._forget(request)
+
+    def _forget(self, request: Request) -> None:
+        """Releases what the engine holds for a finished request."""
+        self.scheduler.finish(request)
+        self.sampler.release(request.request_id)
+        self._decoders.pop(request.request_id, None)
 
     # ---- one step -------------------------------------------------------------------------
     def step(self) -> list[Request]:
@@ -284,32 +311,71 @@ class Engine:
             request.finish("error", "the KV pool cannot hold this request even alone")
         if not step.requests:
             return failed, None
-        in_flight = self._in_flight
-        samples = [step.samples(i) for i in range(len(step.requests))]
-        # a request whose last new token is still on the device takes it from the step in flight
-        future = [
-            r.future[1] if r.future is not None and r.future[0] is in_flight
-            and r.num_computed + n == r.num_tokens else None
-            for r, n in zip(step.requests, step.num_new)
-        ]  # fmt: skip
-        batch = ForwardBatch.build(
-            [r.pending_tokens(n) for r, n in zip(step.requests, step.num_new)],
-            [r.num_computed for r in step.requests],
-            [r.pages for r in step.requests],
-            self.config.page_size,
-            samples,
-            future,
-        )
-        logits = self.runner.forward(batch, in_flight.tokens if in_flight else None)
-        sampled = [r for r, s in zip(step.requests, samples) if s]
-        tokens = self.sampler(logits, [r.request_id for r in sampled], [r.params for r in sampled])
-        for request, n in zip(step.requests, step.num_new):
+        requests, num_new = step.requests, step.num_new
+        samples = [step.samples(i) for i in range(len(requests))]
+        try:
+            tokens = self._forward_and_sample(requests, num_new, samples)
+        except Exception as e:  # nothing of this step was applied to its requests yet
+            kept, tokens, errored = self._retry_alone(requests, num_new, samples, e)
+            failed += errored
+            if not kept:
+                return failed, None
+            requests, num_new, samples = (
+                [requests[i] for i in kept], [num_new[i] for i in kept], [samples[i] for i in kept]
+            )  # fmt: skip
+        for request, n in zip(requests, num_new):
             request.num_computed += n
+        sampled = [r for r, s in zip(requests, samples) if s]
         launched = _InFlight(sampled, [len(r.output_ids) for r in sampled], tokens)
         for row, request in enumerate(sampled):
             request.output_ids.append(UNRESOLVED)
             request.future = (launched, row)
         return failed, launched
+
+    def _forward_and_sample(
+        self, requests: list[Request], num_new: list[int], samples: list[bool]
+    ) -> torch.Tensor:
+        """Launches the forward of ``requests`` and the sampling of their sampled rows."""
+        in_flight = self._in_flight
+        # a request whose last new token is still on the device takes it from the step in flight
+        future = [
+            r.future[1] if r.future is not None and r.future[0] is in_flight
+            and r.num_computed + n == r.num_tokens else None
+            for r, n in zip(requests, num_new)
+        ]  # fmt: skip
+        batch = ForwardBatch.build(
+            [r.pending_tokens(n) for r, n in zip(requests, num_new)],
+            [r.num_computed for r in requests],
+            [r.pages for r in requests],
+            self.config.page_size,
+            samples,
+            future,
+        )
+        logits = self.runner.forward(batch, in_flight.tokens if in_flight else None)
+        sampled = [r for r, s in zip(requests, samples) if s]
+        return self.sampler(logits, [r.request_id for r in sampled], [r.params for r in sampled])
+
+    def _retry_alone(
+        self, requests: list[Request], num_new: list[int], samples: list[bool], error: Exception
+    ) -> tuple[list[int], torch.Tensor | None, list[Request]]:
+        """A step's forward or sampling raised: each of its requests runs again alone, so one
+        bad request fails and the others go on. Returns the indices that ran, their sampled
+        tokens in order, and the requests that failed (aborted with the error)."""
+        logger.warning("a step of %d requests raised %r: running each alone", len(requests), error)
+        kept, tokens, failed = [], [], []
+        for i, request in enumerate(requests):
+            try:
+                if len(requests) == 1:
+                    raise error  # it already ran alone
+                token = self._forward_and_sample([request], [num_new[i]], [samples[i]])
+            except Exception as e:
+                logger.error("request %d failed: %r", request.request_id, e, exc_info=e)
+                self.abort(request, "error", f"internal error while computing it: {e!r}")
+                failed.append(request)
+            else:
+                kept.append(i)
+                tokens.append(token)
+        return kept, (torch.cat(tokens) if tokens else None), failed
 
     def _resolve(self, step: _InFlight) -> list[Request]:
         """Reads a launched step's tokens into its requests; returns those that finished."""
@@ -323,14 +389,18 @@ class Engine:
                 continue  # finished by an earlier token; this one was computed in vain
             if request.first_token_time is None:
                 request.first_token_time = now
-            reason = self._accept(request, index, token)
+            try:
+                reason = self._accept(request, index, token)
+            except Exception as e:  # e.g. the tokenizer refusing a token: this request only
+                logger.error("request %d failed: %r", request.request_id, e, exc_info=e)
+                self.abort(request, "error", f"internal error while reading a token: {e}")
+                finished.append(request)
+                continue
             if reason:
                 del request.output_ids[index + (reason != "stop-token") :]  # later in-flight ones
                 request.future = None
                 request.finish("stop" if reason == "stop-token" else reason)
-                self.scheduler.finish(request)
-                self.sampler.release(request.request_id)
-                self._decoders.pop(request.request_id, None)
+                self._forget(request)
                 finished.append(request)
         return finished
 
@@ -367,8 +437,16 @@ class Engine:
     def run(self, requests: list[Request]) -> None:
         """Steps until every request in ``requests`` has finished. A step left in flight (one
         that a stop token made useless) is read too when nothing else waits: the engine ends
-        idle, holding no device work."""
-        while any(r.status != Status.FINISHED for r in requests):
-            self.step()
-        if self._in_flight is not None and not self.scheduler.has_work():
-            self.step()
+        idle, holding no device work. Whatever raises (a bug, a KeyboardInterrupt), the
+        requests of this call are aborted before it propagates: none stays in the engine."""
+        try:
+            while any(r.status != Status.FINISHED for r in requests):
+                self.step()
+            if self._in_flight is not None and not self.scheduler.has_work():
+                self.step()
+        except BaseException:
+            for request in requests:
+                self.abort(request, "error", "the engine stopped while running this request")
+            if not self.scheduler.has_work():
+                self._in_flight = None  # its requests are gone; nothing will read it
+            raise

@@ -1,9 +1,10 @@
 """The offline API: ``LLM(model=..., **engine_args).generate(prompts, SamplingParams(...))``.
 
 A prompt is a string (raw completion), a list of token ids, or a chat conversation (a list of
-``{"role", "content"}`` dicts, rendered with the model's chat template). A list of those is a
-batch. Every prompt gets a ``RequestOutput``; a bad one carries ``finish_reason == "error"``
-and ``error`` while the others complete normally.
+``{"role", "content"}`` dicts, rendered with the model's chat template): see ``prompts``. A list
+of those is a batch. Every prompt gets a ``RequestOutput``, in order; a bad one carries
+``finish_reason == "error"`` and ``error`` while the others complete normally. ``generate``
+never leaves a request inside the engine, whatever raised.
 """
 
 from __future__ import annotations
@@ -14,11 +15,9 @@ from typing import Any
 
 from nanograph.engine.config import EngineConfig
 from nanograph.engine.engine import Engine
+from nanograph.engine.prompts import Message, Prompt, is_single_prompt, prompt_token_ids
 from nanograph.engine.request import Request
 from nanograph.engine.sampling_params import SamplingParams
-
-Message = dict[str, str]
-Prompt = str | list[int] | list[Message]
 
 
 @dataclass(frozen=True)
@@ -26,7 +25,7 @@ class RequestOutput:
     prompt_token_ids: list[int]
     text: str
     token_ids: list[int]
-    finish_reason: str  # "stop" | "length" | "error"
+    finish_reason: str  # "stop" | "length" | "error" | "abort"
     error: str | None
     ttft_s: float | None  # time to first token
     decode_tokens_per_s: float | None  # after the first token
@@ -34,7 +33,7 @@ class RequestOutput:
 
     @property
     def ok(self) -> bool:
-        return self.finish_reason != "error"
+        return self.finish_reason in ("stop", "length")
 
 
 class LLM:
@@ -56,8 +55,8 @@ class LLM:
         prompts: Prompt | Sequence[Prompt],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
     ) -> list[RequestOutput]:
-        batch = [prompts] if _is_single(prompts) else list(prompts)
-        params = sampling_params or SamplingParams()
+        batch = [prompts] if is_single_prompt(prompts) else list(prompts)
+        params = SamplingParams() if sampling_params is None else sampling_params
         params_list = [params] * len(batch) if isinstance(params, SamplingParams) else list(params)
         if len(params_list) != len(batch):
             raise ValueError(
@@ -65,17 +64,29 @@ class LLM:
                 "give one, or one per prompt"
             )
         requests = []
-        for prompt, p in zip(batch, params_list):
-            try:
-                ids = self._tokenize(prompt)
-            except ValueError as e:
-                request = Request(-1, [], p)
-                request.finish("error", str(e))
-            else:
-                request = self.engine.add_request(ids, p)
-            requests.append(request)
-        self.engine.run(requests)
+        try:
+            for prompt, p in zip(batch, params_list):
+                requests.append(self._request(prompt, p))
+            self.engine.run(requests)
+        except BaseException:
+            for request in requests:  # those queued before the exception: none stays behind
+                self.engine.abort(request, "error", "generate was interrupted")
+            raise
         return [self._output(r) for r in requests]
+
+    def _request(self, prompt: Any, params: Any) -> Request:
+        """The engine's request for one prompt, or a finished error request for a bad one."""
+        try:
+            if not isinstance(params, SamplingParams):
+                raise ValueError(
+                    f"sampling params must be a SamplingParams, got {type(params).__name__}"
+                )
+            ids = prompt_token_ids(self.engine.tokenizer, prompt)
+        except ValueError as e:
+            request = Request(-1, [], params)
+            request.finish("error", str(e))
+            return request
+        return self.engine.add_request(ids, params)
 
     def chat(
         self,
@@ -85,28 +96,6 @@ class LLM:
         if conversations and isinstance(conversations[0], dict):
             conversations = [conversations]  # one conversation
         return self.generate(list(conversations), sampling_params)
-
-    def _tokenize(self, prompt: Prompt) -> list[int]:
-        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
-            return list(prompt)
-        tokenizer = self.engine.tokenizer
-        if tokenizer is None:
-            raise ValueError(
-                f"model {self.engine.config.model!r} has no tokenizer (dummy weights): "
-                "pass prompts as lists of token ids"
-            )
-        if isinstance(prompt, str):
-            if not prompt:
-                raise ValueError("the prompt is empty: give at least one token")
-            return tokenizer.encode(prompt)
-        if isinstance(prompt, list) and all(isinstance(m, dict) for m in prompt):
-            if not prompt:
-                raise ValueError("the conversation is empty: give at least one message")
-            return tokenizer.apply_chat_template(prompt, add_generation_prompt=True)
-        raise ValueError(
-            f"a prompt must be a string, a list of token ids or a list of messages, "
-            f"got {type(prompt).__name__}"
-        )
 
     def _output(self, r: Request) -> RequestOutput:
         text = r.text
@@ -126,11 +115,3 @@ class LLM:
             decode_tokens_per_s=decode_rate,
             num_preemptions=r.num_preemptions,
         )
-
-
-def _is_single(prompts: Any) -> bool:
-    if isinstance(prompts, str):
-        return True
-    if isinstance(prompts, list) and prompts and all(isinstance(t, int) for t in prompts):
-        return True
-    return isinstance(prompts, list) and bool(prompts) and all(isinstance(m, dict) for m in prompts)

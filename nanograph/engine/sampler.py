@@ -43,7 +43,7 @@ class Sampler:
         if all(p.greedy for p in params):
             return logits.argmax(dim=-1)
         dev = logits.device
-        temps = torch.tensor([p.temperature or 1.0 for p in params], device=dev)
+        temps = torch.tensor([1.0 if p.greedy else p.temperature for p in params], device=dev)
         logits = logits / temps[:, None]
         if any(p.top_k > 0 or p.top_p < 1 or p.min_p > 0 for p in params):
             logits = _filter(logits, params)

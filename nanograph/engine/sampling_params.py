@@ -1,13 +1,28 @@
-"""Per-request sampling settings, validated once at construction."""
+"""Per-request sampling settings, validated once at construction.
+
+Invariant: a ``SamplingParams`` that exists is valid. Every field is checked for type, range and
+finiteness here, with a message naming the field and what is allowed, so nothing the engine
+reads later (the sampler's generators, the stop checks) can raise on a value a user gave.
+Numbers are normalised (``temperature`` becomes a float, ``stop`` a tuple of strings).
+"""
 
 from __future__ import annotations
 
+import math
+import operator
 from dataclasses import dataclass
+from typing import Any
+
+# torch.Generator.manual_seed takes a 64-bit seed, signed or unsigned
+SEED_RANGE = (-(2**63), 2**64 - 1)
+# temperatures below this sample greedily (vLLM's rule): dividing logits by a subnormal
+# temperature overflows to inf and the draw becomes NaN
+GREEDY_BELOW = 1e-5
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to sample one request. ``temperature == 0`` means greedy.
+    """How to sample one request. ``temperature == 0`` (or below 1e-5) means greedy.
 
     ``top_k == -1`` (or 0) disables top-k; ``top_p == 1`` disables nucleus sampling;
     ``min_p == 0`` disables min-p. ``seed`` makes a sampled request reproducible on its own,
@@ -25,23 +40,80 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def __post_init__(self) -> None:
-        if isinstance(self.stop, str):
-            object.__setattr__(self, "stop", (self.stop,))
-        object.__setattr__(self, "stop", tuple(self.stop))
-        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
-        if not isinstance(self.max_tokens, int) or self.max_tokens <= 0:
-            raise ValueError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < -1:
-            raise ValueError(f"top_k must be -1 (disabled) or a positive integer, got {self.top_k}")
-        if not 0 <= self.min_p <= 1:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
-        if any(not s for s in self.stop):
-            raise ValueError("stop strings must be non-empty")
+        set_ = lambda name, value: object.__setattr__(self, name, value)
+        set_("max_tokens", _integer("max_tokens", self.max_tokens, low=1))
+        set_("temperature", _real("temperature", self.temperature, low=0.0, hint="0 = greedy"))
+        set_("top_k", _integer("top_k", self.top_k, low=-1, hint="-1 or 0 = disabled"))
+        set_("top_p", _real("top_p", self.top_p, low=0.0, high=1.0, open_low=True))
+        set_("min_p", _real("min_p", self.min_p, low=0.0, high=1.0))
+        if self.seed is not None:
+            set_("seed", _integer("seed", self.seed, low=SEED_RANGE[0], high=SEED_RANGE[1]))
+        set_("stop_token_ids", _int_tuple("stop_token_ids", self.stop_token_ids))
+        set_("stop", _stop_strings(self.stop))
+        if not isinstance(self.ignore_eos, bool):
+            raise ValueError(f"ignore_eos must be true or false, got {self.ignore_eos!r}")
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < GREEDY_BELOW
+
+
+def _integer(name: str, value: Any, low: int, high: int | None = None, hint: str = "") -> int:
+    allowed = f"an integer >= {low}" if high is None else f"an integer in [{low}, {high}]"
+    if hint:
+        allowed += f" ({hint})"
+    if isinstance(value, bool):
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")
+    try:
+        number = operator.index(value)  # ints and numpy integers; never floats or strings
+    except TypeError:
+        raise ValueError(f"{name} must be {allowed}, got {value!r}") from None
+    if number < low or (high is not None and number > high):
+        raise ValueError(f"{name} must be {allowed}, got {number}")
+    return number
+
+
+def _real(
+    name: str,
+    value: Any,
+    low: float,
+    high: float | None = None,
+    open_low: bool = False,
+    hint: str = "",
+) -> float:
+    bracket = "(" if open_low else "["
+    allowed = f"a number > {low}" if open_low else f"a number >= {low}"
+    if high is not None:
+        allowed = f"a number in {bracket}{low}, {high}]"
+    if hint:
+        allowed += f" ({hint})"
+    if isinstance(value, bool | str | bytes) or not hasattr(value, "__float__"):
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")
+    try:
+        number = float(value)
+    except (TypeError, ValueError, OverflowError):
+        raise ValueError(f"{name} must be {allowed}, got {value!r}") from None
+    too_low = number <= low if open_low else number < low
+    if not math.isfinite(number) or too_low or (high is not None and number > high):
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")
+    return number
+
+
+def _int_tuple(name: str, values: Any) -> tuple[int, ...]:
+    if isinstance(values, str | bytes) or not hasattr(values, "__iter__"):
+        raise ValueError(f"{name} must be a list of token ids, got {values!r}")
+    return tuple(_integer(f"{name}[{i}]", v, low=0) for i, v in enumerate(values))
+
+
+def _stop_strings(stop: Any) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        stop = (stop,)
+    if isinstance(stop, bytes) or not hasattr(stop, "__iter__"):
+        raise ValueError(f"stop must be a string or a list of strings, got {stop!r}")
+    strings = tuple(stop)
+    for i, s in enumerate(strings):
+        if not isinstance(s, str) or not s:
+            raise ValueError(f"stop[{i}] must be a non-empty string, got {s!r}")
+    return strings

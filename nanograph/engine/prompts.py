@@ -1,0 +1,119 @@
+"""Prompt forms and their token ids: the one place a user's prompt is checked and tokenised.
+
+A prompt is a string (raw completion), a list of token ids, or a conversation (a list of
+``{"role": str, "content": str}`` messages rendered with the model's chat template).
+
+Invariant: ``prompt_token_ids`` either returns a non-empty list of Python ints or raises
+``ValueError`` with a message that names what is wrong and what to give instead. Errors of the
+tokenizer and of the chat template (a jinja exception, a lone surrogate the tokenizer cannot
+encode) become that ``ValueError``, so a bad prompt fails its own request and nothing else.
+Whether the ids are inside the vocabulary and fit the context is the engine's check.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from nanograph.loader.tokenizer import Tokenizer
+
+Message = dict[str, str]
+Prompt = str | list[int] | list[Message]
+
+
+def is_single_prompt(prompts: Any) -> bool:
+    """Whether ``generate``'s argument is one prompt (rather than a batch of prompts)."""
+    if isinstance(prompts, str):
+        return True
+    if not isinstance(prompts, list) or not prompts:
+        return False
+    return all(_is_token(t) for t in prompts) or all(isinstance(m, dict) for m in prompts)
+
+
+def prompt_token_ids(tokenizer: Tokenizer | None, prompt: Any) -> list[int]:
+    if isinstance(prompt, list | tuple) and prompt and all(_is_token(t) for t in prompt):
+        return [operator.index(t) for t in prompt]
+    if isinstance(prompt, list | tuple) and not prompt:
+        raise ValueError("the prompt is empty: give at least one token or message")
+    if isinstance(prompt, str):
+        if not prompt:
+            raise ValueError("the prompt is empty: give at least one token")
+        _check_text("the prompt", prompt)
+        return _encode(_need(tokenizer), prompt)
+    if isinstance(prompt, list | tuple) and all(isinstance(m, dict) for m in prompt):
+        for i, message in enumerate(prompt):
+            _check_message(i, message)
+        return _render(_need(tokenizer), list(prompt))
+    raise ValueError(
+        "a prompt must be a non-empty string, a list of integer token ids or a list of "
+        f"{{'role', 'content'}} messages, got {_describe(prompt)}"
+    )
+
+
+def _is_token(value: Any) -> bool:
+    if isinstance(value, bool):
+        return False
+    try:
+        operator.index(value)
+    except TypeError:
+        return False
+    return True
+
+
+def _need(tokenizer: Tokenizer | None) -> Tokenizer:
+    if tokenizer is None:
+        raise ValueError(
+            "this model has no tokenizer (dummy weights): pass prompts as lists of token ids"
+        )
+    return tokenizer
+
+
+def _check_text(what: str, text: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(
+            f"{what} is not valid Unicode text: {e.reason} at position {e.start} "
+            f"({text[e.start : e.end]!r}); remove or replace that character"
+        ) from None
+
+
+def _check_message(i: int, message: dict) -> None:
+    role, content = message.get("role"), message.get("content")
+    if not isinstance(role, str) or not role:
+        raise ValueError(
+            f"message {i} needs a 'role' string (system, user or assistant), got {role!r}"
+        )
+    if not isinstance(content, str):
+        raise ValueError(f"message {i} needs a 'content' string, got {_describe(content)}")
+    _check_text(f"message {i}'s content", content)
+
+
+def _encode(tokenizer: Tokenizer, text: str) -> list[int]:
+    try:
+        ids = tokenizer.encode(text)
+    except Exception as e:  # the tokenizer's own refusal, whatever its type
+        raise ValueError(f"the tokenizer cannot encode the prompt: {e}") from None
+    if not ids:
+        raise ValueError("the prompt encodes to no tokens: give some text")
+    return ids
+
+
+def _render(tokenizer: Tokenizer, messages: list[Message]) -> list[int]:
+    if not tokenizer.has_chat_template:
+        raise ValueError(
+            "this model's tokenizer has no chat template: send a plain string prompt instead"
+        )
+    try:
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    except Exception as e:  # jinja errors (a template's raise_exception), tokenizer errors
+        raise ValueError(f"the chat template cannot render these messages: {e}") from None
+    if not ids:
+        raise ValueError("the conversation renders to no tokens")
+    return list(ids)
+
+
+def _describe(value: Any) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text[:60]}{'...' if len(text) > 60 else ''}"
