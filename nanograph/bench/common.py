@@ -51,8 +51,13 @@ def environment() -> dict[str, Any]:
     # CPU results move with the host: its model, the threads torch uses, and how busy it was
     env["cpu"] = _cpu_model()
     env["threads"] = torch.get_num_threads()
-    env["load_average"] = os.getloadavg() if hasattr(os, "getloadavg") else None
+    env["load_average"] = load_average()
     return env
+
+
+def load_average() -> tuple[float, float, float] | None:
+    """The host's 1/5/15-minute load: on a shared machine, how much else was running."""
+    return os.getloadavg() if hasattr(os, "getloadavg") else None
 
 
 def _cpu_model() -> str:

@@ -27,6 +27,7 @@ from nanograph.bench.common import (
     figure_path,
     free_engine,
     graph_flag,
+    load_average,
     median,
     parse_arms,
     timed,
@@ -78,6 +79,7 @@ def measure_arm(model: str, arm: str, lengths: list[int], repeats: int, load_for
     runner = llm.engine.runner.graph_runners.get("prefill")
     if runner is not None:
         result["replays"], result["fallbacks"] = runner.replays, runner.fallbacks
+    result["load_average_after"] = load_average()
     hf_state = {name: t.clone() for name, t in llm.engine.model.hf_state_dict().items()}
     config, dtype = llm.engine.model_config, llm.engine.dtype
     free_engine(llm)
@@ -116,6 +118,7 @@ def measure_peer(config, dtype: torch.dtype, hf_state: dict, lengths: list[int],
             result["compile_s"][length] = time.perf_counter() - start
         samples = [1000 * s for s in timed(step, repeats, warmup=1)]
         result["samples_ms"][length], result["median_ms"][length] = samples, median(samples)
+    result["load_average_after"] = load_average()
     return result
 
 
