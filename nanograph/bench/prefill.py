@@ -7,13 +7,17 @@ only ``eager`` runs (graph arms are refused). The peer is what a user would pick
 same architecture and weights in transformers, in the engine's dtype, with the fastest
 attention it ships for the device without extra packages (``sdpa``; recorded), asked for the
 last position's logits only (``logits_to_keep=1``, all a prefill needs). On CUDA it runs under
-``torch.compile(mode="reduce-overhead")`` (compile time recorded per length); on CPU eagerly.
-Each arm's samples are medians after a warm-up call.
+``torch.compile(mode="reduce-overhead")`` (compile time recorded per length, as ``warmup_s``)
+and is measured after the engine arms (the engine holds most of the device's memory); on CPU it
+runs eagerly beside the eager arm, one call of each in turn, so both see the same load of a
+shared host (recorded: ``load_average``). Reported: every sample and the median after warm-up.
 """
 
 from __future__ import annotations
 
 import argparse
+import time
+from collections.abc import Callable
 
 import torch
 
@@ -30,10 +34,12 @@ from nanograph.bench.common import (
     load_average,
     median,
     parse_arms,
+    sync,
     timed,
     write,
 )
 
+PEER = "transformers"
 PEER_ATTENTION = "sdpa"  # flash_attention_2 would need the flash-attn package
 
 
@@ -62,64 +68,106 @@ def prompts(vocab: int, lengths: list[int]) -> dict[int, list[int]]:
     return {n: torch.randint(0, vocab, (n,), generator=g).tolist() for n in lengths}
 
 
-def measure_arm(model: str, arm: str, lengths: list[int], repeats: int, load_format: str):
-    """(result, the engine's weights under Hugging Face names, model config, dtype)."""
+def engine_call(llm) -> Callable[[list[int]], object]:
     from nanograph import SamplingParams
 
-    llm = engine_for(model, arm, lengths, load_format)
     params = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
-    result = {"build_s": build_seconds(llm), "load_s": llm.engine.load_seconds,
-              "samples_ms": {}, "median_ms": {}, "tokens_per_s": {}}  # fmt: skip
-    for length, prompt in prompts(llm.engine.model_config.vocab_size, lengths).items():
-        call = lambda p=prompt: llm.generate([p], params)  # noqa: E731
-        samples = [1000 * s for s in timed(call, repeats, warmup=1)]
-        result["samples_ms"][length] = samples
-        result["median_ms"][length] = median(samples)
-        result["tokens_per_s"][length] = length / (median(samples) / 1000)
-    runner = llm.engine.runner.graph_runners.get("prefill")
-    if runner is not None:
-        result["replays"], result["fallbacks"] = runner.replays, runner.fallbacks
-    result["load_average_after"] = load_average()
-    hf_state = {name: t.clone() for name, t in llm.engine.model.hf_state_dict().items()}
-    config, dtype = llm.engine.model_config, llm.engine.dtype
-    free_engine(llm)
-    return result, hf_state, config, dtype
+    return lambda prompt: llm.generate([prompt], params)
 
 
-def measure_peer(config, dtype: torch.dtype, hf_state: dict, lengths: list[int],
-                 repeats: int) -> dict:  # fmt: skip
+def build_peer(config, dtype: torch.dtype, hf_state: dict) -> tuple[dict, Callable]:
     """transformers on the same weights and dtype: last-token logits, sdpa attention, compiled
-    (reduce-overhead) on CUDA, eager on CPU."""
-    import time
-
+    (reduce-overhead) on CUDA, eager on CPU. Returns (its description, a call on a prompt)."""
     from nanograph.models.reference import transformers_model
 
     dev = device()
     hf = transformers_model(config, dtype, dev, hf_state, attn_implementation=PEER_ATTENTION)
     compile_mode = "reduce-overhead" if dev.type == "cuda" else None
     run = torch.compile(hf, mode=compile_mode, dynamic=False) if compile_mode else hf
-    result = {
-        "attn_implementation": hf.config._attn_implementation, "compile": compile_mode,
-        "dtype": str(dtype).removeprefix("torch."), "logits_to_keep": 1,
-        "compile_s": {}, "samples_ms": {}, "median_ms": {},
-    }  # fmt: skip
-    for length, prompt in prompts(config.vocab_size, lengths).items():
-        ids = torch.tensor([prompt], device=dev)
 
-        def step(ids=ids):
-            with torch.inference_mode():
-                out = run(input_ids=ids, use_cache=False, logits_to_keep=1)
-                return out.logits[:, -1].argmax(-1).tolist()
+    def call(prompt: list[int]) -> list[int]:
+        with torch.inference_mode():
+            ids = torch.tensor([prompt], device=dev)
+            out = run(input_ids=ids, use_cache=False, logits_to_keep=1)
+            return out.logits[:, -1].argmax(-1).tolist()
 
-        start = time.perf_counter()
-        step()
-        if compile_mode:
-            step()  # reduce-overhead records its CUDA graph on the second call
-            result["compile_s"][length] = time.perf_counter() - start
-        samples = [1000 * s for s in timed(step, repeats, warmup=1)]
-        result["samples_ms"][length], result["median_ms"][length] = samples, median(samples)
-    result["load_average_after"] = load_average()
-    return result
+    info = {"attn_implementation": hf.config._attn_implementation, "compile": compile_mode,
+            "dtype": str(dtype).removeprefix("torch."), "logits_to_keep": 1}  # fmt: skip
+    return info, call
+
+
+def measure(calls: dict[str, Callable], lengths: dict[str, list[int]], vocab: int,
+            repeats: int, results: dict[str, dict]) -> None:  # fmt: skip
+    """Samples (ms) of every call at each of its lengths into ``results[name]``. Calls that
+    share a length alternate within each repeat, so they see the same host load. Warm-up: two
+    calls on CUDA (reduce-overhead records its graph on the second; ``warmup_s`` is then the
+    peer's compile time), one on CPU."""
+    warmup = 2 if torch.cuda.is_available() else 1
+    all_lengths = sorted({n for ns in lengths.values() for n in ns})
+    for length, prompt in prompts(vocab, all_lengths).items():
+        names = [name for name in calls if length in lengths[name]]
+        for name in names:
+            start = time.perf_counter()
+            for _ in range(warmup):
+                calls[name](prompt)
+            sync()
+            results[name].setdefault("warmup_s", {})[length] = time.perf_counter() - start
+        samples: dict[str, list[float]] = {name: [] for name in names}
+        for _ in range(repeats):
+            for name in names:
+                call = calls[name]
+                seconds = timed(lambda c=call, p=prompt: c(p), repeats=1, warmup=0)
+                samples[name].append(1000 * seconds[0])
+        for name in names:
+            r = results[name]
+            r.setdefault("samples_ms", {})[length] = samples[name]
+            r.setdefault("median_ms", {})[length] = ms = median(samples[name])
+            r.setdefault("tokens_per_s", {})[length] = length / (ms / 1000)
+    for name in calls:
+        results[name]["load_average_after"] = load_average()
+
+
+def measure_model(model: str, args: argparse.Namespace, lengths: list[int]) -> dict:
+    """Every arm, and the peer: on CPU beside the eager arm (one engine, samples alternating),
+    on CUDA after the last arm (the engine holds most of the device memory)."""
+    peer_lengths = [int(x) for x in args.peer_lengths.split(",")] if args.peer_lengths else []
+    beside = bool(peer_lengths) and not torch.cuda.is_available()
+    entry: dict = {"arms": {}}
+    hf_state = None
+    for arm in args.arms:
+        llm = engine_for(model, arm, lengths, args.load_format)
+        config, dtype = llm.engine.model_config, llm.engine.dtype
+        result = entry["arms"][arm] = {"build_s": build_seconds(llm),
+                                       "load_s": llm.engine.load_seconds}  # fmt: skip
+        calls, results, arm_lengths = {arm: engine_call(llm)}, {arm: result}, {arm: lengths}
+        if beside:
+            entry["peer"], calls[PEER] = build_peer(config, dtype, llm.engine.model.hf_state_dict())
+            results[PEER], arm_lengths[PEER], beside = entry["peer"], peer_lengths, False
+        measure(calls, arm_lengths, config.vocab_size, args.repeats, results)
+        medians = result["median_ms"].items()
+        print(f"{model} {arm}: " + ", ".join(f"{n}={ms:.2f}ms" for n, ms in medians))
+        runner = llm.engine.runner.graph_runners.get("prefill")
+        if runner is not None:
+            result["replays"], result["fallbacks"] = runner.replays, runner.fallbacks
+        if peer_lengths and "peer" not in entry:
+            hf_state = {name: t.clone() for name, t in llm.engine.model.hf_state_dict().items()}
+        del calls, results
+        free_engine(llm)
+    if peer_lengths and "peer" not in entry:
+        entry["peer"], call = build_peer(config, dtype, hf_state)
+        measure({PEER: call}, {PEER: peer_lengths}, config.vocab_size, args.repeats,
+                {PEER: entry["peer"]})  # fmt: skip
+        del call, hf_state
+        torch._dynamo.reset()  # drop a compiled peer before the next model
+        free_engine(None)
+    if "peer" in entry:
+        peer = entry["peer"]
+        print(f"{model} transformers ({peer['attn_implementation']}, compile "
+              f"{peer['compile']}): {peer['median_ms']}")  # fmt: skip
+        entry["speedup_over_peer"] = ratios(entry["arms"], peer["median_ms"])
+    eager = entry["arms"].get(EAGER, {}).get("median_ms", {})
+    entry["speedup_over_eager"] = ratios(entry["arms"], eager)
+    return entry
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -155,26 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     lengths = [int(x) for x in args.lengths.split(",")]
     report = {"bench": "prefill", "env": environment(), "config": vars(args), "models": {}}
     for model in args.models.split(","):
-        entry = report["models"][model] = {"arms": {}}
-        for arm in args.arms:
-            entry["arms"][arm], hf_state, config, dtype = measure_arm(
-                model, arm, lengths, args.repeats, args.load_format
-            )
-            write(args.out, report)
-            medians = entry["arms"][arm]["median_ms"].items()
-            print(f"{model} {arm}: " + ", ".join(f"{n}={ms:.2f}ms" for n, ms in medians))
-        if args.peer_lengths:
-            peer_lengths = [int(x) for x in args.peer_lengths.split(",")]
-            peer = entry["peer"] = measure_peer(config, dtype, hf_state, peer_lengths,
-                                                args.repeats)  # fmt: skip
-            del hf_state
-            torch._dynamo.reset()  # drop a compiled peer before the next model
-            free_engine(None)
-            print(f"{model} transformers ({peer['attn_implementation']}, compile "
-                  f"{peer['compile']}): {peer['median_ms']}")  # fmt: skip
-            entry["speedup_over_peer"] = ratios(entry["arms"], peer["median_ms"])
-        eager = entry["arms"].get(EAGER, {}).get("median_ms", {})
-        entry["speedup_over_eager"] = ratios(entry["arms"], eager)
+        entry = report["models"][model] = measure_model(model, args, lengths)
         write(args.out, report)
         series = {arm: (lengths, [d["median_ms"][n] for n in lengths])
                   for arm, d in entry["arms"].items()}  # fmt: skip
