@@ -92,7 +92,9 @@ def require_cuda(bench: str) -> None:
         raise Unavailable(f"nanograph bench {bench} needs a CUDA device and this machine has none")
 
 
-def parse_arms(bench: str, text: str, modifiers: tuple[str, ...] = ()) -> list[str]:
+def parse_arms(
+    bench: str, text: str, modifiers: tuple[str, ...] = (), flag: str = "--arms"
+) -> list[str]:
     """Comma-separated arms, each a backend of ``ARMS`` (or an alias) optionally followed by
     ``:modifier``s, as canonical names (``none`` -> ``eager``). Unknown names raise a
     ``ValueError``; graph arms without CUDA raise ``Unavailable``."""
@@ -111,7 +113,7 @@ def parse_arms(bench: str, text: str, modifiers: tuple[str, ...] = ()) -> list[s
     if graph and not torch.cuda.is_available():
         raise Unavailable(
             f"bench {bench}: arms {', '.join(graph)} capture CUDA graphs and this machine has no "
-            f"CUDA device; run --arms {EAGER} here"
+            f"CUDA device; run {flag} {EAGER} here"
         )
     return arms
 

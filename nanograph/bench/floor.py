@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", default=default_out("floor.json"))
     args = parser.parse_args(argv)
-    (args.graph,) = parse_arms("floor", args.graph)
+    (args.graph,) = parse_arms("floor", args.graph, flag="--graph")
     flag = graph_flag(args.graph)
     from nanograph import LLM
 
