@@ -9,9 +9,10 @@
 #   and the build bench on the default ladder), rerun (figures older than cd44b17's changes),
 #   sweep-32k (tile/split sweep of the 1 x 32k decode), sweep-1x512 (the batch-1 decode),
 #   ncu-32k (hardware counters of the 1 x 32k decode launch), gemv (the decode GEMV vs cuBLAS),
-#   sweep-small (decode attention tiles at batch 1 and 8), fair-peer (prefill against the
-#   transformers peer with logits_to_keep=1 and its recorded attention, and the decode roofline
-#   from this device's measured copy bandwidth).
+#   sweep-small (decode attention tiles at batch 1 and 8), hardening (start-up with cold and
+#   warm kernel caches, GPU tests), fair-peer (prefill against the transformers peer with
+#   logits_to_keep=1 and its recorded attention, and the decode roofline from this device's
+#   measured copy bandwidth).
 # Run from the repo root; logs and JSON land in OUTDIR (copy them to benchmarks/results/).
 # Export NANOGRAPH_COMMIT=<short hash> first: the device copy's .git can be stale.
 set -uo pipefail
@@ -109,6 +110,18 @@ case $stage in
     # 8 x 1k: 8 takes 16 splits and the earlier tiles; is the 32-split choice better there too?)
     python3 -m nanograph bench attention --cases decode_1x512,decode_8x1k --sweep \
       --sweep-seconds 90 --out "$out/attention_small.json" 2>&1 | tee "$out/attention_small.log" ;;
+  hardening)  # ~9 min: start-up and first requests with cold and warm kernel caches (bf16 and
+    # fp32: nothing may compile on a request's path), then every GPU test but the 130 s bf16
+    # numerics one, named as they pass (a timeout still leaves the log)
+    timeout "${STARTUP_TIMEOUT:-250}" python3 -m nanograph bench startup --model qwen3-0.6b \
+      --dtypes bfloat16,float32 --graphs auto --timeout 110 --out "$out/startup.json" 2>&1 \
+      | grep -v "^INFO" | tee "$out/startup.log"
+    timeout "${TEST_TIMEOUT:-320}" python3 -m pytest -v -p no:cacheprovider -rfE --durations=10 \
+      tests/gpu ${PYTEST_ARGS:-} \
+      --deselect tests/gpu/test_engine_gpu.py::test_bf16_greedy_agrees_with_float32_eager \
+      > "$out/gpu_tests.log" 2>&1
+    grep -E "PASSED|FAILED|ERROR|passed|failed" "$out/gpu_tests.log" | grep -v PASSED | tail -25
+    grep -c PASSED "$out/gpu_tests.log" ;;
   fair-peer)  # ~8 min: prefill eager and full against the fair peer (compiled transformers,
     # sdpa, last-token logits) at 256 / 2k / 8k; the decode roofline of this device, measured
     timeout 400 python3 -m nanograph bench prefill --models qwen3-0.6b --lengths 256,2048,8192 \

@@ -24,6 +24,7 @@ ENGINE_HELP = {
     "mem_fraction": "GPU: fraction of device memory for weights, graphs and the KV pool",
     "kv_cache_bytes": "CPU: byte budget of the KV pool",
     "page_size": "tokens per KV page",
+    "max_total_tokens": "cap on the KV pool's tokens, any device (default: what memory allows)",
     "chunked_prefill_size": "token budget of one forward; longer prompts are split into chunks",
     "max_num_seqs": "most requests running at once",
     "max_model_len": "context length cap (default: the model's)",

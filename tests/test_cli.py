@@ -86,3 +86,18 @@ def test_bench_floor_decode_step(tmp_path):
     step = json.loads(out.read_text())["lengths"]["24"]
     assert step["floor_ms"] > 0 and step["back_to_back_ms"] > 0
     assert step["kernels"] == len(step["top_ms"]) or len(step["top_ms"]) == 12
+
+
+def test_bench_startup_reports_each_arm(tmp_path, tiny_model_dir):
+    import json
+
+    out = tmp_path / "startup.json"
+    argv = ["bench", "startup", "--model", str(tiny_model_dir("qwen3")), "--load-format", "auto",
+            "--dtypes", "float32", "--graphs", "auto", "--short", "4", "--long", "9",
+            "--new-tokens", "2", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    arms = json.loads(out.read_text())["arms"]
+    assert set(arms) == {"float32/auto/cold", "float32/auto/warm"}
+    for arm in arms.values():
+        assert arm["ready_s"] > 0 and arm["kernel_warmup_s"] == 0  # CPU compiles nothing
+        assert [r["tokens"] for r in arm["requests"].values()] == [4, 9, 4]

@@ -19,6 +19,7 @@ BENCHES = {
     "graph": "nanograph.bench.graph_overhead",
     "host": "nanograph.bench.host",
     "gemv": "nanograph.bench.gemv",
+    "startup": "nanograph.bench.startup",
 }
 
 

@@ -32,6 +32,9 @@ class EngineConfig:
     # CPU: the KV pool's byte budget (there is no device memory to measure)
     kv_cache_bytes: int = 512 * 2**20
     page_size: int = 16
+    # cap on the KV pool's tokens on any device (SGLang's --max-total-tokens); None = what the
+    # memory budget allows
+    max_total_tokens: int | None = None
     # the largest single prefill forward; also the default prefill capture ceiling
     chunked_prefill_size: int = 8192
     max_num_seqs: int = 256
@@ -86,6 +89,8 @@ class EngineConfig:
                     f"{flag}={value!r} needs CUDA, but the engine runs on {self.torch_device}; "
                     "use 'auto' or 'none' (eager) on this machine"
                 )
+        if self.max_total_tokens is not None and self.max_total_tokens < 1:
+            raise ValueError(f"max_total_tokens must be positive, got {self.max_total_tokens}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(
                 f"max_model_len must be at least 2 (a prompt token and an answer token), got "

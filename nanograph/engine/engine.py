@@ -51,6 +51,7 @@ from nanograph.runners.shapes import (
     prefill_shapes,
     prefill_token_buckets,
 )
+from nanograph.runners.warmup import scratch_batch, warm_up_kernels
 
 if TYPE_CHECKING:
     from nanograph.loader.tokenizer import IncrementalDecoder
@@ -106,6 +107,7 @@ class Engine:
             config.max_model_len or self.model_config.max_position_embeddings,
             self.model_config.max_position_embeddings,
         )
+        self.kernel_warmup_seconds = 0.0  # CUDA: compiling every kernel variant at start-up
         self.memory = MemoryReport(
             weights=sum(p.numel() * p.element_size() for p in self.model.parameters())
         )
@@ -173,7 +175,12 @@ class Engine:
         if self.device.type == "cuda":
             # a two-page pool is enough to measure: measurement batches read the scratch page
             scratch = KVCache(self.model_config, 2, self.config.page_size, self.dtype, self.device)
-            self.memory.activation_peak = self._measure_activation_peak(scratch)
+            eager = ModelRunner(self.model, self.attention, scratch.k, scratch.v, self.device)
+            self.kernel_warmup_seconds = warm_up_kernels(
+                eager, self.config.page_size, self.config.progress
+            )
+            logger.info("kernels warmed up in %.1f s", self.kernel_warmup_seconds)
+            self.memory.activation_peak = self._measure_activation_peak(eager)
             for path, backend in backends.items():
                 largest = max(self._shapes(path))
                 # tc_piecewise would compile the probe shape a second time (seconds per shape);
@@ -185,7 +192,7 @@ class Engine:
                 self.memory.graph_reserve += int(probe.pool_bytes() * GRAPH_RESERVE_MARGIN)
                 probe.release()
                 del probe
-            del scratch
+            del scratch, eager
             gc.collect()
             torch.cuda.empty_cache()
         kv = KVCache(self.model_config, self._num_pages(), self.config.page_size, self.dtype,
@@ -199,20 +206,13 @@ class Engine:
         runner = ModelRunner(self.model, self.attention, kv.k, kv.v, self.device, runners)
         return kv, runner
 
-    def _measure_activation_peak(self, scratch: KVCache) -> int:
+    def _measure_activation_peak(self, eager: ModelRunner) -> int:
         """Allocator peak of one eager forward at chunked_prefill_size tokens, above baseline."""
         n = min(self.config.chunked_prefill_size, self.max_model_len - 1)
-        page = self.config.page_size
-        batch = ForwardBatch(
-            input_ids=[0] * n, positions=list(range(n)), seq_lens=[n], query_lens=[n],
-            page_tables=[[0] * -(-n // page)], slot_mapping=[-1] * n, sample_rows=[n - 1],
-            page_size=page,
-        )  # fmt: skip
-        runner = ModelRunner(self.model, self.attention, scratch.k, scratch.v, self.device)
         torch.cuda.synchronize(self.device)
         base = torch.cuda.memory_allocated(self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
-        runner.forward(batch)
+        eager.forward(scratch_batch(n, self.config.page_size))
         torch.cuda.synchronize(self.device)
         return torch.cuda.max_memory_allocated(self.device) - base
 
@@ -228,6 +228,8 @@ class Engine:
             budget = cfg.kv_cache_bytes
         # never more than every sequence slot at full length could use
         cap = cfg.max_num_seqs * (-(-self.max_model_len // cfg.page_size)) + 1
+        if cfg.max_total_tokens is not None:
+            cap = min(cap, -(-cfg.max_total_tokens // cfg.page_size) + 1)
         num_pages = min(budget // per_page, cap)
         if num_pages < 2:
             raise MemoryError(

@@ -32,8 +32,11 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -171,7 +174,10 @@ def _attend_key_range(
     return acc, m_i, l_i
 
 
-@triton.jit
+# Batch-dependent integers are not specialized: Triton would otherwise compile a new variant
+# whenever the request count or the page-table width changes between 1, a multiple of 16 and
+# anything else, i.e. on a request's path.
+@triton.jit(do_not_specialize=["num_seqs", "stride_page_table"])
 def _paged_attention_kernel(
     q_ptr,
     k_cache_ptr,
@@ -488,6 +494,46 @@ def choose_tiles(
     )  # fmt: skip
 
 
+def tile_variants(
+    device: torch.device, num_q_heads: int, num_kv_heads: int, head_dim: int
+) -> list[tuple[int, AttentionTiles]]:
+    """Every launch configuration ``choose_tiles`` can return for these heads, each with a query
+    length that launches it (per-request tiles hold exactly that many tokens; flat tiles take
+    any). The set is what ``choose_tiles`` gives for each small-query class and for short and
+    long extends, at every split count it can pick, so it covers every batch shape."""
+    group_pad = _next_pow2(num_q_heads // num_kv_heads)
+    small_block_q = [1 << i for i in range((SMALL_QUERY_ROWS // group_pad).bit_length())]
+    long_query = SMALL_QUERY_ROWS + 1  # not a small query; flat layout
+    inputs = [(q, q, 1, q) for q in small_block_q]  # (tokens, max_query_len, seqs, launch q)
+    inputs += [(long_query, long_query, 1, long_query)]  # short requests (block_n 32 on GPU)
+    inputs += [(SHORT_REQUEST_TOKENS + 1,) * 2 + (1, long_query)]  # long requests
+    variants: dict[AttentionTiles, int] = {}
+    for tokens, max_query_len, seqs, launch_q in inputs:
+        for log_splits in range(MAX_SPLITS.bit_length()):
+            tiles = choose_tiles(
+                device, tokens, seqs, num_q_heads, num_kv_heads, head_dim, max_query_len,
+                1 << log_splits,
+            )  # fmt: skip
+            variants.setdefault(tiles, launch_q)
+    return [(q, tiles) for tiles, q in variants.items()]
+
+
+_FORCED_TILES: contextvars.ContextVar[AttentionTiles | None] = contextvars.ContextVar(
+    "forced_attention_tiles", default=None
+)
+
+
+@contextlib.contextmanager
+def forced_tiles(tiles: AttentionTiles) -> Iterator[None]:
+    """Launches inside this block use ``tiles`` (start-up warm-up of every configuration
+    through the model's own calls, so each compiled variant is the one a request will use)."""
+    token = _FORCED_TILES.set(tiles)
+    try:
+        yield
+    finally:
+        _FORCED_TILES.reset(token)
+
+
 def paged_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -528,7 +574,7 @@ def paged_attention(
     if page_table.stride(-1) != 1:
         raise ValueError("page_table must be contiguous in its last dim")
     if tiles is None:
-        tiles = choose_tiles(
+        tiles = _FORCED_TILES.get() or choose_tiles(
             q.device, num_tokens, num_seqs, num_q_heads, num_kv_heads, head_dim, max_query_len,
             num_splits,
         )  # fmt: skip

@@ -1,0 +1,147 @@
+"""Property-based fuzzing of the public API: no prompt and no sampling value can poison the engine.
+
+Arbitrary prompts (strings of any code points, surrogates included; token-id lists of any
+integers; conversations of any shape; things that are no prompt at all) and arbitrary
+``SamplingParams`` values (any types, NaN/inf, huge and negative numbers) are mixed with valid
+requests in one batch. Invariants, for every example:
+- building ``SamplingParams`` either succeeds or raises ``ValueError`` (nothing else);
+- ``generate`` returns one output per prompt, in order;
+- the valid requests produce exactly the tokens they produce alone (greedy);
+- a failed request carries ``finish_reason == "error"`` and a message;
+- the KV pool's free page count returns to its start, nothing stays queued, and a following
+  valid call works.
+
+Profiles (``NANOGRAPH_FUZZ=ci|long``): ``ci`` (default) runs a fixed, derandomised set of
+examples in about a minute; ``long`` runs many more with fresh randomness, for local runs. The
+server reuses these strategies over HTTP.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+from conftest import requires_smollm2
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from nanograph import LLM, SamplingParams
+
+settings.register_profile(
+    "ci", max_examples=20, derandomize=True, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)  # fmt: skip
+settings.register_profile(
+    "long", max_examples=600, deadline=None, suppress_health_check=list(HealthCheck)
+)
+PROFILE = os.environ.get("NANOGRAPH_FUZZ", "ci")
+
+# ---- strategies (imported by the server's HTTP fuzz tests) ------------------------------------
+any_char = st.one_of(st.characters(exclude_categories=()), st.characters(categories=["Cs"]))
+any_text = st.text(any_char, max_size=24)
+any_int = st.one_of(
+    st.integers(-5, 60_000), st.integers(), st.sampled_from([-(2**63), 2**63, 2**64, 2**200])
+)
+any_number = st.one_of(
+    any_int,
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from([0.0, -0.0, 1e-320, 1e308, -1.0, 0.5, 1.0]),
+)
+junk = st.one_of(st.none(), st.booleans(), any_number, any_text, st.binary(max_size=8))
+any_value = st.recursive(
+    junk, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(any_text, inner, max_size=3),
+    max_leaves=6,
+)  # fmt: skip
+message = st.one_of(
+    st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "assistant"]),
+                           "content": any_text}),
+    st.dictionaries(st.sampled_from(["role", "content", "name", "x"]), any_value, max_size=3),
+)  # fmt: skip
+any_prompt = st.one_of(
+    any_text,
+    st.lists(any_int, max_size=24),
+    st.lists(message, max_size=3),
+    any_value,
+)
+SAMPLING_FIELDS = {
+    "max_tokens": st.one_of(st.integers(1, 6), any_value),
+    "temperature": st.one_of(st.sampled_from([0.0, 0.7, 1e-9, 1e30]), any_value),
+    "top_k": st.one_of(st.integers(-1, 5), any_value),
+    "top_p": st.one_of(st.floats(0.01, 1.0), any_value),
+    "min_p": st.one_of(st.floats(0.0, 1.0), any_value),
+    "seed": st.one_of(st.none(), any_int, any_value),
+    "stop": st.one_of(st.lists(any_text, max_size=2), any_value),
+    "stop_token_ids": st.one_of(st.lists(st.integers(0, 50_000), max_size=2), any_value),
+    "ignore_eos": st.one_of(st.booleans(), any_value),
+}
+any_sampling_kwargs = st.fixed_dictionaries({}, optional=SAMPLING_FIELDS)
+
+# valid requests whose greedy tokens are known from a run alone
+VALID_TEXTS = ["The capital of France is", "1, 2, 3,", "Hello"]  # each < 20 tokens
+VALID = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+
+
+def make_params(kwargs: dict):
+    """SamplingParams of arbitrary values: built, or the ValueError that refused them (the
+    engine then gets the kwargs dict itself, which it must refuse as a request error)."""
+    try:
+        return SamplingParams(**kwargs)
+    except ValueError:
+        return kwargs
+
+
+@pytest.fixture(scope="module")
+def fuzz_llm():
+    # a short context bounds every request, whatever max_tokens it asks for
+    return LLM("smollm2-135m", max_model_len=24, kv_cache_bytes=8 * 2**20, progress=False)
+
+
+@pytest.fixture(scope="module")
+def alone(fuzz_llm):
+    return {t: fuzz_llm.generate(t, VALID)[0].token_ids for t in VALID_TEXTS}
+
+
+@given(kwargs=any_sampling_kwargs)
+@settings(settings.get_profile(PROFILE), max_examples=300 if PROFILE == "ci" else 5000)
+def test_sampling_params_either_build_or_raise_value_error(kwargs):
+    try:
+        p = SamplingParams(**kwargs)
+    except ValueError as e:
+        assert str(e)
+        return
+    assert type(p.max_tokens) is int and p.max_tokens >= 1
+    assert type(p.temperature) is float and math.isfinite(p.temperature) and p.temperature >= 0
+    assert 0 < p.top_p <= 1 and 0 <= p.min_p <= 1 and type(p.top_k) is int and p.top_k >= -1
+    assert p.seed is None or type(p.seed) is int
+    assert all(isinstance(s, str) and s for s in p.stop)
+    assert all(type(t) is int and t >= 0 for t in p.stop_token_ids)
+
+
+@requires_smollm2
+@given(data=st.data())
+@settings(settings.get_profile(PROFILE))
+def test_arbitrary_requests_never_poison_the_engine(fuzz_llm, alone, data):
+    engine = fuzz_llm.engine
+    allocator = engine.kv_cache.allocator
+    free_before = allocator.num_free
+    fuzzed = data.draw(st.lists(st.tuples(any_prompt, any_sampling_kwargs), min_size=1, max_size=3))
+    valid = data.draw(st.lists(st.sampled_from(VALID_TEXTS), min_size=1, max_size=2))
+    batch = [(t, VALID, True) for t in valid] + [(p, make_params(k), False) for p, k in fuzzed]
+    order = data.draw(st.permutations(range(len(batch))))
+    batch = [batch[i] for i in order]
+
+    outs = fuzz_llm.generate([b[0] for b in batch], [b[1] for b in batch])
+
+    assert len(outs) == len(batch)
+    for (prompt, params, is_valid), out in zip(batch, outs):
+        if is_valid:
+            assert out.ok and out.token_ids == alone[prompt], (prompt, out)
+        elif out.finish_reason == "error":
+            assert out.error
+        else:
+            assert out.finish_reason in ("stop", "length") and isinstance(params, SamplingParams)
+    assert not engine.has_work()
+    assert allocator.num_free == free_before == allocator.num_usable
+    again = fuzz_llm.generate(VALID_TEXTS[0], VALID)[0]
+    assert again.token_ids == alone[VALID_TEXTS[0]]

@@ -1,0 +1,192 @@
+"""No input can poison the engine: each case a user found at 114d90d, as a test.
+
+Every test ends by checking that the engine is left as usable as before: nothing queued or
+running, every KV page back in the pool, and a valid greedy request still answers.
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import requires_smollm2
+
+from nanograph import LLM, SamplingParams
+from nanograph.cli import main
+
+GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def smol():
+    return LLM("smollm2-135m", max_model_len=96, progress=False)
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model_dir):
+    return LLM(str(tiny_model_dir("qwen3")), page_size=4, kv_cache_bytes=2**20, progress=False)
+
+
+def assert_clean(llm: LLM, prompt=(1, 2, 3)) -> None:
+    """Nothing left behind, and a valid request still works."""
+    engine = llm.engine
+    assert not engine.has_work()
+    allocator = engine.kv_cache.allocator
+    assert allocator.num_free == allocator.num_usable
+    out = llm.generate([list(prompt)], GREEDY)[0]
+    assert out.ok and len(out.token_ids) == GREEDY.max_tokens
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("seed", "abc"), ("seed", 1.5), ("seed", 2**64), ("seed", True),
+        ("temperature", math.nan), ("temperature", math.inf), ("temperature", "0.5"),
+        ("top_p", math.nan), ("top_p", 0.0), ("min_p", -math.inf), ("min_p", None),
+        ("top_k", 2.0), ("top_k", -2), ("max_tokens", 0), ("max_tokens", 3.0),
+        ("max_tokens", True), ("stop", [""]), ("stop", [1]), ("stop", 5),
+        ("stop_token_ids", ["a"]), ("stop_token_ids", [-1]), ("ignore_eos", "yes"),
+    ],
+)  # fmt: skip
+def test_sampling_params_refuse_bad_values_by_name(field, value):
+    with pytest.raises(ValueError, match=field):
+        SamplingParams(**{field: value})
+
+
+def test_sampling_params_normalise_what_they_accept():
+    import numpy as np
+
+    p = SamplingParams(max_tokens=np.int64(3), temperature=1, seed=-5, stop="x", top_k=0)
+    assert p.max_tokens == 3 and type(p.max_tokens) is int
+    assert p.temperature == 1.0 and type(p.temperature) is float
+    assert p.stop == ("x",) and p.seed == -5
+    assert SamplingParams(temperature=1e-9).greedy  # a subnormal divisor would give NaN draws
+
+
+def test_a_request_that_raises_in_the_sampler_fails_alone(tiny):
+    """The seed check moved to SamplingParams; should anything still raise inside a step (here
+    a seed forced past the check), that request fails and the batch and engine go on."""
+    bad = SamplingParams(max_tokens=6, temperature=0.7, ignore_eos=True)
+    object.__setattr__(bad, "seed", "abc")  # what SamplingParams(seed="abc") used to let in
+    good = [[5, 6, 7], [9, 10, 11, 12]]
+    alone = [o.token_ids for o in tiny.generate(good, GREEDY)]
+    outs = tiny.generate([good[0], [1, 2, 3], good[1]], [GREEDY, bad, GREEDY])
+    assert [o.finish_reason for o in outs] == ["length", "error", "length"]
+    assert "internal error" in outs[1].error
+    assert [outs[0].token_ids, outs[2].token_ids] == alone
+    assert_clean(tiny)
+
+
+def test_a_forward_that_raises_fails_only_its_culprit(tiny, monkeypatch):
+    """A model error triggered by one request's tokens: each request reruns alone, the culprit
+    fails, the others produce the tokens they produce alone."""
+    good = [[5, 6, 7], [9, 10, 11, 12]]
+    alone = [o.token_ids for o in tiny.generate(good, GREEDY)]
+    model = tiny.engine.model
+    original = type(model).forward
+
+    def forward(self, ids, positions, *args, **kwargs):
+        if (ids == 255).any():
+            raise RuntimeError("poisoned token")
+        return original(self, ids, positions, *args, **kwargs)
+
+    monkeypatch.setattr(type(model), "forward", forward)
+    outs = tiny.generate([good[0], [1, 255, 3], good[1]], GREEDY)
+    monkeypatch.undo()
+    assert [o.finish_reason for o in outs] == ["length", "error", "length"]
+    assert "poisoned token" in outs[1].error
+    assert [outs[0].token_ids, outs[2].token_ids] == alone
+    assert_clean(tiny)
+
+
+def test_an_interrupted_generate_leaves_nothing_behind(tiny, monkeypatch):
+    engine = tiny.engine
+    calls = {"n": 0}
+    original = type(engine).step
+
+    def step(self):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return original(self)
+
+    monkeypatch.setattr(type(engine), "step", step)
+    with pytest.raises(KeyboardInterrupt):
+        tiny.generate([[1, 2, 3], [4, 5, 6, 7]], GREEDY)
+    monkeypatch.undo()
+    assert_clean(tiny)
+
+
+def test_bad_prompts_fail_alone_and_leave_nothing_behind(tiny):
+    outs = tiny.generate([[1, 2, 3], [], [1, -4], [2**40], "text", [1.5, 2], None], GREEDY)
+    assert outs[0].ok
+    assert all(o.finish_reason == "error" and o.error for o in outs[1:])
+    assert "no tokenizer" in outs[4].error
+    assert_clean(tiny)
+
+
+@requires_smollm2
+def test_lone_surrogates_and_broken_messages_fail_alone(smol):
+    valid = "Name a colour."
+    alone = smol.generate(valid, GREEDY)[0].token_ids
+    batch = [
+        valid,
+        "bad \udcff text",
+        [{"content": "no role"}],
+        [{"role": "user", "content": 7}],
+        [{"role": "user", "content": "x\ud800"}],
+        [],
+    ]
+    outs = smol.generate(batch, GREEDY)
+    assert outs[0].token_ids == alone
+    assert [o.finish_reason for o in outs[1:]] == ["error"] * 5
+    assert "surrogate" in outs[1].error and "role" in outs[2].error
+    assert "content" in outs[3].error and "surrogate" in outs[4].error
+    assert_clean(smol, smol.tokenizer.encode("Hello"))
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--attention-backend", "triton"], "needs CUDA"),
+        (["--debug-cuda-graph"], "nothing is captured"),
+        (["--max-model-len", "0"], "max_model_len"),
+        (["--messages", "[1,2,3]"], "--messages takes"),
+        (["--messages", "[{\"role\": \"user\""], "not valid JSON"),
+        (["--temperature", "nan"], "temperature"),
+        (["--sampling-seed", "-99999999999999999999"], "seed"),
+    ],
+)  # fmt: skip
+def test_cli_errors_are_one_line_without_traceback(argv, message, tiny_model_dir):
+    model = ["--model", str(tiny_model_dir("qwen3")), "--prompt-ids", "1,2"]
+    out = subprocess.run(
+        [sys.executable, "-m", "nanograph", "generate", *model, *argv, "--quiet"],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )  # fmt: skip
+    assert out.returncode == 2, out.stderr
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], lines
+    assert "Traceback" not in out.stderr
+
+
+def test_cli_batch_keeps_order_and_reports_a_failure_once(capsys, tiny_model_dir):
+    argv = ["generate", "--model", str(tiny_model_dir("qwen3")), "--prompt-ids", "1,2",
+            "--prompt-ids", "999999", "--prompt-ids", "3,4,5", "--max-tokens", "3",
+            "--ignore-eos", "--quiet"]  # fmt: skip
+    assert main(argv) == 1
+    out, err = capsys.readouterr()
+    blocks = out.split("--- [")[1:]
+    assert [b.split("]")[0] for b in blocks] == ["0", "1", "2"]
+    assert "error: token id 999999 is outside the vocabulary" in blocks[1]
+    assert blocks[0].count(",") == 2 and blocks[2].count(",") == 2
+    assert err.count("999999") == 0 and "1 of 3 prompts failed" in err
+
+
+def test_cli_version():
+    out = subprocess.run([sys.executable, "-m", "nanograph", "--version"], capture_output=True,
+                         text=True, timeout=60)  # fmt: skip
+    assert out.returncode == 0 and out.stdout.strip().startswith("nanograph ")
