@@ -41,12 +41,13 @@ def test_eager_arm_has_one_name():
         ["decode", "--arms", "breakable"],
         ["host", "--arms", "tc_piecewise"],
         ["floor", "--graph", "full"],
+        ["startup", "--graphs", "breakable"],
     ],
 )
 def test_graph_arms_are_refused_on_cpu_in_one_line(argv, capsys, tmp_path):
     out = tmp_path / "out.json"
-    assert main(["bench", *argv, "--models" if argv[0] in ("prefill", "decode") else "--model",
-                 "no-such-model", "--out", str(out)]) == 2  # fmt: skip
+    model_flag = "--models" if argv[0] in ("prefill", "decode") else "--model"
+    assert main(["bench", *argv, model_flag, "no-such-model", "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
     assert f"bench {argv[0]}" in err and "CUDA" in err and f"{argv[1]} eager" in err
