@@ -10,9 +10,14 @@
 #   sweep-32k (tile/split sweep of the 1 x 32k decode), sweep-1x512 (the batch-1 decode),
 #   ncu-32k (hardware counters of the 1 x 32k decode launch), gemv (the decode GEMV vs cuBLAS),
 #   sweep-small (decode attention tiles at batch 1 and 8), hardening (start-up with cold and
-#   warm kernel caches, GPU tests), fair-peer (prefill against the transformers peer with
-#   logits_to_keep=1 and its recorded attention, and the decode roofline from this device's
-#   measured copy bandwidth).
+#   warm kernel caches, GPU tests), prefix (prefix caching: its GPU test under each prefill
+#   backend, then bench prefix on qwen3-8b dummy), moe (MoE models: GPU tests, decode
+#   roofline on qwen3-30b-a3b, native-MoE prefill breakable vs eager), moe-coverage (the
+#   `bench coverage` table: model x MoE backend x graph backend x path), serve (`bench serve`
+#   against `nanograph serve`: arms, request-rate sweeps and the offline comparisons; needs the
+#   wheels of benchmarks/serve_wheels.txt in $SERVE_WHEELS, default shared/serve_wheels),
+#   fair-peer (prefill against the transformers peer with logits_to_keep=1 and its recorded
+#   attention, and the decode roofline from this device's measured copy bandwidth).
 # Run from the repo root; logs and JSON land in OUTDIR (copy them to benchmarks/results/).
 # Export NANOGRAPH_COMMIT=<short hash> first: the device copy's .git can be stale.
 set -uo pipefail
@@ -114,7 +119,7 @@ case $stage in
     # fp32: nothing may compile on a request's path), then every GPU test but the 130 s bf16
     # numerics one, named as they pass (a timeout still leaves the log)
     timeout "${STARTUP_TIMEOUT:-250}" python3 -m nanograph bench startup --model qwen3-0.6b \
-      --dtypes bfloat16,float32 --graphs auto --timeout 110 --out "$out/startup.json" 2>&1 \
+      --dtypes bfloat16,float32 --graphs "${GRAPHS:-auto,none}" --timeout "${ARM_TIMEOUT:-110}" --out "$out/startup.json" 2>&1 \
       | grep -v "^INFO" | tee "$out/startup.log"
     timeout "${TEST_TIMEOUT:-320}" python3 -m pytest -v -p no:cacheprovider -rfE --durations=10 \
       tests/gpu ${PYTEST_ARGS:-} \
@@ -122,6 +127,62 @@ case $stage in
       > "$out/gpu_tests.log" 2>&1
     grep -E "PASSED|FAILED|ERROR|passed|failed" "$out/gpu_tests.log" | grep -v PASSED | tail -25
     grep -c PASSED "$out/gpu_tests.log" ;;
+  serve)  # ~9 min (estimated, not yet measured): `bench serve` on qwen3-0.6b then qwen3-8b
+    # (dummy weights, ignore_eos). Arm default (decode full + prefill breakable): random
+    # 1024-in/256-out at concurrency 1 and over request rates up to inf, the ShareGPT-like mix,
+    # and --offline (LLM.generate on the saturation prompts, batch-1 decode step). Arms eager
+    # and full/full: two rates each. Every arm caps the batch at 128 (fewer decode graphs to
+    # capture) and first sends 128 untimed 8-token requests at once (kernels that compile on
+    # first use do so there). Each command is bounded by `timeout`; MODELS narrows the run.
+    pip install -q --no-index --no-deps --find-links "${SERVE_WHEELS:-shared/serve_wheels}" \
+      -r benchmarks/serve_wheels.txt 2>&1 | tail -2
+    common="--load-format dummy --max-num-seqs 128 --cuda-graph-max-bs 128 --quiet"
+    for model in ${MODELS:-qwen3-0.6b qwen3-8b}; do
+      if [ "$model" = qwen3-8b ]; then
+        rates=inf,1,4,16,inf,4,inf prompts=6,8,24,64,128,24,128 budget=210 fast=4,inf
+      else
+        rates=inf,4,16,64,inf,16,inf prompts=6,16,64,128,128,64,128 budget=120 fast=16,inf
+      fi
+      timeout $budget python3 -m nanograph bench serve --launch "--model $model $common" --offline \
+        --dataset random,random,random,random,random,sharegpt,sharegpt --request-rate $rates \
+        --max-concurrency 1,0,0,0,0,0,0 --num-prompts $prompts --warmup 128 \
+        --out "$out/serve_${model}_default.json" 2>&1 | tee "$out/serve_${model}_default.log"
+      for arm in eager full; do
+        graphs="--decode-cuda-graph none --prefill-cuda-graph none"
+        [ $arm = full ] && graphs="--decode-cuda-graph full --prefill-cuda-graph full"
+        timeout $((budget / 2)) python3 -m nanograph bench serve \
+          --launch "--model $model $common $graphs" --request-rate $fast --num-prompts 48,128 \
+          --warmup 128 \
+          --out "$out/serve_${model}_$arm.json" 2>&1 | tee "$out/serve_${model}_$arm.log"
+      done
+    done ;;
+  prefix)  # ~6 min (at most 10): prefix caching on vs off (issue 14). The test: 3 prefill
+    # backends on a small model (tc_piecewise compiles 19 shapes); the bench: two qwen3-8b
+    # engines (caching off, on), 64 chats x 6 turns, 32 few-shot, 2 x 32 unrelated prompts
+    timeout 240 python3 -m pytest -q -s -p no:cacheprovider --durations=5 -rfE \
+      tests/gpu/test_prefix_gpu.py > "$out/prefix_tests.log" 2>&1
+    grep -E "prefill=|passed|failed|error" "$out/prefix_tests.log" | tail -8
+    timeout 360 python3 -m nanograph bench prefix --fewshot-requests 32 --nosharing-requests 32 \
+      --repeats 2 --out "$out/prefix.json" 2>&1 | grep -v "^INFO" | tee "$out/prefix.log" ;;
+  moe)  # <= ~8 min: MoE models (issue 15). GPU tests (transformers, graph backends vs eager,
+    # the fused MoE vs the native loop per layer); decode at batch 1 on qwen3-30b-a3b (dummy,
+    # 61 GB bf16) with the fused MoE against its roofline (aim >= 60%); prefill at 256 tokens
+    # with the native MoE, breakable vs eager (aim >= 1.5x)
+    timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -q -s -p no:cacheprovider --durations=10 \
+      -rfE tests/gpu/test_moe_gpu.py ${PYTEST_ARGS:-} > "$out/moe_tests.log" 2>&1
+    grep -E "rel err|identical|passed|failed|Error" "$out/moe_tests.log" | tail -60
+    timeout 75 python3 -m nanograph bench decode --models qwen3-30b-a3b --arms full \
+      --batches 1 --repeats 3 --moe-backend triton --out "$out/decode_moe.json" 2>&1 \
+      | grep -v "^INFO" | tee "$out/decode_moe.log"
+    timeout 90 python3 -m nanograph bench prefill --models qwen3-30b-a3b,gpt-oss-20b \
+      --lengths 256 --arms eager,breakable --moe-backend torch_native --peer-lengths '' \
+      --repeats 5 --out "$out/prefill_moe.json" 2>&1 | grep -v "^INFO" | tee "$out/prefill_moe.log" ;;
+  moe-coverage)  # <= ~8 min: which graph backend holds which model (qwen3-8b dense,
+    # qwen3-30b-a3b, gpt-oss-20b; MoE triton and torch_native); JSON written after every cell.
+    # If it runs out of time, run the rest separately: MODELS=gpt-oss-20b SUFFIX=_oss
+    timeout 470 python3 -m nanograph bench coverage \
+      --models "${MODELS:-qwen3-8b,qwen3-30b-a3b,gpt-oss-20b}" \
+      --out "$out/coverage${SUFFIX:-}.json" 2>&1 | grep -v "^INFO" | tee "$out/coverage${SUFFIX:-}.log" ;;
   fair-peer)  # ~8 min: prefill eager and full against the fair peer (compiled transformers,
     # sdpa, last-token logits) at 256 / 2k / 8k; the decode roofline of this device, measured
     timeout 400 python3 -m nanograph bench prefill --models qwen3-0.6b --lengths 256,2048,8192 \

@@ -1,4 +1,4 @@
-"""Command line: ``nanograph generate`` and ``nanograph bench ...``.
+"""Command line: ``nanograph generate``, ``nanograph serve`` and ``nanograph bench ...``.
 
 Engine flags are generated from ``EngineConfig`` so the CLI and the Python API cannot drift.
 Answers go to stdout; the summary and logs go to stderr.
@@ -16,8 +16,8 @@ import time
 from nanograph import __version__
 
 ENGINE_HELP = {
-    "model": "preset name (smollm2-135m, qwen3-0.6b, qwen3-8b, llama-3.1-8b), a .gguf file or "
-    "a Hugging Face folder",
+    "model": "preset name (smollm2-135m, qwen3-0.6b, qwen3-8b, llama-3.1-8b, qwen3-30b-a3b, "
+    "gpt-oss-20b), a .gguf file or a Hugging Face folder",
     "load_format": "auto | gguf | hf | dummy (random weights at full size, for benchmarks)",
     "dtype": "auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16 | float16",
     "device": "auto | cpu | cuda[:N]",
@@ -29,9 +29,11 @@ ENGINE_HELP = {
     "max_num_seqs": "most requests running at once",
     "max_model_len": "context length cap (default: the model's)",
     "attention_backend": "auto (triton on CUDA, torch_native on CPU) | triton | torch_native",
+    "moe_backend": "experts of MoE models: auto (triton on CUDA, torch_native on CPU) | triton "
+    "(fused, graph-safe) | torch_native (per-expert loop: an eager break; no full graphs)",
     "seed": "engine seed (sampling of requests without their own seed)",
-    "decode_cuda_graph": "full | breakable | tc_piecewise | none | auto (full on CUDA, none "
-    "on CPU)",
+    "decode_cuda_graph": "full | breakable | tc_piecewise | none | auto (full on CUDA, or "
+    "breakable with a host-planned attention/MoE backend; none on CPU)",
     "prefill_cuda_graph": "full | breakable | tc_piecewise | none | auto (breakable on CUDA, "
     "none on CPU)",
     "debug_cuda_graph": "run captured paths as one eager break through the graph buffers and "
@@ -44,6 +46,8 @@ ENGINE_HELP = {
     "prefill_graph_slots": "request slots per prefill graph; more requests run eagerly",
     "disable_overlap_schedule": "read each step's tokens before scheduling the next "
     "(default: schedule and launch step t+1 while the device runs step t)",
+    "disable_prefix_caching": "recompute every prompt from scratch (default: reuse the KV "
+    "pages of cached prefixes; finished requests' pages stay cached until the pool needs them)",
     "progress": None,  # not a flag: --quiet turns it off
 }
 
@@ -194,6 +198,7 @@ def _summary(llm, outputs, elapsed: float) -> None:
         ),
         ("device / dtype", f"{e.device} / {str(e.dtype).removeprefix('torch.')}"),
         ("attention", e.attention.name),
+        *([("moe", e.moe.name)] if e.moe is not None else []),
         ("weights", f"{e.weights_bytes / 2**20:.0f} MiB, loaded in {e.load_seconds:.1f} s"),
         (
             "KV pool",
@@ -259,6 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--ignore-eos", action="store_true", help="keep going past end-of-sequence")
     add_engine_args(gen)
     gen.set_defaults(func=cmd_generate)
+    _add_serve(sub)
     from nanograph.bench import BENCHES
 
     bench = sub.add_parser(
@@ -272,6 +278,35 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("args", nargs=argparse.REMAINDER, help="options of the benchmark")
     bench.set_defaults(func=lambda a: _bench(a.name, a.args))
     return parser
+
+
+def _add_serve(sub) -> None:
+    serve = sub.add_parser(
+        "serve", help="an OpenAI-compatible HTTP server (chat and completions, streaming)",
+        description="Serve the model over HTTP: /v1/chat/completions, /v1/completions, "
+        "/v1/models, /health, /metrics. Needs the serve extra: pip install 'nanograph[serve]'.",
+    )  # fmt: skip
+    s = serve.add_argument_group("server")
+    s.add_argument("--host", default="127.0.0.1", help="address to listen on [127.0.0.1]")
+    s.add_argument("--port", type=int, default=8000, help="port [8000]")
+    s.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1 endpoints")
+    s.add_argument("--served-model-name", help="the model name clients send [--model]")
+    s.add_argument(
+        "--max-queue", type=int, default=1024,
+        help="requests allowed to wait for admission; beyond it: 503 with Retry-After [1024]",
+    )  # fmt: skip
+    s.add_argument(
+        "--shutdown-timeout", type=float, default=10.0,
+        help="on SIGINT/SIGTERM, seconds in-flight requests get to finish before abort [10]",
+    )  # fmt: skip
+    add_engine_args(serve)
+    serve.set_defaults(func=_serve)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from nanograph.serve.server import run
+
+    return run(args)
 
 
 def _bench(name: str, argv: list[str]) -> int:

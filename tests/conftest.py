@@ -56,7 +56,56 @@ TINY = {
         rms_norm_eps=1e-6,
         tie_word_embeddings=True,
     ),
+    # MoE: expert counts that are not powers of two, top-k > 1, uneven routing (random weights)
+    "qwen3_moe": dict(
+        model_type="qwen3_moe",
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=96,
+        moe_intermediate_size=32,
+        num_experts=6,
+        num_experts_per_tok=2,
+        norm_topk_prob=True,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=512,
+        rope_theta=1000000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+    ),
+    "gpt_oss": dict(
+        model_type="gpt_oss",
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=32,
+        num_local_experts=5,
+        num_experts_per_tok=3,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=512,
+        sliding_window=8,  # prompts in the tests are longer: the window is exercised
+        layer_types=["sliding_attention", "full_attention"],
+        rope_parameters=dict(
+            rope_type="yarn",
+            rope_theta=150000.0,
+            factor=32.0,
+            beta_fast=32.0,
+            beta_slow=1.0,
+            truncate=False,
+            original_max_position_embeddings=64,
+        ),  # fmt: skip
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+    ),
 }
+HF_CLASS = {
+    "qwen3": "Qwen3", "llama": "Llama", "qwen2": "Qwen2", "qwen3_moe": "Qwen3Moe",
+    "gpt_oss": "GptOss",
+}  # fmt: skip
 
 
 def make_hf_model(arch: str, seed: int = 0):
@@ -64,15 +113,15 @@ def make_hf_model(arch: str, seed: int = 0):
     import transformers
 
     d = dict(TINY[arch])
-    cls = {"qwen3": "Qwen3", "llama": "Llama", "qwen2": "Qwen2"}[arch]
+    cls = HF_CLASS[arch]
     config = getattr(transformers, f"{cls}Config")(
         **{k: v for k, v in d.items() if k != "model_type"}
     )
     torch.manual_seed(seed)
     model = getattr(transformers, f"{cls}ForCausalLM")(config).eval()
-    with torch.no_grad():  # norms start at 1: perturb them so they are really tested
+    with torch.no_grad():  # norms start at 1, biases at 0: perturb them so they are tested
         for name, p in model.named_parameters():
-            if "norm" in name:
+            if "norm" in name or "bias" in name or "sinks" in name:
                 p.add_(0.1 * torch.randn_like(p))
     return model
 

@@ -18,7 +18,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from nanograph.kernels import attention, fused, gemv
+from nanograph.kernels import attention, fused, gemv, moe
 from nanograph.kernels.testing import make_paged_batch
 
 TARGET = GPUTarget("cuda", 90, 32)
@@ -45,6 +45,8 @@ class CompileOnly:
             }
             if "PDL" in kwargs:  # CPU tensors here; on a GPU the PDL branches are the ones run
                 kwargs["PDL"] = options["launch_pdl"] = True
+            if kwargs.get("DOT_PRECISION") == "ieee":  # fp32 on CPU tensors; a GPU launches
+                kwargs["DOT_PRECISION"] = "tf32x3"
             values = dict(zip(self.kernel.arg_names, args))
             values.update(kwargs)
             signature, constexprs, attrs = {}, {}, {}
@@ -114,7 +116,8 @@ def main() -> int:
     checked = 0
     # Every launch goes through a LaunchCache: give each one a compiling stand-in.
     launches = [attention._launch_attention, fused._launch_norm, fused._launch_silu_and_mul,
-                fused._launch_rope_store_kv, gemv._launch]  # fmt: skip
+                fused._launch_rope_store_kv, gemv._launch, moe._launch_gemm,
+                moe._launch_pair_gate_up, moe._launch_pair_down, moe._launch_route]  # fmt: skip
     for launch in launches:
         launch.kernel = CompileOnly(launch.kernel)
     kernels = [launch.kernel for launch in launches]
@@ -161,6 +164,30 @@ def main() -> int:
             w = torch.randn(1000, 4096, dtype=torch.bfloat16)
             check(f"gemv silu_mul={silu_mul} {tiles}", gemv.gemv, x, w, silu_mul=silu_mul,
                   tiles=tiles)  # fmt: skip
+    for name, tokens, experts, top_k, hidden, inter, activation, dtype in (
+        ("qwen3-30b-a3b decode", 1, 128, 8, 2048, 768, "silu", torch.bfloat16),
+        ("qwen3-30b-a3b prefill", 256, 128, 8, 2048, 768, "silu", torch.bfloat16),
+        ("gpt-oss-20b decode", 4, 32, 4, 2880, 2880, "clamped_swiglu", torch.bfloat16),
+        ("gpt-oss-20b prefill", 512, 32, 4, 2880, 2880, "clamped_swiglu", torch.bfloat16),
+        ("fp32 pairwise", 8, 6, 2, 64, 32, "clamped_swiglu", torch.float32),
+        ("fp32 sorted", 40, 6, 2, 64, 32, "silu", torch.float32),
+    ):
+        biases = activation == "clamped_swiglu"
+        w13 = torch.zeros(experts, 2 * inter, hidden, dtype=dtype)
+        w2 = torch.zeros(experts, hidden, inter, dtype=dtype)
+        b13 = torch.zeros(experts, 2 * inter, dtype=dtype) if biases else None
+        b2 = torch.zeros(experts, hidden, dtype=dtype) if biases else None
+        ids = torch.randint(0, experts, (tokens, top_k))
+        weights = torch.ones(tokens, top_k, dtype=dtype)
+        # the tiles choose_tiles picks on a GPU for this many (token, expert) pairs
+        tiles = moe.choose_tiles(tokens, top_k, experts, torch.device("cuda"))
+        check(f"fused_experts {name} {tiles}", moe.fused_experts,
+              torch.zeros(tokens, hidden, dtype=dtype), w13, w2, b13, b2, weights, ids,
+              activation, tiles=tiles)  # fmt: skip
+    for experts, top_k, softmax_first, renormalize in ((128, 8, True, True), (32, 4, False, False)):
+        logits = torch.zeros(4, experts, dtype=torch.bfloat16)
+        check(f"moe route {experts} experts top-{top_k}", moe.route, logits, top_k,
+              softmax_first, renormalize)  # fmt: skip
     print(f"compiled {checked} kernel variants for sm_90; {len(failures)} failed")
     for failure in failures:
         print(failure, file=sys.stderr)

@@ -79,7 +79,7 @@ def test_bench_decode_runs_on_cpu_with_a_measured_roofline(tiny_model_dir, tmp_p
     assert bandwidth > 0
     (entry,) = report["models"].values()
     assert list(entry["arms"]) == ["eager"]  # the alias is reported under the one name
-    weights = entry["arms"]["eager"]["weights_bytes"]
+    weights = entry["arms"]["eager"]["active_weights_bytes"]
     assert entry["roofline_batch1_tok_s"] == pytest.approx(bandwidth / weights)
 
 

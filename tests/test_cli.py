@@ -99,5 +99,5 @@ def test_bench_startup_reports_each_arm(tmp_path, tiny_model_dir):
     arms = json.loads(out.read_text())["arms"]
     assert set(arms) == {"float32/auto/cold", "float32/auto/warm"}
     for arm in arms.values():
-        assert arm["ready_s"] > 0 and arm["kernel_warmup_s"] == 0  # CPU compiles nothing
+        assert arm["ready_s"] > 0 and arm["load_s"] > 0
         assert [r["tokens"] for r in arm["requests"].values()] == [4, 9, 4]

@@ -27,6 +27,12 @@ def make_llm(path, **kw) -> LLM:
     return LLM(str(path), **args)
 
 
+def assert_pages_back(llm: LLM) -> None:
+    """Every usable page is free or cached with no request reading it."""
+    engine = llm.engine
+    assert engine.scheduler.num_available_pages == engine.kv_cache.allocator.num_usable
+
+
 def test_mixed_batch_equals_each_alone(tiny):
     llm = make_llm(tiny)
     batch = prompts(6)
@@ -53,7 +59,7 @@ def test_preemption_when_pool_runs_out(tiny):
     outs = small.generate(batch, params)
     assert [o.token_ids for o in outs] == ref
     assert sum(o.num_preemptions for o in outs) > 0
-    assert small.engine.kv_cache.allocator.num_free == small.engine.kv_cache.allocator.num_usable
+    assert_pages_back(small)
 
 
 def test_finish_reasons_and_stop_tokens(tiny):
@@ -153,8 +159,7 @@ def test_random_workloads_match_a_big_pool(tiny, seed):
     )
     outs = tight.generate(batch, params)
     assert [o.token_ids for o in outs] == reference
-    allocator = tight.engine.kv_cache.allocator
-    assert allocator.num_free == allocator.num_usable
+    assert_pages_back(tight)
     assert not tight.engine.has_work()
 
 
@@ -212,8 +217,7 @@ def test_overlap_schedule_matches_serial_steps(tiny, seed):
     for overlap in (False, True):
         llm = make_llm(tiny, disable_overlap_schedule=not overlap, **config)
         outs[overlap] = [(o.token_ids, o.finish_reason) for o in llm.generate(batch, params)]
-        allocator = llm.engine.kv_cache.allocator
-        assert allocator.num_free == allocator.num_usable
+        assert_pages_back(llm)
         assert not llm.engine.has_work()
     assert outs[True] == outs[False]
     assert any(reason == "stop" for _, reason in outs[True])
@@ -231,8 +235,7 @@ def test_a_stop_token_leaves_the_engine_idle(tiny):
     assert out.finish_reason == "stop"
     assert out.token_ids == free[: free.index(free[2])]
     assert not llm.engine.has_work()
-    allocator = llm.engine.kv_cache.allocator
-    assert allocator.num_free == allocator.num_usable
+    assert_pages_back(llm)
 
 
 @pytest.mark.parametrize("overlap", [True, False])

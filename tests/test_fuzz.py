@@ -124,7 +124,7 @@ def test_sampling_params_either_build_or_raise_value_error(kwargs):
 def test_arbitrary_requests_never_poison_the_engine(fuzz_llm, alone, data):
     engine = fuzz_llm.engine
     allocator = engine.kv_cache.allocator
-    free_before = allocator.num_free
+    free_before = engine.scheduler.num_available_pages  # free + cached pages nobody reads
     fuzzed = data.draw(st.lists(st.tuples(any_prompt, any_sampling_kwargs), min_size=1, max_size=3))
     valid = data.draw(st.lists(st.sampled_from(VALID_TEXTS), min_size=1, max_size=2))
     batch = [(t, VALID, True) for t in valid] + [(p, make_params(k), False) for p, k in fuzzed]
@@ -142,6 +142,6 @@ def test_arbitrary_requests_never_poison_the_engine(fuzz_llm, alone, data):
         else:
             assert out.finish_reason in ("stop", "length") and isinstance(params, SamplingParams)
     assert not engine.has_work()
-    assert allocator.num_free == free_before == allocator.num_usable
+    assert engine.scheduler.num_available_pages == free_before == allocator.num_usable
     again = fuzz_llm.generate(VALID_TEXTS[0], VALID)[0]
     assert again.token_ids == alone[VALID_TEXTS[0]]

@@ -90,7 +90,9 @@ def test_padding_and_sentinels():
 
 @pytest.fixture(scope="module")
 def llm(tiny_model_dir):
-    return LLM(str(tiny_model_dir("qwen3")), page_size=4, kv_cache_bytes=4 * 2**20, progress=False)
+    # no prefix caching: these tests resend prompts and need them prefilled again
+    return LLM(str(tiny_model_dir("qwen3")), page_size=4, kv_cache_bytes=4 * 2**20,
+               disable_prefix_caching=True, progress=False)  # fmt: skip
 
 
 def make_runner(llm, path: str, shapes: list[ShapeKey]) -> GraphRunner:
@@ -125,6 +127,24 @@ def test_runners_pad_and_fall_back_without_changing_tokens(llm):
     assert runners["decode"].replays > 0 and runners["prefill"].replays > 0
     assert runners["decode"].fallbacks > 0  # 5 decoding requests > largest decode shape (4)
     assert runners["prefill"].fallbacks > 0  # 3+ prompts in one forward > 2 slots
+
+
+def test_runners_serve_cached_prefixes(tiny_model_dir, llm):
+    """Prompts whose heads are cached reach the prefill runner with seq_len > query_len (and
+    sentinel slots): the same tokens as without caching, through replays."""
+    g = torch.Generator().manual_seed(1)
+    heads = [torch.randint(0, 256, (k,), generator=g).tolist() for k in (9, 21)]
+    prompts = [h + torch.randint(0, 256, (6,), generator=g).tolist() for h in heads]
+    reference = [o.token_ids for o in llm.generate(prompts, GREEDY)]
+    cached = LLM(str(tiny_model_dir("qwen3")), page_size=4, kv_cache_bytes=4 * 2**20,
+                 progress=False)  # fmt: skip
+    cached.generate(heads, GREEDY)
+    runner = make_runner(cached, "prefill", prefill_shapes([16, 32, 64], slots=4))
+    cached.engine.runner.graph_runners = {"prefill": runner}
+    outs = cached.generate(prompts, GREEDY)
+    assert [o.token_ids for o in outs] == reference
+    assert [o.cached_tokens for o in outs] == [8, 20]
+    assert runner.replays > 0 and runner.fallbacks == 0
 
 
 def test_largest_chunk_replays_a_graph(llm):

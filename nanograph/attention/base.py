@@ -17,7 +17,6 @@ Invariants:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
 import torch
@@ -51,14 +50,6 @@ class AttentionBackend(ABC):
     #: the same kernels with the same grid for any batch that fits them (no host reads).
     graph_safe: bool
 
-    def launch_variants(
-        self, num_q_heads: int, num_kv_heads: int, head_dim: int, device: torch.device
-    ) -> list[tuple[int, AbstractContextManager]]:
-        """Every compiled variant a batch can launch, as (query tokens of one request that
-        launches it, a context that selects it). Start-up runs a forward under each, so no
-        kernel compiles on a request's path. Backends that compile nothing return []."""
-        return []
-
     @abstractmethod
     def forward(
         self,
@@ -68,4 +59,6 @@ class AttentionBackend(ABC):
         meta: AttentionMetadata,
         scale: float,
         out: torch.Tensor,  # [N, num_q_heads, head_dim], zeroed: rows of no request stay zero
+        sliding_window: int = 0,  # > 0: a query sees only the last `sliding_window` keys
+        sinks: torch.Tensor | None = None,  # fp32 [num_q_heads]: a logit with no value
     ) -> None: ...

@@ -88,11 +88,20 @@ _rope_store_kv_op = torch.library.custom_op("nanograph::rope_store_kv", mutates_
 _rope_store_kv_op.register_fake(lambda *args: None)
 
 
-@split_op("nanograph::attend", fake=lambda q, out, layer, scale: None, mutates_args=("out",))
-def attend(q: torch.Tensor, out: torch.Tensor, layer: int, scale: float) -> None:
+@split_op("nanograph::attend", fake=lambda *args: None, mutates_args=("out",))
+def attend(
+    q: torch.Tensor,
+    out: torch.Tensor,
+    layer: int,
+    scale: float,
+    sliding_window: int,
+    sinks: torch.Tensor | None,
+) -> None:
     """out[N, Hq, D] (zeroed) <- attention of the rotated q over layer's cache."""
     ctx = _context()
-    ctx.backend.forward(q, ctx.k_caches[layer], ctx.v_caches[layer], ctx.meta, scale, out)
+    ctx.backend.forward(
+        q, ctx.k_caches[layer], ctx.v_caches[layer], ctx.meta, scale, out, sliding_window, sinks
+    )
 
 
 def attention(
@@ -106,10 +115,14 @@ def attention(
     layer: int,
     scale: float,
     eps: float,
+    sliding_window: int = 0,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """q [N, Hq, D], k/v [N, Hkv, D] of this forward -> attention output [N, Hq, D]."""
+    """q [N, Hq, D], k/v [N, Hkv, D] of this forward -> attention output [N, Hq, D].
+    ``sliding_window`` > 0 limits each query to that many most recent keys; ``sinks`` (fp32
+    [Hq]) adds one learned logit per head to the softmax denominator (gpt-oss)."""
     rope = _rope_store_kv_op if torch.compiler.is_compiling() else rope_store_kv
     rope(q, k, v, positions, cos_sin_cache, q_norm, k_norm, layer, eps)
     out = torch.zeros_like(q)  # padded rows stay zero
-    attend(q, out, layer, scale)
+    attend(q, out, layer, scale, sliding_window, sinks)
     return out

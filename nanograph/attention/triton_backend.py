@@ -7,8 +7,6 @@ that fits the runner's static buffers, including zero-length sentinel slots.
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
-
 import torch
 
 from nanograph.attention.base import AttentionBackend, AttentionMetadata
@@ -18,14 +16,6 @@ class TritonAttention(AttentionBackend):
     name = "triton"
     graph_safe = True
 
-    def launch_variants(
-        self, num_q_heads: int, num_kv_heads: int, head_dim: int, device: torch.device
-    ) -> list[tuple[int, AbstractContextManager]]:
-        from nanograph.kernels.attention import forced_tiles, tile_variants
-
-        variants = tile_variants(device, num_q_heads, num_kv_heads, head_dim)
-        return [(tokens, forced_tiles(tiles)) for tokens, tiles in variants]
-
     def forward(
         self,
         q: torch.Tensor,
@@ -34,6 +24,8 @@ class TritonAttention(AttentionBackend):
         meta: AttentionMetadata,
         scale: float,
         out: torch.Tensor,
+        sliding_window: int = 0,
+        sinks: torch.Tensor | None = None,
     ) -> None:
         from nanograph.kernels.attention import paged_attention
 
@@ -47,6 +39,8 @@ class TritonAttention(AttentionBackend):
             meta.query_start_loc,
             meta.page_size,
             scale,
+            sliding_window=sliding_window,
+            sinks=sinks,
             max_query_len=meta.max_query_len,
             out=out,
         )

@@ -19,7 +19,10 @@ BENCHES = {
     "graph": "nanograph.bench.graph_overhead",
     "host": "nanograph.bench.host",
     "gemv": "nanograph.bench.gemv",
+    "coverage": "nanograph.bench.coverage",
     "startup": "nanograph.bench.startup",
+    "prefix": "nanograph.bench.prefix",
+    "serve": "nanograph.bench.serve",
 }
 
 

@@ -3,8 +3,9 @@
 Each arm is an engine with the decode path on one backend (prefill eager in every arm, so only
 decode differs). A batch of B prompts of 512 tokens generates 256 tokens each; decode
 throughput is the tokens after the first over the time from the first sampled token to the
-last. Next to it: the memory roofline at batch 1 (weight bytes / the copy bandwidth measured on
-this device at the start of the run, recorded in the JSON) and, optionally, transformers
+last. Next to it: the memory roofline at batch 1 (bytes of the weights one token reads / the
+copy bandwidth measured on this device at the start of the run, recorded in the JSON; a MoE
+model reads its top-k experts of each layer, not all of them) and, optionally, transformers
 ``generate`` on the same weights at batch 1. Without CUDA only the ``eager`` arm runs (``none``
 is accepted for it: the engine's ``--decode-cuda-graph`` flag calls it that). Arm modifiers, side by
 side with the plain arm: ``BACKEND:serial`` turns the overlap schedule off (the host reads each
@@ -44,33 +45,36 @@ def roofline_tok_s(weights_bytes: int, bandwidth_bytes_s: float) -> float:
 
 
 def measure_arm(model: str, arm: str, batches: list[int], prompt_len: int, new_tokens: int,
-                repeats: int) -> dict:  # fmt: skip
+                repeats: int, moe_backend: str = "auto") -> dict:  # fmt: skip
     from nanograph.layers import ops
 
     modifiers = arm.split(":")[1:]
     ops.use_triton_gemv("cublas" not in modifiers)  # before capture: graphs record the kernels
     try:
         return _measure(model, graph_flag(arm), "serial" in modifiers, batches, prompt_len,
-                        new_tokens, repeats)  # fmt: skip
+                        new_tokens, repeats, moe_backend)  # fmt: skip
     finally:
         ops.use_triton_gemv(True)
 
 
 def _measure(model: str, backend: str, serial: bool, batches: list[int], prompt_len: int,
-             new_tokens: int, repeats: int) -> dict:  # fmt: skip
+             new_tokens: int, repeats: int, moe_backend: str) -> dict:  # fmt: skip
     from nanograph import LLM, SamplingParams
 
     llm = LLM(
         model, load_format="dummy", decode_cuda_graph=backend, prefill_cuda_graph="none",
         cuda_graph_bs=tuple(batches), max_num_seqs=max(batches),
         max_model_len=prompt_len + new_tokens + 16, progress=False,
-        disable_overlap_schedule=serial,
+        disable_overlap_schedule=serial, moe_backend=moe_backend,
     )  # fmt: skip
     params = SamplingParams(max_tokens=new_tokens, temperature=0, ignore_eos=True)
     vocab = llm.engine.model_config.vocab_size
     g = torch.Generator().manual_seed(0)
     result = {
         "samples_tok_s": {}, "median_tok_s": {}, "weights_bytes": llm.engine.weights_bytes,
+        # what one decoded token reads (MoE: only its top-k experts)
+        "active_weights_bytes": llm.engine.model_config.num_active_params
+        * llm.engine.dtype.itemsize,
         "load_s": llm.engine.load_seconds,  # weights, KV pool and graph capture
     }  # fmt: skip
     for batch in batches:
@@ -127,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         help=f"decode graph backends, of {', '.join(ARMS)} ('none' = eager) [all on CUDA, "
         "eager on CPU]; modifiers :serial (overlap schedule off), :cublas",
     )  # fmt: skip
+    parser.add_argument("--moe-backend", default="auto", help="experts of MoE models")
     parser.add_argument("--prompt-len", type=int, default=512)
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=5)
@@ -147,11 +152,17 @@ def main(argv: list[str] | None = None) -> int:
         entry = report["models"][model] = {"arms": {}}
         for arm in args.arms:
             entry["arms"][arm] = measure_arm(
-                model, arm, batches, args.prompt_len, args.new_tokens, args.repeats
+                model,
+                arm,
+                batches,
+                args.prompt_len,
+                args.new_tokens,
+                args.repeats,
+                args.moe_backend,
             )
             write(args.out, report)
             print(f"{model} decode={arm}: {entry['arms'][arm]['median_tok_s']}")
-        weights = next(iter(entry["arms"].values()))["weights_bytes"]
+        weights = next(iter(entry["arms"].values()))["active_weights_bytes"]
         entry["roofline_batch1_tok_s"] = roofline_tok_s(weights, bandwidth)
         if args.transformers:
             samples = transformers_generate(model, args.prompt_len, args.transformers_tokens)

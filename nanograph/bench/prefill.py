@@ -135,7 +135,7 @@ def measure_model(model: str, args: argparse.Namespace, lengths: list[int]) -> d
     entry: dict = {"arms": {}}
     hf_state = None
     for arm in args.arms:
-        llm = engine_for(model, arm, lengths, args.load_format)
+        llm = engine_for(model, arm, lengths, args.load_format, moe_backend=args.moe_backend)
         config, dtype = llm.engine.model_config, llm.engine.dtype
         result = entry["arms"][arm] = {"build_s": build_seconds(llm),
                                        "load_s": llm.engine.load_seconds}  # fmt: skip
@@ -188,6 +188,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--load-format", default="dummy",
         help="dummy (random weights) or auto (the model's own, e.g. smollm2-135m's GGUF)",
     )  # fmt: skip
+    parser.add_argument("--moe-backend", default="auto", help="experts of MoE models")
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--out", default=default_out("prefill.json"))
     args = parser.parse_args(argv)

@@ -3,8 +3,8 @@ a fresh process, with a cold or a warm kernel cache.
 
 What it shows: whether a request pays for compilation. Each arm starts an engine (process start
 to ``LLM`` ready), then runs three requests one after another: a short prompt, a long one, and
-the short one again. With every kernel variant compiled at start-up, the first short request
-takes as long as the repeat; a kernel compiled on the request's path shows up as the difference.
+the short one again. A kernel compiled on a request's path shows up as the difference between
+the first short request and its repeat.
 "Cold" points Triton's and Inductor's caches at empty folders (a fresh machine); "warm" runs
 again over the caches the cold run filled.
 """
@@ -45,7 +45,7 @@ def child(args: argparse.Namespace) -> None:
     engine = llm.engine
     print(json.dumps({
         "ready_s": ready, "load_s": engine.load_seconds,
-        "kernel_warmup_s": engine.kernel_warmup_seconds, "requests": requests,
+        "requests": requests,
     }))  # fmt: skip
 
 
@@ -57,7 +57,10 @@ def run_arm(args: argparse.Namespace, engine_args: dict, caches: dict[str, str])
         str(args.long), "--new-tokens", str(args.new_tokens),
     ]  # fmt: skip
     start = time.perf_counter()
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+    try:
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": [f"not done after {args.timeout} s"]}
     if done.returncode != 0:
         return {"error": done.stderr.strip().splitlines()[-1:] or ["failed"]}
     result = json.loads(done.stdout.strip().splitlines()[-1])
@@ -118,7 +121,7 @@ def _line(name: str, arm: dict) -> str:
         return f"{name:<26} failed: {arm['error']}"
     r = arm["requests"]
     return (
-        f"{name:<26} ready {arm['ready_s']:6.1f} s (kernels {arm['kernel_warmup_s']:5.1f} s)"
+        f"{name:<26} ready {arm['ready_s']:6.1f} s (weights {arm['load_s']:5.1f} s)"
         f"  first short {r['short']['latency_s'] * 1e3:7.0f} ms, long "
         f"{r['long']['latency_s'] * 1e3:7.0f} ms, short again "
         f"{r['short_again']['latency_s'] * 1e3:7.0f} ms"

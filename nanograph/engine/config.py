@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from nanograph.attention import ATTENTION_BACKENDS
+from nanograph.models.moe import MOE_BACKENDS
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 GRAPH_CHOICES = ("auto", "full", "breakable", "tc_piecewise", "none")
@@ -40,12 +41,17 @@ class EngineConfig:
     max_num_seqs: int = 256
     max_model_len: int | None = None  # None = the model's context length
     attention_backend: str = "auto"  # auto = triton on CUDA, torch_native on CPU
+    # experts of MoE models: auto = triton (graph-safe fused) on CUDA, torch_native on CPU
+    moe_backend: str = "auto"
     seed: int = 0
     progress: bool = True
     # off: the host reads each step's tokens before it schedules the next step (SGLang's flag);
     # on (default): it schedules and launches step t+1 while the device still runs step t
     disable_overlap_schedule: bool = False
-    # graph backend per path; auto = full decode + breakable prefill on CUDA, none on CPU
+    # on (default): prompts reuse the KV pages of cached prefixes (a radix tree over pages)
+    disable_prefix_caching: bool = False
+    # graph backend per path; auto = full decode + breakable prefill on CUDA (breakable decode
+    # too when an attention or MoE backend reads the host), none on CPU
     decode_cuda_graph: str = "auto"
     prefill_cuda_graph: str = "auto"
     # run every captured path as one eager break through the same buffers and replay path
@@ -80,6 +86,10 @@ class EngineConfig:
         ):  # fmt: skip
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.moe_backend not in MOE_BACKENDS:
+            raise ValueError(
+                f"moe_backend must be one of {', '.join(MOE_BACKENDS)}, got {self.moe_backend!r}"
+            )
         for flag in ("decode_cuda_graph", "prefill_cuda_graph"):
             value = getattr(self, flag)
             if value not in GRAPH_CHOICES:
@@ -105,6 +115,12 @@ class EngineConfig:
         if cpu and self.attention_backend == "triton" and not _triton_interpreted():
             raise ValueError(
                 "attention_backend='triton' needs CUDA, but the engine runs on "
+                f"{self.torch_device}; use 'auto' or 'torch_native' on this machine (Triton "
+                "runs on CPU only in its interpreter, TRITON_INTERPRET=1, for tests)"
+            )
+        if cpu and self.moe_backend == "triton" and not _triton_interpreted():
+            raise ValueError(
+                "moe_backend='triton' needs CUDA, but the engine runs on "
                 f"{self.torch_device}; use 'auto' or 'torch_native' on this machine (Triton "
                 "runs on CPU only in its interpreter, TRITON_INTERPRET=1, for tests)"
             )

@@ -5,14 +5,15 @@ Invariants:
   ``finish_reason == "error"`` and a message saying what to do; it never enters the scheduler,
   so it cannot disturb the other requests.
 - ``step`` launches at most one forward; every scheduled request gains a computed chunk and,
-  at the end of its pending tokens, a sampled token. KV pages are freed the moment the host
-  learns that a request finished.
+  at the end of its pending tokens, a sampled token. KV pages are released the moment the host
+  learns that a request finished (through ``Scheduler.finish``: to the pool, or with prefix
+  caching its computed whole pages to the cache, where nothing reads them until reused).
 - Nothing a request brings can poison the engine. Sampling parameters and prompts are checked
   before a request exists (``SamplingParams``, ``prompts``); what still raises inside a step
   fails the requests it concerns and leaves the engine as usable as before: an exception while
   reading one request's token fails that request; when a forward (or its sampling) raises, each
   of its requests runs again alone at once, so only the culprit fails. A failed or aborted
-  request's pages go back to the pool at once.
+  request's pages are released at once (a failed request's are never cached).
 - Overlap schedule (default): the host launches step t+1 before it reads step t's tokens, so
   its scheduling and input preparation run while the device computes. Step t+1 takes step t's
   tokens from the device (``ForwardBatch.future_rows``); a request that step t finishes (a
@@ -35,12 +36,13 @@ from nanograph.attention import get_attention_backend
 from nanograph.engine.config import EngineConfig
 from nanograph.engine.kv_cache import KVCache, bytes_per_token
 from nanograph.engine.memory import MemoryReport
+from nanograph.engine.prefix_cache import PrefixCache
 from nanograph.engine.request import UNRESOLVED, Request, Status
 from nanograph.engine.sampler import Sampler
 from nanograph.engine.sampling_params import SamplingParams
 from nanograph.engine.scheduler import Scheduler
 from nanograph.graph import get_backend
-from nanograph.models import build_model
+from nanograph.models import build_model, get_moe_backend
 from nanograph.runners.forward_batch import ForwardBatch
 from nanograph.runners.graph_runner import GraphRunner
 from nanograph.runners.model_runner import ModelRunner
@@ -51,7 +53,6 @@ from nanograph.runners.shapes import (
     prefill_shapes,
     prefill_token_buckets,
 )
-from nanograph.runners.warmup import scratch_batch, warm_up_kernels
 
 if TYPE_CHECKING:
     from nanograph.loader.tokenizer import IncrementalDecoder
@@ -96,8 +97,11 @@ class Engine:
         self.source = resolve_model(config.model, config.load_format)
         self.model_config = self.source.config
         self.attention = get_attention_backend(config.attention_backend, self.device)
+        self.moe = (
+            get_moe_backend(config.moe_backend, self.device) if self.model_config.is_moe else None
+        )
         self.graph_backends = self._graph_backends()  # refuse bad combinations before loading
-        self.model = build_model(self.model_config, self.dtype, self.device)
+        self.model = build_model(self.model_config, self.dtype, self.device, self.moe)
         if self.source.kind == "dummy":
             init_dummy_weights(self.model, seed=config.seed)
         else:
@@ -107,14 +111,18 @@ class Engine:
             config.max_model_len or self.model_config.max_position_embeddings,
             self.model_config.max_position_embeddings,
         )
-        self.kernel_warmup_seconds = 0.0  # CUDA: compiling every kernel variant at start-up
         self.memory = MemoryReport(
             weights=sum(p.numel() * p.element_size() for p in self.model.parameters())
         )
         self.kv_cache, self.runner = self._build_kv_cache_and_runners()
+        self.prefix_cache = (
+            None if config.disable_prefix_caching
+            else PrefixCache(self.kv_cache.allocator, config.page_size)
+        )  # fmt: skip
         self.scheduler = Scheduler(
-            self.kv_cache, config.chunked_prefill_size, config.max_num_seqs, self.max_model_len
-        )
+            self.kv_cache, config.chunked_prefill_size, config.max_num_seqs, self.max_model_len,
+            self.prefix_cache,
+        )  # fmt: skip
         self.sampler = Sampler(self.device, seed=config.seed)
         self.eos_token_ids = set(self.model_config.eos_token_ids)
         if self.tokenizer is not None:
@@ -124,24 +132,54 @@ class Engine:
         self._in_flight: _InFlight | None = None  # launched, its tokens not read yet
         self.load_seconds = time.perf_counter() - start
         if config.progress:
-            logger.info("%s", self.memory.table())
+            logger.info("%s", self.memory_report().table())
 
     @property
     def weights_bytes(self) -> int:
         return self.memory.weights
 
+    def memory_report(self) -> MemoryReport:
+        """The start-up memory report with the prefix cache's figures as of now."""
+        if self.prefix_cache is not None:
+            stats = self.prefix_cache.stats()
+            page_bytes = self.kv_cache.nbytes // self.kv_cache.num_pages
+            self.memory.prefix_cache = stats.as_dict() | {
+                "cached_bytes": stats.cached_pages * page_bytes
+            }
+        return self.memory
+
     # ---- start-up -------------------------------------------------------------------------
+    def host_planned_ops(self) -> list[str]:
+        """The model's ops that read the host (not graph-safe), each with its graph-safe
+        alternative: they run as eager breaks, and a full graph cannot hold them."""
+        ops = []
+        if not self.attention.graph_safe:
+            ops.append(
+                f"attention_backend={self.attention.name!r} reads Python lengths "
+                "(graph-safe: attention_backend='triton')"
+            )
+        if self.moe is not None and not self.moe.graph_safe:
+            ops.append(
+                f"moe_backend={self.moe.name!r} reads per-expert token counts "
+                "(graph-safe: moe_backend='triton')"
+            )
+        return ops
+
     def _graph_backends(self) -> dict[str, str]:
         """Resolved graph backend per path, refusing combinations that cannot capture."""
         backends = {}
+        host_planned = self.host_planned_ops()
         for path in ("decode", "prefill"):
             name = self.config.graph_backend(path)
-            if name == "full" and not self.attention.graph_safe:
+            explicit = getattr(self.config, f"{path}_cuda_graph") != "auto"
+            if name == "full" and host_planned and not explicit:
+                name = "breakable"  # auto: the graph backend that holds host-planned ops
+            if name == "full" and host_planned:
                 raise ValueError(
-                    f"{path}_cuda_graph='full' captures attention inside the graph, but the "
-                    f"{self.attention.name!r} attention backend plans on the host (it reads "
-                    "Python lengths). Use attention_backend='triton' (graph-safe), or "
-                    f"{path}_cuda_graph 'breakable', 'tc_piecewise' or 'none'."
+                    f"{path}_cuda_graph='full' captures the whole forward in one graph, but "
+                    f"{'; '.join(host_planned)}. Use the graph-safe backend, or "
+                    f"{path}_cuda_graph 'breakable' or 'tc_piecewise' (they run these ops "
+                    "eagerly between graph segments) or 'none'."
                 )
             if name != "none":
                 backends[path] = name
@@ -175,12 +213,7 @@ class Engine:
         if self.device.type == "cuda":
             # a two-page pool is enough to measure: measurement batches read the scratch page
             scratch = KVCache(self.model_config, 2, self.config.page_size, self.dtype, self.device)
-            eager = ModelRunner(self.model, self.attention, scratch.k, scratch.v, self.device)
-            self.kernel_warmup_seconds = warm_up_kernels(
-                eager, self.config.page_size, self.config.progress
-            )
-            logger.info("kernels warmed up in %.1f s", self.kernel_warmup_seconds)
-            self.memory.activation_peak = self._measure_activation_peak(eager)
+            self.memory.activation_peak = self._measure_activation_peak(scratch)
             for path, backend in backends.items():
                 largest = max(self._shapes(path))
                 # tc_piecewise would compile the probe shape a second time (seconds per shape);
@@ -192,7 +225,7 @@ class Engine:
                 self.memory.graph_reserve += int(probe.pool_bytes() * GRAPH_RESERVE_MARGIN)
                 probe.release()
                 del probe
-            del scratch, eager
+            del scratch
             gc.collect()
             torch.cuda.empty_cache()
         kv = KVCache(self.model_config, self._num_pages(), self.config.page_size, self.dtype,
@@ -206,13 +239,20 @@ class Engine:
         runner = ModelRunner(self.model, self.attention, kv.k, kv.v, self.device, runners)
         return kv, runner
 
-    def _measure_activation_peak(self, eager: ModelRunner) -> int:
+    def _measure_activation_peak(self, scratch: KVCache) -> int:
         """Allocator peak of one eager forward at chunked_prefill_size tokens, above baseline."""
         n = min(self.config.chunked_prefill_size, self.max_model_len - 1)
+        page = self.config.page_size
+        batch = ForwardBatch(
+            input_ids=[0] * n, positions=list(range(n)), seq_lens=[n], query_lens=[n],
+            page_tables=[[0] * -(-n // page)], slot_mapping=[-1] * n, sample_rows=[n - 1],
+            page_size=page,
+        )  # fmt: skip
+        runner = ModelRunner(self.model, self.attention, scratch.k, scratch.v, self.device)
         torch.cuda.synchronize(self.device)
         base = torch.cuda.memory_allocated(self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
-        eager.forward(scratch_batch(n, self.config.page_size))
+        runner.forward(batch)
         torch.cuda.synchronize(self.device)
         return torch.cuda.max_memory_allocated(self.device) - base
 

@@ -30,6 +30,7 @@ class RequestOutput:
     ttft_s: float | None  # time to first token
     decode_tokens_per_s: float | None  # after the first token
     num_preemptions: int
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
 
     @property
     def ok(self) -> bool:
@@ -98,8 +99,11 @@ class LLM:
         return self.generate(list(conversations), sampling_params)
 
     def _output(self, r: Request) -> RequestOutput:
+        # with stop strings the engine keeps the text (cut before the stop string, possibly
+        # empty); without, the tokens are decoded once here
         text = r.text
-        if not text and r.output_ids and self.engine.tokenizer is not None:
+        stops = isinstance(r.params, SamplingParams) and r.params.stop
+        if not stops and r.output_ids and self.engine.tokenizer is not None:
             text = self.engine.tokenizer.decode(r.output_ids)
         decode_rate = None
         if r.first_token_time is not None and r.finish_time and len(r.output_ids) > 1:
@@ -114,4 +118,5 @@ class LLM:
             ttft_s=(r.first_token_time - r.arrival_time) if r.first_token_time else None,
             decode_tokens_per_s=decode_rate,
             num_preemptions=r.num_preemptions,
+            cached_tokens=r.num_cached_tokens,
         )

@@ -1,7 +1,9 @@
 """The start-up memory report: where device memory went, as a table and as data.
 
 Invariant: every figure is measured (parameter bytes, tensor bytes, graph-pool bytes from the
-allocator, the allocator's peak during an eager forward), never estimated.
+allocator, the allocator's peak during an eager forward), never estimated. The prefix-cache
+figures are the only ones that change while the engine runs: ``Engine.memory_report()``
+refreshes them (``PrefixCacheStats.as_dict()`` plus the bytes of the cached pages).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ class MemoryReport:
     activation_peak: int = 0  # eager forward of chunked_prefill_size tokens, above its inputs
     graph_reserve: int = 0  # what the KV sizing kept free for graphs (measured before capture)
     device_total: int = 0
+    prefix_cache: dict = field(default_factory=dict)  # empty when prefix caching is off
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -31,4 +34,11 @@ class MemoryReport:
         lines = [f"{name:<{width}}  {n / 2**20:>10.1f} MiB" for name, n in rows]
         if self.device_total:
             lines.append(f"{'device total':<{width}}  {self.device_total / 2**20:>10.1f} MiB")
+        if self.prefix_cache:
+            c = self.prefix_cache
+            lines.append(
+                f"{'of KV: prefix cache':<{width}}  {c['cached_bytes'] / 2**20:>10.1f} MiB  "
+                f"({c['cached_pages']} pages, {c['evictable_pages']} evictable; hit rate "
+                f"{c['hit_rate']:.1%} of {c['queried_tokens']} tokens)"
+            )
         return "memory\n" + "\n".join("  " + line for line in lines)

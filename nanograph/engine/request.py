@@ -4,6 +4,8 @@ Invariant: the first ``num_computed`` tokens of ``token_ids`` have their KV in t
 the next forward computes ``token_ids[num_computed:]`` (or a chunk of it). When a forward
 reaches the end of ``token_ids``, its last row is sampled and one token is appended.
 Preemption frees the pages and sets ``num_computed = 0``: recompute rebuilds the same KV.
+With prefix caching the first ``num_shared_pages`` of ``pages`` belong to the prefix cache's
+tree (``prefix_node`` is the node the request locks); the rest are the request's own.
 
 With the overlap schedule a sampled token is known on the device before the host reads it:
 its place in ``output_ids`` holds ``UNRESOLVED`` until the host reads the step that sampled it,
@@ -46,19 +48,26 @@ class Request:
     finish_time: float | None = None
     num_preemptions: int = 0
     future: tuple[object, int] | None = None  # (step, row) of the last sampled token
+    prefix_node: object | None = None  # the prefix cache's node this request locks
+    num_shared_pages: int = 0  # pages[:num_shared_pages] are the prefix cache's
+    num_cached_tokens: int = 0  # prompt tokens taken from the prefix cache at admission
 
     @property
     def token_ids(self) -> list[int]:
         return self.prompt_ids + self.output_ids
 
     def pending_tokens(self, n: int) -> list[int]:
-        """The next ``n`` tokens to compute, sliced without joining prompt and output (a
-        decode step must not copy the whole context of every request)."""
-        start, split = self.num_computed, len(self.prompt_ids)
+        """The next ``n`` tokens to compute."""
+        return self.token_slice(self.num_computed, self.num_computed + n)
+
+    def token_slice(self, start: int, stop: int) -> list[int]:
+        """``token_ids[start:stop]`` without joining prompt and output (a decode step must not
+        copy the whole context of every request)."""
+        split = len(self.prompt_ids)
         if start >= split:
-            return self.output_ids[start - split : start - split + n]
-        head = self.prompt_ids[start : start + n]
-        return head + self.output_ids[: n - len(head)] if len(head) < n else head
+            return self.output_ids[start - split : stop - split]
+        head = self.prompt_ids[start:stop]
+        return head + self.output_ids[: stop - split] if stop > split else head
 
     @property
     def num_tokens(self) -> int:

@@ -8,6 +8,15 @@ When the pool cannot give a running request its next page, the most recently adm
 request is preempted (pages freed, ``num_computed = 0``) and put back at the head of the
 queue; it recomputes later and produces the same tokens. A request that cannot fit even alone
 fails with an error instead of stalling the batch.
+
+With a prefix cache (``prefix_cache.py``), an admitted request first takes the longest cached
+prefix of its tokens, so admission and the token budget count only the tokens still to compute;
+running requests put their computed whole pages into the tree before each step is scheduled,
+so a request admitted later shares them, and a waiting request whose next page of prompt a
+running request is prefilling right now waits a step for it rather than computing it twice
+(requests behind it go first); a short pool evicts unused cached pages before it
+preempts or refuses anyone; preemption and finishing keep the computed pages cached (an error
+does not: its KV is not trusted). Every page goes back through ``release``.
 """
 
 from __future__ import annotations
@@ -16,6 +25,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from nanograph.engine.kv_cache import KVCache
+from nanograph.engine.prefix_cache import PrefixCache
 from nanograph.engine.request import Request, Status
 
 
@@ -31,9 +41,15 @@ class ScheduledStep:
 
 class Scheduler:
     def __init__(
-        self, kv_cache: KVCache, chunked_prefill_size: int, max_num_seqs: int, max_model_len: int
+        self,
+        kv_cache: KVCache,
+        chunked_prefill_size: int,
+        max_num_seqs: int,
+        max_model_len: int,
+        prefix_cache: PrefixCache | None = None,
     ) -> None:
         self.kv = kv_cache
+        self.cache = prefix_cache
         self.max_model_len = max_model_len
         self.chunk = chunked_prefill_size
         self.max_num_seqs = max_num_seqs
@@ -43,6 +59,12 @@ class Scheduler:
     def add(self, request: Request) -> None:
         self.waiting.append(request)
 
+    @property
+    def num_available_pages(self) -> int:
+        """Pages a request could get now: free ones plus cached ones no request reads."""
+        cached = self.cache.num_evictable if self.cache is not None else 0
+        return self.kv.allocator.num_free + cached
+
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
@@ -51,14 +73,25 @@ class Scheduler:
         need = self.kv.pages_needed(num_tokens) - len(request.pages)
         if need <= 0:
             return True
-        if need > self.kv.allocator.num_free:
+        if self.cache is not None:
+            pages = self.cache.allocate(need)  # evicts unused cached pages if the pool is short
+            if pages is None:
+                return False
+        elif need > self.kv.allocator.num_free:
             return False
-        request.pages += self.kv.allocator.allocate(need)
+        else:
+            pages = self.kv.allocator.allocate(need)
+        request.pages += pages
         return True
 
-    def release(self, request: Request) -> None:
-        self.kv.allocator.free(request.pages)
-        request.pages = []
+    def release(self, request: Request, keep: bool = True) -> None:
+        """Gives back the request's pages; with a prefix cache, ``keep`` caches its computed
+        whole pages first."""
+        if self.cache is not None:
+            self.cache.release(request, keep)
+        else:
+            self.kv.allocator.free(request.pages)
+            request.pages = []
 
     def _preempt(self, request: Request) -> None:
         self.release(request)
@@ -79,6 +112,11 @@ class Scheduler:
         chosen: list[Request] = []
         num_new: list[int] = []
         failed: list[Request] = []
+        if self.cache is not None:
+            ps = self.kv.page_size
+            for request in self.running:
+                if request.num_computed // ps > request.num_shared_pages:  # a new whole page
+                    self.cache.commit(request)
         for request in list(self.running):
             if request.status is not Status.RUNNING or budget == 0:
                 continue  # preempted by an earlier request of this loop
@@ -98,6 +136,7 @@ class Scheduler:
                 continue
             # nobody left to preempt: this one waits until pages come back
             self._preempt(request)
+        deferred: list[Request] = []
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
             if request.done_sampling(self.max_model_len):
@@ -106,20 +145,49 @@ class Scheduler:
                 self.waiting.popleft()
                 failed.append(request)
                 continue
+            queried = self.cache.acquire(request) if self.cache is not None else 0
+            if self.cache is not None and self._next_page_in_progress(request):
+                self.release(request, keep=False)  # the match is taken again next step
+                request.num_computed = 0
+                deferred.append(self.waiting.popleft())
+                continue
             n = min(request.num_pending, budget)
             if not self._grow(request, request.num_computed + n):
+                if self.cache is not None:  # undo the match: a waiting request holds no pages
+                    self.release(request, keep=False)
+                    request.num_computed = 0
                 break  # wait for running requests to free pages
+            if self.cache is not None:
+                self.cache.count(queried, request.num_computed)
+                if not request.num_preemptions:
+                    request.num_cached_tokens = request.num_computed
             self.waiting.popleft()
             request.status = Status.RUNNING
             self.running.append(request)
             chosen.append(request)
             num_new.append(n)
             budget -= n
+        self.waiting.extendleft(reversed(deferred))
         return ScheduledStep(chosen, num_new), failed
+
+    def _next_page_in_progress(self, request: Request) -> bool:
+        """Whether a running request is prefilling the very page of prompt this one would
+        compute next after its match (same tokens from the start): it then waits a step and
+        takes that page from the tree instead of computing it twice."""
+        ps, m = self.kv.page_size, request.num_computed
+        if m + ps > request.num_tokens - 1:
+            return False  # no further whole page could be shared
+        head = request.token_ids[: m + ps]
+        return any(
+            other.num_computed < m + ps <= len(other.prompt_ids)
+            and other.prompt_ids[m : m + ps] == head[m:]
+            and other.prompt_ids[:m] == head[:m]
+            for other in self.running
+        )
 
     def finish(self, request: Request) -> None:
         if request in self.running:
             self.running.remove(request)
         elif request in self.waiting:  # preempted while its last token was in flight
             self.waiting.remove(request)
-        self.release(request)
+        self.release(request, keep=request.finish_reason != "error")

@@ -4,6 +4,8 @@ Modules (imported lazily so ``import nanograph.kernels`` never imports triton):
 - ``attention``: graph-safe paged attention (extend, decode with split-KV, target-verify).
 - ``fused``: fused elementwise kernels (rmsnorm, add_rmsnorm, silu_and_mul, rope_store_kv).
 - ``gemv``: one-row products for batch-1 decode (launched as programmatic dependents).
+- ``moe``: the graph-safe fused mixture-of-experts (routing, pairwise GEMVs for a few tokens,
+  expert-sorted grouped GEMMs for more).
 - ``pdl``: whether a device takes programmatic dependent launches (sm_90+).
 - ``reference``: plain-torch implementations of every kernel with the same signatures, used by
   tests and as the CPU path.

@@ -32,11 +32,8 @@ Invariants:
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import functools
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -429,6 +426,16 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+def _dot_precision(q: torch.Tensor) -> str | None:
+    """16-bit inputs: the default. fp32 inputs: products near fp32 accuracy. On a GPU that is
+    tf32x3 (three tensor-core products, ~1e-6 relative): "ieee" compiles the dots to FMA loops,
+    which took Triton minutes per launch configuration on the H200, on a request's path. The
+    interpreter (CPU tests, references) computes exact fp32 products."""
+    if q.dtype != torch.float32:
+        return None
+    return "tf32x3" if q.is_cuda else "ieee"
+
+
 def _next_pow2(x: int) -> int:
     return 1 << max(x - 1, 0).bit_length()
 
@@ -494,46 +501,6 @@ def choose_tiles(
     )  # fmt: skip
 
 
-def tile_variants(
-    device: torch.device, num_q_heads: int, num_kv_heads: int, head_dim: int
-) -> list[tuple[int, AttentionTiles]]:
-    """Every launch configuration ``choose_tiles`` can return for these heads, each with a query
-    length that launches it (per-request tiles hold exactly that many tokens; flat tiles take
-    any). The set is what ``choose_tiles`` gives for each small-query class and for short and
-    long extends, at every split count it can pick, so it covers every batch shape."""
-    group_pad = _next_pow2(num_q_heads // num_kv_heads)
-    small_block_q = [1 << i for i in range((SMALL_QUERY_ROWS // group_pad).bit_length())]
-    long_query = SMALL_QUERY_ROWS + 1  # not a small query; flat layout
-    inputs = [(q, q, 1, q) for q in small_block_q]  # (tokens, max_query_len, seqs, launch q)
-    inputs += [(long_query, long_query, 1, long_query)]  # short requests (block_n 32 on GPU)
-    inputs += [(SHORT_REQUEST_TOKENS + 1,) * 2 + (1, long_query)]  # long requests
-    variants: dict[AttentionTiles, int] = {}
-    for tokens, max_query_len, seqs, launch_q in inputs:
-        for log_splits in range(MAX_SPLITS.bit_length()):
-            tiles = choose_tiles(
-                device, tokens, seqs, num_q_heads, num_kv_heads, head_dim, max_query_len,
-                1 << log_splits,
-            )  # fmt: skip
-            variants.setdefault(tiles, launch_q)
-    return [(q, tiles) for tiles, q in variants.items()]
-
-
-_FORCED_TILES: contextvars.ContextVar[AttentionTiles | None] = contextvars.ContextVar(
-    "forced_attention_tiles", default=None
-)
-
-
-@contextlib.contextmanager
-def forced_tiles(tiles: AttentionTiles) -> Iterator[None]:
-    """Launches inside this block use ``tiles`` (start-up warm-up of every configuration
-    through the model's own calls, so each compiled variant is the one a request will use)."""
-    token = _FORCED_TILES.set(tiles)
-    try:
-        yield
-    finally:
-        _FORCED_TILES.reset(token)
-
-
 def paged_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -574,7 +541,7 @@ def paged_attention(
     if page_table.stride(-1) != 1:
         raise ValueError("page_table must be contiguous in its last dim")
     if tiles is None:
-        tiles = _FORCED_TILES.get() or choose_tiles(
+        tiles = choose_tiles(
             q.device, num_tokens, num_seqs, num_q_heads, num_kv_heads, head_dim, max_query_len,
             num_splits,
         )  # fmt: skip
@@ -634,8 +601,7 @@ def paged_attention(
             USE_WINDOW=sliding_window > 0,
             USE_SOFTCAP=use_softcap,
             HAS_SINKS=sinks is not None,
-            # fp32 inputs: exact products (tests, references); 16-bit inputs: the default
-            DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,
+            DOT_PRECISION=_dot_precision(q),
             PDL=pdl.enabled(q),
             num_warps=tiles.num_warps,
             num_stages=tiles.num_stages,

@@ -145,3 +145,47 @@ def paged_attention(
             probs = torch.softmax(scores, dim=-1)
         out[start : start + q_len] = torch.einsum("hqk,khd->qhd", probs, v).to(out.dtype)
     return out
+
+
+def moe_activation(
+    gate_up: torch.Tensor, activation: str, alpha: float = 1.702, limit: float = 7.0
+) -> torch.Tensor:
+    """[..., 2I] -> [..., I]. ``silu``: gate = first half, up = second half, silu(gate) * up.
+    ``clamped_swiglu`` (gpt-oss): gate/up interleaved (even/odd columns), gate clamped above
+    and up to [-limit, limit], (up + 1) * gate * sigmoid(alpha * gate)."""
+    if activation == "silu":
+        gate, up = gate_up.chunk(2, dim=-1)
+        return torch.nn.functional.silu(gate) * up
+    if activation == "clamped_swiglu":
+        gate = gate_up[..., ::2].clamp(max=limit)
+        up = gate_up[..., 1::2].clamp(min=-limit, max=limit)
+        return (up + 1) * gate * torch.sigmoid(gate * alpha)
+    raise ValueError(f"unknown MoE activation {activation!r}: use silu or clamped_swiglu")
+
+
+def fused_experts(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    b13: torch.Tensor | None,
+    b2: torch.Tensor | None,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    activation: str,
+    alpha: float = 1.702,
+    limit: float = 7.0,
+    tiles: object | None = None,
+) -> torch.Tensor:
+    """Every (token, k) pair through its expert by gathering the weights (``tiles`` is the
+    Triton kernel's launch hint, ignored): small sizes only."""
+    del tiles
+    dtype = _compute_dtype(x)
+    xs = x.to(dtype)[:, None, None, :]  # [T, 1, 1, H]
+    gate_up = (xs * w13[topk_ids].to(dtype)).sum(-1)  # [T, K, 2I]
+    if b13 is not None:
+        gate_up = gate_up + b13[topk_ids].to(dtype)
+    act = moe_activation(gate_up, activation, alpha, limit)
+    down = (act[:, :, None, :] * w2[topk_ids].to(dtype)).sum(-1)  # [T, K, H]
+    if b2 is not None:
+        down = down + b2[topk_ids].to(dtype)
+    return (down * topk_weights.to(dtype)[..., None]).sum(1).to(x.dtype)

@@ -46,8 +46,10 @@ def inverse_frequencies(
                 2 * math.log(theta)
             )
 
-        low = max(math.floor(correction_dim(scaling.beta_fast)), 0)
-        high = min(math.ceil(correction_dim(scaling.beta_slow)), head_dim - 1)
+        low, high = correction_dim(scaling.beta_fast), correction_dim(scaling.beta_slow)
+        if scaling.truncate:
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, head_dim - 1)
         ramp = (torch.arange(head_dim // 2, dtype=torch.float64) - low) / max(high - low, 1e-3)
         extrapolation = 1 - ramp.clamp(0, 1)
         interpolated = inv_freq / scaling.factor

@@ -5,8 +5,9 @@ Invariants:
   a wrong shape and a weight the checkpoint lacks are each a ``ModelLoadError`` naming the tensor.
 - Tensors are converted to each parameter's dtype and device by ``copy_``; a checkpoint tensor
   is dropped as soon as it is copied, so host memory stays near one tensor.
-- A model may pack several Hugging Face tensors into one parameter (q/k/v, gate/up): it says so
-  through ``HFWeightTargets``. Any other module is matched by parameter name.
+- A model may pack several Hugging Face tensors into one parameter (q/k/v, gate/up, experts) or
+  hold one transposed (gpt-oss experts): it says so through ``HFWeightTargets``. Any other
+  module is matched by parameter name.
 - Tied embeddings: a tied model has no separate ``lm_head`` weight (shared parameter or none at
   all). A checkpoint's ``lm_head.weight`` that has no place in a model with an embedding is the
   tied copy (transformers' ``state_dict()`` lists it) and is skipped; every other name without
@@ -22,6 +23,7 @@ import torch
 from torch import nn
 
 from nanograph.loader.errors import ModelLoadError
+from nanograph.models.llama import WeightIndex, weight_view
 from nanograph.progress import progress_bar
 
 EMBEDDING = "model.embed_tokens.weight"
@@ -34,8 +36,9 @@ DUMMY_INIT_STD = 0.02
 class HFWeightTargets(Protocol):
     """A model whose parameters are not one-to-one with Hugging Face tensor names."""
 
-    def hf_weight_target(self, name: str) -> tuple[nn.Parameter, slice | None]:
-        """The parameter a Hugging Face tensor goes into and the rows it fills (None: all).
+    def hf_weight_target(self, name: str) -> tuple[nn.Parameter, WeightIndex]:
+        """The parameter a Hugging Face tensor goes into and the part it fills (None: all;
+        see ``models.llama.weight_view``).
         Raises ``KeyError`` for a name the model does not have."""
         ...
 
@@ -44,7 +47,7 @@ class HFWeightTargets(Protocol):
         ...
 
 
-Resolver = Callable[[str], tuple[nn.Parameter, slice | None]]
+Resolver = Callable[[str], tuple[nn.Parameter, WeightIndex]]
 
 
 def _targets(model: nn.Module) -> tuple[Resolver, list[str]]:
@@ -67,10 +70,11 @@ def load_weights(
         weights, desc="Loading weights", show=progress, total=len(expected), unit="tensor"
     )
     loaded: set[str] = set()
+    whole: set[int] = set()  # parameters a single tensor filled
     with torch.no_grad():
         for name, tensor in items:
             try:
-                param, rows = resolve(name)
+                param, index = resolve(name)
             except KeyError:
                 if name == LM_HEAD and EMBEDDING in expected:
                     continue  # the tied head: the embedding fills it
@@ -78,7 +82,7 @@ def load_weights(
                     f"checkpoint tensor {name!r} has no place in the model; the checkpoint does "
                     "not match the config (architecture, tied embeddings, bias, q/k norm)"
                 ) from None
-            target = param if rows is None else param[rows]
+            target = weight_view(param, index)
             if target.shape != tensor.shape:
                 raise ModelLoadError(
                     f"checkpoint tensor {name!r} has shape {tuple(tensor.shape)} but the model "
@@ -86,7 +90,11 @@ def load_weights(
                 )
             target.copy_(tensor)
             loaded.add(name)
-    missing = [name for name in expected if name not in loaded]
+            if index is None:
+                whole.add(id(param))
+    # a name not loaded is missing unless a tensor filled its whole parameter (transformers 5
+    # holds Qwen3-MoE experts fused: one tensor fills what the per-expert names would)
+    missing = [n for n in expected if n not in loaded and id(resolve(n)[0]) not in whole]
     if missing:
         shown = ", ".join(missing[:5]) + (", ..." if len(missing) > 5 else "")
         raise ModelLoadError(

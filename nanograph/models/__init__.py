@@ -6,16 +6,32 @@ import torch
 
 from nanograph.models.config import ModelConfig
 from nanograph.models.llama import CausalLM
+from nanograph.models.moe import MOE_BACKENDS, MoEBackend, get_moe_backend
 
 
-def build_model(config: ModelConfig, dtype: torch.dtype, device: torch.device) -> CausalLM:
+def build_model(
+    config: ModelConfig,
+    dtype: torch.dtype,
+    device: torch.device,
+    moe_backend: MoEBackend | None = None,
+) -> CausalLM:
     """Allocates the model on ``device`` in ``dtype`` with uninitialised weights (load or init
-    them next). Built on the meta device first so an 8B model never exists in float32."""
+    them next). Built on the meta device first so an 8B model never exists in float32. A MoE
+    model runs its experts with ``moe_backend`` (default: ``auto`` for the device)."""
+    if config.is_moe and moe_backend is None:
+        moe_backend = get_moe_backend("auto", device)
     with torch.device("meta"):
-        model = CausalLM(config)
+        model = CausalLM(config, moe_backend if config.is_moe else None)
     model = model.to(dtype=dtype).to_empty(device=device)
     model.build_rotary()
     return model.eval().requires_grad_(False)
 
 
-__all__ = ["CausalLM", "ModelConfig", "build_model"]
+__all__ = [
+    "MOE_BACKENDS",
+    "CausalLM",
+    "ModelConfig",
+    "MoEBackend",
+    "build_model",
+    "get_moe_backend",
+]

@@ -1,9 +1,12 @@
-"""Decoder-only transformer for the Llama family: Llama 2/3.x, SmolLM2, Qwen2, Qwen3.
+"""Decoder-only transformer: the Llama family (Llama 2/3.x, SmolLM2, Qwen2, Qwen3) and the
+mixture-of-experts models Qwen3-MoE and gpt-oss (``models.moe``), which differ from it only in
+their MLP and in attention options (sinks, sliding windows, output bias).
 
 Invariants:
-- Parameter names follow Hugging Face's except for two packed projections (``qkv_proj`` holds
-  q/k/v, ``gate_up_proj`` holds gate/up, for one GEMM each); ``hf_weight_target`` maps a
-  Hugging Face name to (parameter, row slice), so loaders stream HF/GGUF tensors straight in.
+- Parameter names follow Hugging Face's except for packed tensors (``qkv_proj`` holds q/k/v,
+  ``gate_up_proj`` holds gate/up, for one GEMM each; a MoE layer holds every expert in
+  ``w13``/``w2``); ``hf_weight_target`` maps a Hugging Face name to (parameter, index into it),
+  so loaders stream HF/GGUF tensors straight in.
 - ``forward`` sees only tokens and positions: the same code runs eagerly,
   in any graph backend, and on CPU or GPU. It never asks which graph backend is active.
 - The model holds no KV cache and no attention backend: the ``attention`` split op reads them
@@ -19,6 +22,7 @@ from nanograph.attention.op import attention
 from nanograph.layers import ops
 from nanograph.layers.rotary import build_cos_sin_cache
 from nanograph.models.config import ModelConfig
+from nanograph.models.moe import MoE, MoEBackend
 
 
 class Linear(nn.Linear):
@@ -56,7 +60,9 @@ class Attention(nn.Module):
         self.qkv_proj = Linear(
             config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias
         )
-        self.o_proj = Linear(self.q_size, config.hidden_size, bias=False)
+        self.o_proj = Linear(self.q_size, config.hidden_size, bias=config.o_proj_bias)
+        self.sliding_window = config.layer_sliding_window(layer)
+        self.sinks = nn.Parameter(torch.empty(self.num_heads)) if config.attention_sinks else None
         if config.qk_norm:
             self.q_norm = nn.Parameter(torch.ones(self.head_dim))
             self.k_norm = nn.Parameter(torch.ones(self.head_dim))
@@ -77,7 +83,7 @@ class Attention(nn.Module):
         v = v.reshape(n, self.num_kv_heads, self.head_dim)
         out = attention(
             q, k, v, positions, cos_sin_cache, self.q_norm, self.k_norm, self.layer, self.scale,
-            self.eps,
+            self.eps, self.sliding_window, self.sinks,
         )  # fmt: skip
         return self.o_proj(out.reshape(n, self.q_size))
 
@@ -93,10 +99,13 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, layer: int) -> None:
+    def __init__(self, config: ModelConfig, layer: int, moe_backend: MoEBackend | None) -> None:
         super().__init__()
         self.self_attn = Attention(config, layer)
-        self.mlp = MLP(config.hidden_size, config.intermediate_size)
+        self.mlp = (
+            MoE(config, moe_backend) if moe_backend is not None
+            else MLP(config.hidden_size, config.intermediate_size)
+        )  # fmt: skip
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -118,22 +127,29 @@ class DecoderLayer(nn.Module):
 
 
 class Backbone(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, moe_backend: MoEBackend | None) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
-            DecoderLayer(config, i) for i in range(config.num_hidden_layers)
+            DecoderLayer(config, i, moe_backend) for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
 
 class CausalLM(nn.Module):
-    """Llama/Qwen2/Qwen3 causal LM over a paged KV cache."""
+    """Causal LM over a paged KV cache. A MoE config needs ``moe_backend`` (the experts'
+    implementation, ``models.moe.get_moe_backend``); a dense one takes none."""
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, moe_backend: MoEBackend | None = None) -> None:
         super().__init__()
+        if config.is_moe != (moe_backend is not None):
+            raise ValueError(
+                "a MoE model needs a moe_backend and a dense model takes none "
+                f"({config.architecture}, num_experts={config.num_experts})"
+            )
         self.config = config
-        self.model = Backbone(config)
+        self.moe_backend = moe_backend
+        self.model = Backbone(config, moe_backend)
         self.lm_head = (
             None
             if config.tie_word_embeddings
@@ -165,8 +181,9 @@ class CausalLM(nn.Module):
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         return ops.linear(hidden, weight).float()
 
-    def hf_weight_target(self, name: str) -> tuple[nn.Parameter, slice | None]:
-        """Maps a Hugging Face tensor name to (our parameter, rows it fills or None for all)."""
+    def hf_weight_target(self, name: str) -> tuple[nn.Parameter, WeightIndex]:
+        """Maps a Hugging Face tensor name to (our parameter, the part it fills: an index into
+        the parameter, or a ``Transposed`` view of that part; None for all of it)."""
         cfg = self.config
         q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
         i = cfg.intermediate_size
@@ -177,18 +194,48 @@ class CausalLM(nn.Module):
             "mlp.gate_proj": ("mlp.gate_up_proj", slice(0, i)),
             "mlp.up_proj": ("mlp.gate_up_proj", slice(i, 2 * i)),
         }
-        rows = None
+        index: WeightIndex = None
         for hf, (ours, sl) in packed.items():
             if f".{hf}." in name:
-                name, rows = name.replace(f".{hf}.", f".{ours}."), sl
+                name, index = name.replace(f".{hf}.", f".{ours}."), sl
                 break
+        if cfg.is_moe:
+            name, index = self._moe_target(name, index)
         name = name.replace("self_attn.q_norm.weight", "self_attn.q_norm").replace(
             "self_attn.k_norm.weight", "self_attn.k_norm"
         )
         params = self._parameters_by_name()
         if name not in params:
             raise KeyError(name)
-        return params[name], rows
+        return params[name], index
+
+    def _moe_target(self, name: str, index: WeightIndex) -> tuple[str, WeightIndex]:
+        """Qwen3-MoE: ``mlp.experts.{e}.{gate,up,down}_proj.weight`` (one tensor per expert, as
+        checkpoints store them; transformers 5 holds ``mlp.experts.{gate_up,down}_proj``, our
+        layout), router ``mlp.gate``. gpt-oss: ``mlp.experts.{gate_up_proj,down_proj}[_bias]`` (all
+        experts, ``[E, in, out]``: our weights transposed), router ``mlp.router``."""
+        parts = name.split(".")
+        if parts[3:5] != ["mlp", "experts"]:
+            return name.replace(".mlp.gate.", ".mlp.router."), index
+        prefix = ".".join(parts[:4])
+        if self.config.architecture == "gpt_oss":
+            ours = {
+                "gate_up_proj": ("w13", Transposed()),
+                "down_proj": ("w2", Transposed()),
+                "gate_up_proj_bias": ("w13_bias", None),
+                "down_proj_bias": ("w2_bias", None),
+            }.get(parts[5])
+            if ours is None:
+                return name, index
+            return f"{prefix}.{ours[0]}", ours[1]
+        if parts[5] in ("gate_up_proj", "down_proj"):  # transformers 5 in memory: all experts
+            return f"{prefix}.{'w13' if parts[5] == 'gate_up_proj' else 'w2'}", index
+        inter = self.config.expert_intermediate_size
+        rows = {"gate_proj": slice(0, inter), "up_proj": slice(inter, 2 * inter)}
+        if len(parts) != 8 or not parts[5].isdigit() or parts[6] not in (*rows, "down_proj"):
+            return name, index  # no such parameter: the loader reports the name
+        param = "w2" if parts[6] == "down_proj" else "w13"
+        return f"{prefix}.{param}", (int(parts[5]), rows.get(parts[6], slice(None)))
 
     def _parameters_by_name(self) -> dict[str, nn.Parameter]:
         # Cached: a checkpoint load resolves every tensor name through it. Rebuilt when the
@@ -203,8 +250,7 @@ class CausalLM(nn.Module):
         """Our weights under Hugging Face names (views, no copies)."""
         out = {}
         for name in self.hf_weight_names():
-            param, rows = self.hf_weight_target(name)
-            out[name] = param if rows is None else param[rows]
+            out[name] = weight_view(*self.hf_weight_target(name))
         return out
 
     def hf_weight_names(self) -> list[str]:
@@ -219,8 +265,47 @@ class CausalLM(nn.Module):
                 names.append(f"{p}self_attn.{proj}.weight")
                 if cfg.attention_bias and proj != "o_proj":
                     names.append(f"{p}self_attn.{proj}.bias")
+            if cfg.o_proj_bias:
+                names.append(f"{p}self_attn.o_proj.bias")
             if cfg.qk_norm:
                 names += [f"{p}self_attn.q_norm.weight", f"{p}self_attn.k_norm.weight"]
-            names += [f"{p}mlp.{m}.weight" for m in ("gate_proj", "up_proj", "down_proj")]
+            if cfg.attention_sinks:
+                names.append(f"{p}self_attn.sinks")
+            names += self._mlp_weight_names(p)
             names += [f"{p}input_layernorm.weight", f"{p}post_attention_layernorm.weight"]
         return names
+
+    def _mlp_weight_names(self, p: str) -> list[str]:
+        cfg = self.config
+        if not cfg.is_moe:
+            return [f"{p}mlp.{m}.weight" for m in ("gate_proj", "up_proj", "down_proj")]
+        if cfg.architecture == "gpt_oss":
+            experts = ("gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias")
+            return [f"{p}mlp.router.weight", f"{p}mlp.router.bias"] + [
+                f"{p}mlp.experts.{t}" for t in experts
+            ]
+        return [f"{p}mlp.gate.weight"] + [
+            f"{p}mlp.experts.{e}.{m}.weight"
+            for e in range(cfg.num_experts)
+            for m in ("gate_proj", "up_proj", "down_proj")
+        ]
+
+
+class Transposed:
+    """A Hugging Face tensor that is our parameter with its last two dims swapped."""
+
+    def view(self, param: torch.Tensor) -> torch.Tensor:
+        return param.transpose(-1, -2)
+
+
+# where a Hugging Face tensor goes in its parameter: all of it (None), an index, or transposed
+WeightIndex = slice | tuple[int, slice] | Transposed | None
+
+
+def weight_view(param: torch.Tensor, index: WeightIndex) -> torch.Tensor:
+    """The part of ``param`` a Hugging Face tensor fills, shaped like that tensor."""
+    if index is None:
+        return param
+    if isinstance(index, Transposed):
+        return index.view(param)
+    return param[index]

@@ -2,7 +2,8 @@
 
 A decode batch goes to the decode graph runner, anything else to the prefill graph runner;
 when the runner is off or cannot take the batch, the same model runs eagerly through the same
-attention context. Which backend a runner uses is invisible here.
+attention context. Which backend a runner uses is invisible here. ``forward_counts`` says how
+many forwards of each path replayed a graph and how many ran eagerly (the server's metrics).
 """
 
 from __future__ import annotations
@@ -31,17 +32,30 @@ class ModelRunner:
         self.k_caches, self.v_caches = k_caches, v_caches
         self.device = device
         self.graph_runners = graph_runners or {}
+        self.eager_forwards = {"decode": 0, "prefill": 0}
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, in_flight: torch.Tensor | None = None) -> torch.Tensor:
         """Logits (float32) of ``batch.sample_rows``, shape [len(sample_rows), vocab].
         ``in_flight``: the sampled tokens of the step still running, for ``future_rows``."""
-        runner = self.graph_runners.get("decode" if batch.mode == "decode" else "prefill")
+        path = "decode" if batch.mode == "decode" else "prefill"
+        runner = self.graph_runners.get(path)
         hidden = runner.forward(batch, in_flight) if runner is not None else None
         if hidden is None:
+            self.eager_forwards[path] += 1
             hidden = self.eager_forward(batch, in_flight)
         rows = torch.tensor(batch.sample_rows, dtype=torch.long).to(self.device, non_blocking=True)
         return self.model.compute_logits(hidden[rows])
+
+    def forward_counts(self) -> dict[str, dict[str, int]]:
+        """Per path ("decode", "prefill"): forwards that replayed a graph and that ran eagerly."""
+        return {
+            path: {
+                "graph": runner.replays if (runner := self.graph_runners.get(path)) else 0,
+                "eager": eager,
+            }
+            for path, eager in self.eager_forwards.items()
+        }
 
     @torch.inference_mode()
     def eager_forward(

@@ -100,7 +100,7 @@ def test_largest_chunk_replays_a_graph(model_dir):
 def test_full_prefill_refuses_host_planned_attention(model_dir):
     from nanograph import LLM
 
-    with pytest.raises(ValueError, match="plans on the host"):
+    with pytest.raises(ValueError, match="reads Python lengths"):
         LLM(model_dir, attention_backend="torch_native", prefill_cuda_graph="full", **SMALL)
     # breakable takes it: the attention split op is an eager break
     llm = LLM(model_dir, attention_backend="torch_native", prefill_cuda_graph="breakable",

@@ -1,0 +1,413 @@
+"""Graph-safe fused mixture-of-experts in Triton: routing (``route``: top-k and its weights,
+one program per token), then the experts in two static regimes chosen by token count.
+
+- Few tokens (decode, ``num_tokens <= PAIRWISE_MAX_TOKENS``): one weight-streaming GEMV per
+  (token, expert) pair for gate/up, then one program per (token, output block) that walks the
+  token's k experts through the down projection (activation fused into its operand load) and
+  sums them weighted: two kernels, no sorting, no metadata. A token reads only its experts.
+- More tokens: the (token, expert) pairs are sorted by expert into blocks of BLOCK_M rows with
+  device-side torch ops, then two grouped GEMMs (``tl.dot``) run per block with the block's
+  expert weights: gate/up, then down with the activation fused into its operand load and the
+  routing weight applied; a reduction over k returns to token order.
+
+Layouts (fixed; the MoE layer of ``nanograph.models.moe`` holds its weights this way):
+- ``w13 [E, 2I, H]``: each expert's gate and up rows, either concatenated (gate rows 0..I-1, up
+  rows I..2I-1: ``silu``) or interleaved (gate 2j, up 2j+1: gpt-oss' ``clamped_swiglu``, which
+  also has biases ``b13 [E, 2I]`` and ``b2 [E, H]``); ``w2 [E, H, I]``.
+- ``topk_ids [T, K]`` (int64) and ``topk_weights [T, K]``: token t's k-th expert and its weight.
+  Flat index ``f = t * K + k`` names one (token, expert) pair.
+
+Invariants:
+- No host reads and no data-dependent shapes: every size and the regime derive from static
+  sizes (T, K, E and the tiles), so one capture replays for any routing. The expert-sorted
+  order holds at most ``T*K + min(T*K, E) * (BLOCK_M - 1)`` entries (each non-empty expert's
+  run padded up to a multiple of BLOCK_M); unused entries hold the sentinel ``T*K`` and blocks
+  past the last run have expert -1, so their programs exit at once.
+- A token's result does not depend on the other tokens of the batch (padding rows, batch
+  composition), within a regime; the regime boundary is a decode bucket (8), so a padded decode
+  batch and the same batch run eagerly take the same regime.
+- The activation is computed in fp32 and rounded to the weights' dtype before its product (as
+  the unfused gate/up -> activation -> down would store it); products accumulate in fp32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from nanograph.kernels.launch import LaunchCache
+
+ACTIVATIONS = {"none": 0, "silu": 1, "clamped_swiglu": 2}
+
+
+@dataclass(frozen=True)
+class MoeTiles:
+    block_m: int  # sorted (token, expert) rows per program; every expert segment pads to it
+    block_n: int
+    block_k: int
+    num_warps: int = 4
+    num_stages: int = 3
+    pairwise: bool = False  # the few-token regime: GEMVs per (token, expert) pair
+
+
+# Up to this many tokens the pairwise GEMVs run (a decode bucket: see the module docstring).
+PAIRWISE_MAX_TOKENS = 8
+
+
+def choose_tiles(num_tokens: int, top_k: int, num_experts: int, device: torch.device) -> MoeTiles:
+    """Static launch configuration from static sizes. Pairwise: the GEMV tiles of
+    ``kernels.gemv`` (H200 sweep). Sorted: rows per block from the mean rows per expert
+    (tl.dot needs >= 16)."""
+    pairwise = num_tokens <= PAIRWISE_MAX_TOKENS
+    if device.type != "cuda":  # the interpreter: small tiles keep CPU tests fast
+        return MoeTiles(16, 16 if pairwise else 32, 32, 1, 1, pairwise)
+    if pairwise:
+        return MoeTiles(block_m=1, block_n=16, block_k=512, num_warps=8, num_stages=4,
+                        pairwise=True)  # fmt: skip
+    mean_rows = num_tokens * top_k / num_experts
+    block_m = 16 if mean_rows <= 16 else 32 if mean_rows <= 64 else 64
+    return MoeTiles(block_m=block_m, block_n=64, block_k=64)
+
+
+@triton.jit
+def _route_kernel(
+    logits_ptr, weights_ptr, ids_ptr, num_experts, stride_l,
+    TOP_K: tl.constexpr, K_PAD: tl.constexpr, E_PAD: tl.constexpr,
+    SOFTMAX_FIRST: tl.constexpr, RENORMALIZE: tl.constexpr,
+):  # fmt: skip
+    """Token t = program 0: top-k of its router logits by repeated argmax (the lowest index
+    wins a tie), weights as ``models.moe.route`` defines them, in fp32, stored rounded."""
+    token = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, E_PAD)
+    valid = offs < num_experts
+    logits = tl.load(logits_ptr + token * stride_l + offs, mask=valid, other=float("-inf"))
+    scores = logits.to(tl.float32)
+    if SOFTMAX_FIRST:
+        probs = tl.exp(scores - tl.max(scores, 0))
+        scores = tl.where(valid, probs / tl.sum(probs, 0), float("-inf"))
+    k_offs = tl.arange(0, K_PAD)
+    top = tl.zeros((K_PAD,), dtype=tl.float32)
+    ids = tl.zeros((K_PAD,), dtype=tl.int64)
+    for j in tl.static_range(TOP_K):
+        best = tl.max(scores, 0)
+        index = tl.argmax(scores, 0)
+        top = tl.where(k_offs == j, best, top)
+        ids = tl.where(k_offs == j, index.to(tl.int64), ids)
+        scores = tl.where(offs == index, float("-inf"), scores)
+    chosen = k_offs < TOP_K
+    if SOFTMAX_FIRST:
+        if RENORMALIZE:
+            top = top / tl.sum(tl.where(chosen, top, 0.0), 0)
+    else:
+        top = tl.exp(top - tl.max(tl.where(chosen, top, float("-inf")), 0))
+        top = top / tl.sum(tl.where(chosen, top, 0.0), 0)
+    tl.store(weights_ptr + token * TOP_K + k_offs, top.to(weights_ptr.dtype.element_ty),
+             mask=chosen)  # fmt: skip
+    tl.store(ids_ptr + token * TOP_K + k_offs, ids, mask=chosen)
+
+
+_launch_route = LaunchCache(_route_kernel)
+
+
+def route(
+    logits: torch.Tensor, top_k: int, softmax_first: bool, renormalize: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``models.moe.route`` in one kernel: (weights [T, K] in the logits' dtype, ids [T, K]
+    int64). One program per token; the logits row fits one block (E <= a few thousand)."""
+    num_tokens, num_experts = logits.shape
+    weights = logits.new_empty((num_tokens, top_k))
+    ids = torch.empty((num_tokens, top_k), dtype=torch.int64, device=logits.device)
+    if num_tokens == 0:
+        return weights, ids
+    _launch_route(
+        (num_tokens,),
+        (logits, weights, ids),
+        (num_experts, logits.stride(0)),
+        dict(
+            TOP_K=top_k, K_PAD=triton.next_power_of_2(top_k),
+            E_PAD=triton.next_power_of_2(num_experts), SOFTMAX_FIRST=softmax_first,
+            RENORMALIZE=renormalize, num_warps=1 if num_experts <= 256 else 4, num_stages=1,
+        ),
+    )  # fmt: skip
+    return weights, ids
+
+
+def sorted_capacity(num_pairs: int, num_experts: int, block_m: int) -> int:
+    """Static upper bound on the expert-sorted, block-padded length (a multiple of block_m)."""
+    bound = num_pairs + min(num_pairs, num_experts) * (block_m - 1)
+    return triton.cdiv(bound, block_m) * block_m
+
+
+def align_by_expert(
+    topk_ids: torch.Tensor, num_experts: int, block_m: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sorted_ids [P] int32, block_expert [P / block_m] int32) for ``topk_ids [T, K]``.
+
+    ``sorted_ids`` lists flat indices f grouped by expert, each expert's run padded with the
+    sentinel T*K to a multiple of ``block_m``; ``block_expert[b]`` is the expert of block b,
+    or -1 past the last run. Torch ops only, static shapes, no host reads.
+    """
+    flat = topk_ids.reshape(-1)
+    num_pairs = flat.numel()
+    capacity = sorted_capacity(num_pairs, num_experts, block_m)
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device)
+    counts.scatter_add_(0, flat, torch.ones_like(flat))
+    padded = (counts + block_m - 1) // block_m * block_m
+    padded_ends = padded.cumsum(0)
+    padded_starts = padded_ends - padded
+    starts = counts.cumsum(0) - counts
+    experts, order = torch.sort(flat, stable=True)
+    rank = torch.arange(num_pairs, device=flat.device) - starts.index_select(0, experts)
+    destination = padded_starts.index_select(0, experts) + rank  # distinct entries
+    sorted_ids = torch.full((capacity,), num_pairs, dtype=torch.int32, device=flat.device)
+    sorted_ids.scatter_(0, destination, order.to(torch.int32))
+    block_starts = torch.arange(0, capacity, block_m, device=flat.device)
+    # the expert whose padded run contains the block's first entry (empty runs are skipped)
+    block_expert = torch.searchsorted(padded_ends, block_starts, right=True)
+    block_expert = torch.where(block_expert < num_experts, block_expert, -1)
+    return sorted_ids, block_expert.to(torch.int32)
+
+
+# The pair count changes with the batch: not specialized, so a new batch size compiles nothing.
+@triton.jit(do_not_specialize=["num_pairs"])
+def _moe_gemm_kernel(
+    a_ptr, w_ptr, bias_ptr, c_ptr, sorted_ids_ptr, block_expert_ptr, topk_weights_ptr,
+    num_pairs, N, K, stride_am, stride_we, stride_wn, stride_wk, stride_be, stride_cm,
+    gate_stride, up_offset, alpha, limit,
+    A_ROW_DIV: tl.constexpr,  # a's row of flat index f: f // A_ROW_DIV (top_k: token rows)
+    ACT: tl.constexpr,  # 0: a as is; 1: silu(gate) * up; 2: gpt-oss clamped SwiGLU
+    HAS_BIAS: tl.constexpr,
+    MUL_WEIGHT: tl.constexpr,  # scale row f by topk_weights[f]
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """c[f, n] = sum_k act(a)[f // A_ROW_DIV, k] * w[e, n, k] (+ bias[e, n]) (* weight[f]) for
+    the BLOCK_M sorted rows f of this program's block, all routed to expert e."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    expert = tl.load(block_expert_ptr + pid_m)
+    if expert < 0:
+        return
+    expert = expert.to(tl.int64)
+    rows = tl.load(sorted_ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    row_valid = rows < num_pairs
+    a_rows = rows // A_ROW_DIV
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_valid = offs_n < N
+    w_base = w_ptr + expert * stride_we + offs_n[None, :] * stride_wn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_valid = offs_k < K
+        a_mask = row_valid[:, None] & k_valid[None, :]
+        if ACT == 0:
+            a = tl.load(a_ptr + a_rows[:, None] * stride_am + offs_k[None, :], mask=a_mask, other=0)
+        else:
+            act = _activation(a_ptr + a_rows[:, None] * stride_am, offs_k[None, :], a_mask,
+                              gate_stride, up_offset, alpha, limit, ACT)  # fmt: skip
+            a = act.to(w_ptr.dtype.element_ty)
+        w = tl.load(
+            w_base + offs_k[:, None] * stride_wk, mask=k_valid[:, None] & n_valid[None, :], other=0
+        )
+        acc = tl.dot(a, w, acc, input_precision=DOT_PRECISION)
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + expert * stride_be + offs_n, mask=n_valid, other=0)
+        acc += bias.to(tl.float32)[None, :]
+    if MUL_WEIGHT:
+        weight = tl.load(topk_weights_ptr + rows, mask=row_valid, other=0)
+        acc *= weight.to(tl.float32)[:, None]
+    c_ptrs = c_ptr + rows[:, None] * stride_cm + offs_n[None, :]
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=row_valid[:, None] & n_valid[None, :])
+
+
+_launch_gemm = LaunchCache(_moe_gemm_kernel)
+
+
+def _grouped_gemm(
+    a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, c: torch.Tensor,
+    sorted_ids: torch.Tensor, block_expert: torch.Tensor, topk_weights: torch.Tensor,
+    tiles: MoeTiles, *, a_row_div: int, act: int, gate_stride: int = 1, up_offset: int = 0,
+    alpha: float = 0.0, limit: float = 0.0, mul_weight: bool = False,
+) -> None:  # fmt: skip
+    num_experts, n, k = w.shape
+    grid = (block_expert.shape[0], triton.cdiv(n, tiles.block_n))
+    _launch_gemm(
+        grid,
+        (a, w, bias if bias is not None else w, c, sorted_ids, block_expert, topk_weights),
+        (
+            c.shape[0], n, k, a.stride(0), w.stride(0), w.stride(1), w.stride(2),
+            bias.stride(0) if bias is not None else 0, c.stride(0), gate_stride, up_offset,
+            float(alpha), float(limit),
+        ),
+        dict(
+            A_ROW_DIV=a_row_div, ACT=act, HAS_BIAS=bias is not None, MUL_WEIGHT=mul_weight,
+            BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
+            # fp32: tf32x3 on a GPU ("ieee" compiles to FMA loops, minutes per variant, see
+            # kernels.attention), exact products in the interpreter; 16-bit: the default
+            DOT_PRECISION=(("tf32x3" if a.is_cuda else "ieee") if a.dtype == torch.float32
+                           else None),
+            num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        ),
+    )  # fmt: skip
+
+
+@triton.jit
+def _activation(a_ptr, k, mask, gate_stride, up_offset, alpha, limit, ACT: tl.constexpr):
+    """act(gate, up)[k] in fp32 from a gate/up row at ``a_ptr`` (layout: module docstring)."""
+    gate = tl.load(a_ptr + k * gate_stride, mask=mask, other=0).to(tl.float32)
+    up = tl.load(a_ptr + k * gate_stride + up_offset, mask=mask, other=0).to(tl.float32)
+    if ACT == 1:
+        return gate * tl.sigmoid(gate) * up
+    gate = tl.minimum(gate, limit)
+    up = tl.minimum(tl.maximum(up, -limit), limit)
+    return (up + 1.0) * gate * tl.sigmoid(gate * alpha)
+
+
+@triton.jit
+def _pair_gate_up_kernel(
+    x_ptr, w_ptr, bias_ptr, c_ptr, ids_ptr,
+    N, K, stride_xm, stride_we, stride_wn, stride_be, stride_cm,
+    TOP_K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """c[f, n] = x[f // TOP_K] . w13[ids[f], n] (+ b13[ids[f], n]) for pair f = program 0."""
+    pair = tl.program_id(0)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    n_mask = offs_n < N
+    expert = tl.load(ids_ptr + pair).to(tl.int64)
+    x_row = x_ptr + (pair // TOP_K).to(tl.int64) * stride_xm
+    w_rows = w_ptr + expert * stride_we + offs_n.to(tl.int64)[:, None] * stride_wn
+    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + offs_k
+        w = tl.load(w_rows + k[None, :], mask=n_mask[:, None] & (k < K)[None, :], other=0,
+                    eviction_policy="evict_first")  # fmt: skip
+        x = tl.load(x_row + k, mask=k < K, other=0).to(tl.float32)
+        acc += w.to(tl.float32) * x[None, :]
+    out = tl.sum(acc, 1)
+    if HAS_BIAS:
+        out += tl.load(bias_ptr + expert * stride_be + offs_n, mask=n_mask, other=0).to(tl.float32)
+    tl.store(c_ptr + pair.to(tl.int64) * stride_cm + offs_n, out.to(c_ptr.dtype.element_ty),
+             mask=n_mask)  # fmt: skip
+
+
+@triton.jit
+def _pair_down_kernel(
+    a_ptr, w_ptr, bias_ptr, out_ptr, ids_ptr, topk_weights_ptr,
+    N, K, stride_am, stride_we, stride_wn, stride_be, stride_om, gate_stride, up_offset, alpha,
+    limit,
+    TOP_K: tl.constexpr, ACT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """out[t, n] = sum_j weight[t, j] * (act(gate_up[t*K + j]) . w2[ids[t, j], n] (+ b2)) for
+    token t = program 0: the k experts summed in fp32 in one program, in order."""
+    token = tl.program_id(0)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    n_mask = offs_n < N
+    total = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for j in range(TOP_K):
+        pair = token * TOP_K + j
+        expert = tl.load(ids_ptr + pair).to(tl.int64)
+        a_row = a_ptr + pair.to(tl.int64) * stride_am
+        w_rows = w_ptr + expert * stride_we + offs_n.to(tl.int64)[:, None] * stride_wn
+        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            k = k0 + offs_k
+            act = _activation(a_row, k, k < K, gate_stride, up_offset, alpha, limit, ACT)
+            act = act.to(w_ptr.dtype.element_ty).to(tl.float32)
+            w = tl.load(w_rows + k[None, :], mask=n_mask[:, None] & (k < K)[None, :], other=0,
+                        eviction_policy="evict_first")  # fmt: skip
+            acc += w.to(tl.float32) * act[None, :]
+        y = tl.sum(acc, 1)
+        if HAS_BIAS:
+            y += tl.load(bias_ptr + expert * stride_be + offs_n, mask=n_mask, other=0).to(
+                tl.float32
+            )
+        total += tl.load(topk_weights_ptr + pair).to(tl.float32) * y
+    tl.store(out_ptr + token.to(tl.int64) * stride_om + offs_n,
+             total.to(out_ptr.dtype.element_ty), mask=n_mask)  # fmt: skip
+
+
+_launch_pair_gate_up = LaunchCache(_pair_gate_up_kernel)
+_launch_pair_down = LaunchCache(_pair_down_kernel)
+
+
+def _pairwise(
+    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, b13: torch.Tensor | None,
+    b2: torch.Tensor | None, weights: torch.Tensor, ids: torch.Tensor, tiles: MoeTiles,
+    act: int, gate_stride: int, up_offset: int, alpha: float, limit: float, out: torch.Tensor,
+) -> None:  # fmt: skip
+    num_tokens, top_k = ids.shape
+    two_i, hidden = w13.shape[1], w13.shape[2]
+    gate_up = x.new_empty((num_tokens * top_k, two_i))
+    _launch_pair_gate_up(
+        (num_tokens * top_k, triton.cdiv(two_i, tiles.block_n)),
+        (x, w13, b13 if b13 is not None else w13, gate_up, ids),
+        (two_i, hidden, x.stride(0), w13.stride(0), w13.stride(1),
+         b13.stride(0) if b13 is not None else 0, gate_up.stride(0)),
+        dict(TOP_K=top_k, HAS_BIAS=b13 is not None, BLOCK_N=tiles.block_n,
+             BLOCK_K=tiles.block_k, num_warps=tiles.num_warps, num_stages=tiles.num_stages),
+    )  # fmt: skip
+    _launch_pair_down(
+        (num_tokens, triton.cdiv(hidden, tiles.block_n)),
+        (gate_up, w2, b2 if b2 is not None else w2, out, ids, weights),
+        (hidden, two_i // 2, gate_up.stride(0), w2.stride(0), w2.stride(1),
+         b2.stride(0) if b2 is not None else 0, out.stride(0), gate_stride, up_offset,
+         float(alpha), float(limit)),
+        dict(TOP_K=top_k, ACT=act, HAS_BIAS=b2 is not None, BLOCK_N=tiles.block_n,
+             BLOCK_K=tiles.block_k, num_warps=tiles.num_warps, num_stages=tiles.num_stages),
+    )  # fmt: skip
+
+
+def fused_experts(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    b13: torch.Tensor | None,
+    b2: torch.Tensor | None,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    activation: str,
+    alpha: float = 1.702,
+    limit: float = 7.0,
+    tiles: MoeTiles | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """sum_k topk_weights[t, k] * expert_{topk_ids[t, k]}(x[t]) for ``x [T, H]``; see the
+    module docstring for the weight layouts. Returns ``out`` ([T, H] in x's dtype)."""
+    num_tokens, hidden = x.shape
+    num_experts, two_i, _ = w13.shape
+    top_k = topk_ids.shape[1]
+    if x.stride(-1) != 1 or w13.stride(-1) != 1 or w2.stride(-1) != 1:
+        raise ValueError("x and the expert weights must be contiguous in their last dim")
+    tiles = tiles or choose_tiles(num_tokens, top_k, num_experts, x.device)
+    if out is None:
+        out = torch.empty_like(x)
+    interleaved = activation == "clamped_swiglu"
+    act = ACTIVATIONS[activation]
+    gate_stride, up_offset = (2, 1) if interleaved else (1, two_i // 2)
+    weights = topk_weights.reshape(-1).contiguous()
+    ids = topk_ids.contiguous()
+    if tiles.pairwise:
+        _pairwise(x, w13, w2, b13, b2, weights, ids, tiles, act, gate_stride, up_offset, alpha,
+                  limit, out)  # fmt: skip
+        return out
+    if min(tiles.block_m, tiles.block_n, tiles.block_k) < 16:
+        raise ValueError(f"MoE tiles must be >= 16 (tl.dot), got {tiles}")
+    num_pairs = num_tokens * top_k
+    sorted_ids, block_expert = align_by_expert(ids, num_experts, tiles.block_m)
+    gate_up = x.new_empty((num_pairs, two_i))
+    _grouped_gemm(x, w13, b13, gate_up, sorted_ids, block_expert, weights, tiles,
+                  a_row_div=top_k, act=ACTIVATIONS["none"])  # fmt: skip
+    down = x.new_empty((num_pairs, hidden))
+    _grouped_gemm(
+        gate_up, w2, b2, down, sorted_ids, block_expert, weights, tiles, a_row_div=1, act=act,
+        gate_stride=gate_stride, up_offset=up_offset, alpha=alpha, limit=limit, mul_weight=True,
+    )  # fmt: skip
+    return out.copy_(down.view(num_tokens, top_k, hidden).sum(dim=1, dtype=torch.float32))

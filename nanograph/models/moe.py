@@ -1,0 +1,175 @@
+"""The mixture-of-experts layer of Qwen3-MoE and gpt-oss, with two expert implementations.
+
+Invariants:
+- One module for both families: a router (``Linear``, with a bias for gpt-oss), then routing
+  and experts through the chosen ``MoEBackend``; routing is on the device either way (``route``:
+  torch ops with static shapes; the triton backend's one-kernel ``kernels.moe.route``).
+  Weights are ``w13 [E, 2I, H]`` (gate/up), ``w2 [E, H, I]`` and, for gpt-oss, biases; the
+  layout is ``kernels.moe``'s (gpt-oss keeps its checkpoint's interleaved gate/up columns, so
+  its tensors load as transposed views of ours, no copy).
+- ``triton`` is graph-safe (no host reads, static shapes): captured inline by every graph
+  backend. ``torch_native`` is the plain per-expert loop: the host reads how many tokens each
+  expert got, so it is a ``split_op``: an eager break under ``breakable``, a split point under
+  ``tc_piecewise``; ``full`` graphs cannot hold it (the engine refuses that combination).
+- The native experts write into a zeroed output allocated before the split op (inside the
+  graph), like attention, so a break has nothing to copy out.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+from torch import nn
+
+from nanograph.graph import split_op
+from nanograph.kernels import reference
+from nanograph.layers import ops
+from nanograph.models.config import ModelConfig
+
+MOE_BACKENDS = ("auto", "triton", "torch_native")
+
+
+class MoEBackend(ABC):
+    """How a MoE layer routes and runs its experts."""
+
+    name: str
+    #: launches the same kernels with the same shapes for any routing (no host reads)
+    graph_safe: bool
+
+    @abstractmethod
+    def forward(self, layer: MoE, x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        """x [T, H] and its router logits [T, E] -> the layer's output [T, H]."""
+
+
+class TritonMoE(MoEBackend):
+    name = "triton"
+    graph_safe = True
+
+    def forward(self, layer: MoE, x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        out = torch.empty_like(x)  # every row is written
+        args = (x, logits, layer.w13, layer.w2, layer.w13_bias, layer.w2_bias, layer.top_k,
+                layer.softmax_first, layer.renormalize, layer.activation_id, layer.alpha,
+                layer.limit, out)  # fmt: skip
+        (_fused_moe_op if torch.compiler.is_compiling() else _fused_moe)(*args)
+        return out
+
+
+class TorchNativeMoE(MoEBackend):
+    name = "torch_native"
+    graph_safe = False
+
+    def forward(self, layer: MoE, x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        weights, ids = route(logits, layer.top_k, layer.softmax_first, layer.renormalize)
+        out = torch.zeros_like(x)  # allocated here, inside the graph: the break only fills it
+        native_experts(x, layer.w13, layer.w2, layer.w13_bias, layer.w2_bias, weights, ids,
+                       layer.activation_id, layer.alpha, layer.limit, out)  # fmt: skip
+        return out
+
+
+def get_moe_backend(name: str, device: torch.device) -> MoEBackend:
+    """``auto`` is ``triton`` on CUDA and ``torch_native`` elsewhere (the interpreter is slow)."""
+    if name == "auto":
+        name = "triton" if device.type == "cuda" else "torch_native"
+    if name == "triton":  # on CPU only under TRITON_INTERPRET=1 (EngineConfig checks it)
+        return TritonMoE()
+    if name == "torch_native":
+        return TorchNativeMoE()
+    raise ValueError(f"unknown MoE backend {name!r}; choose one of {', '.join(MOE_BACKENDS)}")
+
+
+_ACTIVATIONS = ("silu", "clamped_swiglu")
+
+
+def _fused_moe(
+    x: torch.Tensor, logits: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+    b13: torch.Tensor | None, b2: torch.Tensor | None, top_k: int, softmax_first: bool,
+    renormalize: bool, activation: int, alpha: float, limit: float, out: torch.Tensor,
+) -> None:  # fmt: skip
+    from nanograph.kernels import moe as kernels  # imports triton: only when used
+
+    weights, ids = kernels.route(logits, top_k, softmax_first, renormalize)
+    kernels.fused_experts(x, w13, w2, b13, b2, weights, ids, _ACTIVATIONS[activation], alpha,
+                          limit, out=out)  # fmt: skip
+
+
+# What dynamo records while tracing (tc_piecewise): one opaque node inside a compiled piece.
+_fused_moe_op = torch.library.custom_op("nanograph::fused_moe", mutates_args=("out",))(_fused_moe)
+_fused_moe_op.register_fake(lambda *args: None)
+
+
+@split_op("nanograph::native_experts", fake=lambda *args: None, mutates_args=("out",))
+def native_experts(
+    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, b13: torch.Tensor | None,
+    b2: torch.Tensor | None, weights: torch.Tensor, ids: torch.Tensor, activation: int,
+    alpha: float, limit: float, out: torch.Tensor,
+) -> None:  # fmt: skip
+    """out += each expert's tokens through that expert, one expert at a time: the host reads
+    the per-expert counts (a sync) and the shapes follow the routing. The (token, expert) pairs
+    are gathered in expert order once; each expert then runs on a contiguous slice."""
+    num_experts = w13.shape[0]
+    top_k = ids.shape[1]
+    flat = ids.reshape(-1)
+    counts = torch.bincount(flat, minlength=num_experts).tolist()
+    order = torch.argsort(flat, stable=True)
+    tokens = order // top_k
+    rows = x[tokens]
+    scales = weights.reshape(-1)[order].to(x.dtype)[:, None]
+    down = torch.empty_like(rows)
+    start = 0
+    for expert, count in enumerate(counts):
+        if count == 0:
+            continue
+        end = start + count
+        gate_up = ops.linear(rows[start:end], w13[expert], None if b13 is None else b13[expert])
+        act = reference.moe_activation(gate_up, _ACTIVATIONS[activation], alpha, limit)
+        down[start:end] = ops.linear(act, w2[expert], None if b2 is None else b2[expert])
+        start = end
+    # back to pair order, then a sum over k: deterministic (an index_add_ of duplicate token
+    # rows would add in any order on CUDA)
+    by_pair = torch.empty_like(down).index_copy_(0, order, down * scales)
+    out.add_(by_pair.view(-1, top_k, by_pair.shape[1]).sum(dim=1, dtype=torch.float32))
+
+
+def route(
+    logits: torch.Tensor, top_k: int, softmax_first: bool, renormalize: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Router logits [T, E] -> (weights [T, K] in the logits' dtype, expert ids [T, K] int64).
+
+    ``softmax_first`` (Qwen3-MoE): softmax over all experts in fp32, top-k, optionally
+    renormalised to sum to 1. Otherwise (gpt-oss): top-k of the logits, softmax over the k.
+    Device-side torch ops with static shapes: graph-safe, no host reads.
+    """
+    if softmax_first:
+        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+        weights, ids = torch.topk(probs, top_k, dim=-1)
+        if renormalize:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return weights.to(logits.dtype), ids
+    values, ids = torch.topk(logits, top_k, dim=-1)
+    return torch.softmax(values, dim=-1, dtype=values.dtype), ids
+
+
+class MoE(nn.Module):
+    """Router + experts of one layer (every layer of a MoE model has one)."""
+
+    def __init__(self, config: ModelConfig, backend: MoEBackend) -> None:
+        super().__init__()
+        num_experts, hidden = config.num_experts, config.hidden_size
+        inter = config.expert_intermediate_size
+        gpt_oss = config.moe_activation == "clamped_swiglu"
+        self.backend = backend
+        self.top_k = config.num_experts_per_tok
+        self.softmax_first = not gpt_oss
+        self.renormalize = config.norm_topk_prob
+        self.activation_id = _ACTIVATIONS.index(config.moe_activation)
+        self.alpha, self.limit = config.swiglu_alpha, config.swiglu_limit
+        self.router = nn.Linear(hidden, num_experts, bias=gpt_oss)
+        self.w13 = nn.Parameter(torch.empty(num_experts, 2 * inter, hidden))
+        self.w2 = nn.Parameter(torch.empty(num_experts, hidden, inter))
+        self.w13_bias = nn.Parameter(torch.empty(num_experts, 2 * inter)) if gpt_oss else None
+        self.w2_bias = nn.Parameter(torch.empty(num_experts, hidden)) if gpt_oss else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = ops.linear(x, self.router.weight, self.router.bias)
+        return self.backend.forward(self, x, logits)

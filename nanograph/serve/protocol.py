@@ -1,0 +1,219 @@
+"""OpenAI request schemas, their translation to engine inputs, and OpenAI error bodies.
+
+Invariants:
+- Field types are checked strictly (pydantic strict mode: ``"5"`` is not a number, ``true`` is
+  not an integer); unknown fields are ignored, as OpenAI's API does. Value ranges are checked
+  once, by ``SamplingParams`` and ``prompt_token_ids``, so the server and ``LLM`` accept and
+  refuse exactly the same things, with the same messages.
+- Every refusal is an ``ApiError`` carrying its HTTP status and OpenAI's error body
+  ``{"error": {"message", "type", "param", "code"}}``.
+- Options the engine cannot honour (n > 1, logprobs, penalties, logit_bias, echo, best_of) are
+  refused with 400 rather than silently ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from nanograph.engine.prompts import prompt_token_ids
+from nanograph.engine.sampling_params import SamplingParams
+
+# OpenAI's legacy completions default; chat completions default to the rest of the context
+COMPLETION_DEFAULT_MAX_TOKENS = 16
+
+
+class ApiError(Exception):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type_: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = (
+            status,
+            message,
+            type_,
+            param,
+            code,
+        )
+        self.headers = headers
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+    include_usage: bool = False
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+    model: str | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None  # vLLM's extension
+    ignore_eos: bool = False  # vLLM's extension: generate max_tokens tokens whatever comes
+    # vLLM's extension: each choice (and stream chunk) also carries its output token ids
+    return_token_ids: bool = False
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+
+
+class ChatRequest(_Request):
+    messages: list[dict[str, Any]]
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+
+
+class CompletionRequest(_Request):
+    prompt: str | list[int] | list[str] | list[list[int]]
+    logprobs: int | None = None
+    echo: bool = False
+    best_of: int | None = None
+    suffix: str | None = None
+
+
+def parse(model: type[_Request], body: Any) -> _Request:
+    try:
+        return model.model_validate(body)
+    except ValidationError as e:
+        first = e.errors()[0]
+        # union members appear in the location ("stop", "str"): name the request's field only
+        loc = [str(p) for p in first["loc"] if not str(p).startswith(("str", "list", "int"))]
+        param = ".".join(loc) or None
+        where = f"{param}: " if param else "the request body: "
+        raise ApiError(400, where + first["msg"], param=param) from None
+
+
+def refuse_unsupported(request: _Request) -> None:
+    if request.n != 1:
+        raise ApiError(
+            400,
+            f"n={request.n} is not supported: this server returns one choice "
+            "per request (n=1); send several requests instead",
+            param="n",
+        )
+    unsupported = [
+        ("logprobs", bool(getattr(request, "logprobs", None))),
+        ("top_logprobs", getattr(request, "top_logprobs", None) is not None),
+        ("echo", getattr(request, "echo", False)),
+        ("best_of", (getattr(request, "best_of", None) or 1) != 1),
+        ("suffix", bool(getattr(request, "suffix", None))),
+        ("presence_penalty", request.presence_penalty != 0),
+        ("frequency_penalty", request.frequency_penalty != 0),
+        ("logit_bias", bool(request.logit_bias)),
+    ]
+    for name, asked in unsupported:
+        if asked:
+            raise ApiError(400, f"{name} is not supported by this server: leave it out", param=name)
+
+
+def chat_prompt_ids(tokenizer: Any, request: ChatRequest) -> list[int]:
+    return _prompt_ids(
+        tokenizer, [_flatten(i, m) for i, m in enumerate(request.messages)], "messages"
+    )
+
+
+def completion_prompt_ids(tokenizer: Any, request: CompletionRequest) -> list[int]:
+    prompt = request.prompt
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
+        if len(prompt) != 1:
+            raise ApiError(
+                400,
+                f"got {len(prompt)} prompts: this server takes one prompt per "
+                "request; send several requests instead",
+                param="prompt",
+            )
+        prompt = prompt[0]
+    return _prompt_ids(tokenizer, prompt, "prompt")
+
+
+def _prompt_ids(tokenizer: Any, prompt: Any, param: str) -> list[int]:
+    try:
+        return prompt_token_ids(tokenizer, prompt)
+    except ValueError as e:
+        raise ApiError(400, str(e), param=param) from None
+
+
+def _flatten(i: int, message: dict[str, Any]) -> dict[str, Any]:
+    """A message whose content is a list of parts becomes one with text content: text parts
+    are joined with newlines (as vLLM does); any other part (images, audio) is refused."""
+    content = message.get("content")
+    if not isinstance(content, list):
+        return message
+    texts = []
+    for j, part in enumerate(content):
+        if not isinstance(part, dict) or part.get("type") != "text":
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            raise ApiError(
+                400,
+                f"messages[{i}].content[{j}] is of type {kind!r}: this server "
+                "takes text parts only",
+                param=f"messages[{i}].content",
+            )
+        if not isinstance(part.get("text"), str):
+            raise ApiError(
+                400,
+                f"messages[{i}].content[{j}] needs a 'text' string",
+                param=f"messages[{i}].content",
+            )
+        texts.append(part["text"])
+    return {**message, "content": "\n".join(texts)}
+
+
+def sampling_params(request: _Request, prompt_len: int, max_model_len: int) -> SamplingParams:
+    max_tokens = request.max_tokens
+    if isinstance(request, ChatRequest) and request.max_completion_tokens is not None:
+        max_tokens = request.max_completion_tokens
+    if max_tokens is None:
+        max_tokens = (
+            COMPLETION_DEFAULT_MAX_TOKENS
+            if isinstance(request, CompletionRequest)
+            else max(1, max_model_len - prompt_len)
+        )
+    given = {
+        "max_tokens": max_tokens,
+        "temperature": request.temperature,
+        "top_p": request.top_p,
+        "top_k": request.top_k,
+        "min_p": request.min_p,
+        "seed": request.seed,
+        "stop": request.stop,
+        "stop_token_ids": request.stop_token_ids,
+        "ignore_eos": request.ignore_eos,
+    }
+    try:
+        return SamplingParams(**{k: v for k, v in given.items() if v is not None})
+    except ValueError as e:
+        message = str(e)
+        param = message.split(" ", 1)[0].split("[", 1)[0]
+        if param not in given:
+            param = None
+        elif param == "max_tokens" and getattr(request, "max_completion_tokens", None) is not None:
+            param = "max_completion_tokens"
+        raise ApiError(400, message, param=param) from None

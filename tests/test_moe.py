@@ -1,0 +1,350 @@
+"""Mixture-of-experts models (Qwen3-MoE, gpt-oss) and the fused MoE kernels, on CPU.
+
+Both MoE backends run here: ``torch_native`` as is, ``triton`` under TRITON_INTERPRET=1 (set
+before ``nanograph.kernels.moe`` is imported, as in test_kernels_triton.py). References:
+transformers (float32, tiny random models saved as Hugging Face folders) and float64 torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+
+import pytest
+import torch
+from conftest import TINY, make_hf_model
+
+if torch.cuda.is_available():
+    pytest.skip("CUDA present: tests/gpu/test_moe_gpu.py covers it", allow_module_level=True)
+os.environ.setdefault("TRITON_INTERPRET", "1")
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+needs_triton = pytest.mark.skipif(
+    not HAS_TRITON, reason="triton not installed: pip install -e '.[triton]'"
+)
+if "nanograph.kernels.moe" in sys.modules:  # imported before the interpreter was switched on
+    importlib.reload(sys.modules["nanograph.kernels.moe"])
+
+from nanograph import LLM, SamplingParams  # noqa: E402
+from nanograph.engine.kv_cache import KVCache  # noqa: E402
+from nanograph.kernels import reference  # noqa: E402
+from nanograph.loader import (  # noqa: E402
+    iter_hf_weights,
+    load_weights,
+    read_hf_config,
+    resolve_model,  # noqa: E402
+)
+from nanograph.models import build_model, get_moe_backend  # noqa: E402
+from nanograph.models.config import ModelConfig  # noqa: E402
+from nanograph.models.moe import native_experts, route  # noqa: E402
+
+moe_kernels = importlib.import_module("nanograph.kernels.moe") if HAS_TRITON else None
+
+CPU = torch.device("cpu")
+ARCHS = ["qwen3_moe", "gpt_oss"]
+BACKENDS = ["torch_native", pytest.param("triton", marks=needs_triton)]
+GREEDY = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def hf_models(tiny_model_dir):
+    """arch -> (transformers model, its saved folder)."""
+    return {arch: (make_hf_model(arch), tiny_model_dir(arch)) for arch in ARCHS}
+
+
+def _prompts() -> list[list[int]]:
+    g = torch.Generator().manual_seed(3)
+    # longer than gpt_oss' sliding window (8); one prompt of one token
+    return [torch.randint(0, 256, (n,), generator=g).tolist() for n in (19, 1, 11)]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_logits_match_transformers(hf_models, arch, backend):
+    from test_model_reference import run_chunks
+
+    hf, folder = hf_models[arch]
+    config = read_hf_config(folder)
+    model = build_model(config, torch.float32, CPU, get_moe_backend(backend, CPU))
+    load_weights(model, iter_hf_weights(folder, config), progress=False)
+    kv = KVCache(config, num_pages=32, page_size=4, dtype=torch.float32, device=CPU)
+    ids = _prompts()[0] + _prompts()[2]
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids])).logits[0]
+    torch.testing.assert_close(run_chunks(model, kv, ids, [len(ids)]), ref, atol=1e-4, rtol=1e-4)
+    chunked = run_chunks(model, kv, ids, [7, 1, 9, len(ids) - 17])  # through the paged prefix
+    torch.testing.assert_close(chunked, ref, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_greedy_tokens_match_transformers(hf_models, arch, backend):
+    hf, folder = hf_models[arch]
+    llm = LLM(str(folder), moe_backend=backend, page_size=4, kv_cache_bytes=2**20,
+              progress=False)  # fmt: skip
+    ours = [o.token_ids for o in llm.generate(_prompts(), GREEDY)]  # one mixed batch
+    for prompt, tokens in zip(_prompts(), ours):
+        with torch.no_grad():
+            ref = hf.generate(
+                torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                max_new_tokens=GREEDY.max_tokens, do_sample=False, eos_token_id=None,
+                pad_token_id=0,  # token 0 is in a prompt: the explicit mask keeps it unmasked
+            )  # fmt: skip
+        assert tokens == ref[0, len(prompt) :].tolist()
+
+
+def test_config_round_trip_and_presets():
+    for arch in ARCHS:
+        config = ModelConfig.from_hf_dict(TINY[arch])
+        assert ModelConfig.from_hf_dict(config.to_hf_dict()) == config, arch
+    gpt = ModelConfig.from_hf_dict(TINY["gpt_oss"])
+    assert [gpt.layer_sliding_window(i) for i in range(2)] == [8, 0]
+    assert gpt.attention_sinks and gpt.o_proj_bias and not gpt.rope_scaling.truncate
+    qwen = resolve_model("qwen3-30b-a3b", "dummy").config
+    assert (qwen.num_experts, qwen.num_experts_per_tok, qwen.moe_intermediate_size) == (128, 8, 768)
+    assert 30.4e9 < qwen.num_params < 30.6e9 and 3.0e9 < qwen.num_active_params < 3.1e9
+    oss = resolve_model("gpt-oss-20b", "dummy").config
+    assert 20.8e9 < oss.num_params < 21.0e9 and oss.sliding_window == 128
+    assert oss.layer_types[:2] == ("sliding_attention", "full_attention")
+
+
+def test_unsupported_moe_configs_fail_clearly():
+    with pytest.raises(ValueError, match="not supported: use an unquantized"):
+        ModelConfig.from_hf_dict({**TINY["gpt_oss"], "quantization_config": {
+            "quant_method": "mxfp4"}})  # fmt: skip
+    with pytest.raises(ValueError, match="every layer must be a MoE layer"):
+        ModelConfig.from_hf_dict({**TINY["qwen3_moe"], "mlp_only_layers": [0]})
+    with pytest.raises(ValueError, match="num_experts_per_tok"):
+        ModelConfig.from_hf_dict({**TINY["qwen3_moe"], "num_experts_per_tok": 7})
+    with pytest.raises(ValueError, match="moe_backend must be one of"):
+        LLM("qwen3-30b-a3b", load_format="dummy", moe_backend="cutlass")
+
+
+def test_engine_reports_host_planned_moe(hf_models):
+    folder = hf_models["qwen3_moe"][1]
+    native = LLM(str(folder), moe_backend="torch_native", page_size=4, kv_cache_bytes=2**20,
+                 progress=False)  # fmt: skip
+    assert any("moe_backend='torch_native'" in op for op in native.engine.host_planned_ops())
+    fused = LLM(str(folder), moe_backend="triton", attention_backend="torch_native",
+                page_size=4, kv_cache_bytes=2**20, progress=False)  # fmt: skip
+    assert not any("moe_backend" in op for op in fused.engine.host_planned_ops())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_tc_piecewise_splits_only_at_host_planned_ops(hf_models, backend):
+    """The native experts are a split point like attention; the fused ones stay inside."""
+    from test_model_reference import TORCH_NATIVE
+
+    from nanograph.attention.op import ForwardContext, forward_context
+    from nanograph.graph.piecewise import PiecewiseCompiler, trace_and_split
+    from nanograph.runners.forward_batch import ForwardBatch
+
+    folder = hf_models["gpt_oss"][1]
+    config = read_hf_config(folder)
+    model = build_model(config, torch.float32, CPU, get_moe_backend(backend, CPU))
+    load_weights(model, iter_hf_weights(folder, config), progress=False)
+    kv = KVCache(config, num_pages=8, page_size=4, dtype=torch.float32, device=CPU)
+    ids = _prompts()[2]
+    pages = kv.allocator.allocate(kv.pages_needed(len(ids)))
+    batch = ForwardBatch.build([ids], [0], [pages], kv.page_size, [True])
+    tokens, positions = torch.tensor(batch.input_ids), torch.tensor(batch.positions)
+    compiler = PiecewiseCompiler("eager")
+    with torch.no_grad(), forward_context(ForwardContext(TORCH_NATIVE, batch.metadata(CPU),
+                                                         kv.k, kv.v)):  # fmt: skip
+        expected = model(tokens, positions)
+        compiled = trace_and_split(lambda: model(tokens, positions), compiler)
+        torch.testing.assert_close(compiled(), expected, atol=1e-5, rtol=1e-5)
+    layers = config.num_hidden_layers
+    splits = {"nanograph::attend": layers}
+    if backend == "torch_native":
+        splits["nanograph::native_experts"] = layers
+    assert compiler.splits == splits
+
+
+# ---- kernels ---------------------------------------------------------------------------------
+
+
+def _experts(activation: str, num_experts: int, hidden: int = 48, inter: int = 40, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    w13 = torch.randn(num_experts, 2 * inter, hidden, generator=g) / hidden**0.5
+    w2 = torch.randn(num_experts, hidden, inter, generator=g) / inter**0.5
+    biases = activation == "clamped_swiglu"
+    b13 = torch.randn(num_experts, 2 * inter, generator=g) if biases else None
+    b2 = torch.randn(num_experts, hidden, generator=g) if biases else None
+    return w13, w2, b13, b2
+
+
+def _routing(case: str, num_tokens: int, num_experts: int, top_k: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    if case == "random":
+        ids = torch.stack([torch.randperm(num_experts, generator=g)[:top_k]
+                           for _ in range(num_tokens)])  # fmt: skip
+    elif case == "one_expert":  # every token's first choice is expert 2; the rest are random
+        ids = torch.stack([torch.cat([torch.tensor([2]), 3 + torch.randperm(
+            num_experts - 3, generator=g)[: top_k - 1]]) for _ in range(num_tokens)])  # fmt: skip
+    elif case == "two_experts":  # most experts get no token
+        ids = torch.tensor([[1, num_experts - 1][:top_k]] * num_tokens)
+    else:
+        raise ValueError(case)
+    weights = torch.softmax(torch.randn(num_tokens, top_k, generator=g), dim=-1)
+    return weights, ids
+
+
+CASES = [
+    # (routing, tokens, experts, top_k, activation)
+    ("random", 1, 4, 1, "silu"),  # batch 1, top-1
+    ("random", 1, 8, 4, "clamped_swiglu"),  # batch 1, top-k > 1
+    ("random", 7, 5, 2, "silu"),
+    ("random", 9, 3, 3, "clamped_swiglu"),  # every expert every token
+    ("one_expert", 21, 6, 2, "silu"),  # one expert takes 21 rows: two blocks of 16
+    ("two_experts", 5, 9, 2, "clamped_swiglu"),  # seven experts with no token
+]
+
+
+# the sorted regime for every case; the pairwise one where it runs (a few tokens)
+FUSED_CASES = [(c, False) for c in CASES] + [
+    (c, True)
+    for c in CASES
+    if c[1] <= 8  # kernels.moe.PAIRWISE_MAX_TOKENS
+]
+
+
+@pytest.mark.parametrize(
+    "case, pairwise", FUSED_CASES,
+    ids=[f"{'pairwise' if p else 'sorted'}-{c[0]}-{c[1]}x{c[2]}top{c[3]}-{c[4]}"
+         for c, p in FUSED_CASES],
+)  # fmt: skip
+@needs_triton
+def test_fused_experts_match_float64_and_native(case, pairwise):
+    routing, tokens, num_experts, top_k, activation = case
+    w13, w2, b13, b2 = _experts(activation, num_experts)
+    weights, ids = _routing(routing, tokens, num_experts, top_k)
+    x = torch.randn(tokens, w13.shape[2], generator=torch.Generator().manual_seed(1))
+    if activation == "clamped_swiglu":
+        x = 4 * x  # reach the clamps
+    f64 = [None if t is None else t.double() for t in (x, w13, w2, b13, b2, weights)]
+    expected = reference.fused_experts(*f64[:5], f64[5], ids, activation).float()
+    tiles = moe_kernels.MoeTiles(16, 16 if pairwise else 32, 32, 1, 1, pairwise)
+    fused = moe_kernels.fused_experts(x, w13, w2, b13, b2, weights, ids, activation, tiles=tiles)
+    torch.testing.assert_close(fused, expected, atol=2e-4, rtol=2e-4)
+    native = torch.zeros_like(x)
+    native_experts(x, w13, w2, b13, b2, weights, ids, ["silu", "clamped_swiglu"].index(activation),
+                   1.702, 7.0, native)  # fmt: skip
+    torch.testing.assert_close(native, expected, atol=2e-4, rtol=2e-4)
+
+
+@needs_triton
+@pytest.mark.parametrize("block_m", [16, 32])
+@pytest.mark.parametrize("routing", ["random", "one_expert", "two_experts"])
+def test_align_by_expert_invariants(routing, block_m):
+    num_experts, top_k, tokens = 7, 2, 40
+    _, ids = _routing(routing, tokens, num_experts, top_k)
+    sorted_ids, block_expert = moe_kernels.align_by_expert(ids, num_experts, block_m)
+    pairs = tokens * top_k
+    assert sorted_ids.numel() == moe_kernels.sorted_capacity(pairs, num_experts, block_m)
+    assert (
+        sorted_ids.numel() % block_m == 0 and block_expert.numel() == sorted_ids.numel() // block_m
+    )
+    real = sorted_ids[sorted_ids < pairs]
+    assert sorted(real.tolist()) == list(range(pairs))  # every pair exactly once
+    assert ((sorted_ids == pairs) | (sorted_ids < pairs)).all()  # the rest is the sentinel
+    flat = ids.reshape(-1)
+    for b, expert in enumerate(block_expert.tolist()):
+        rows = sorted_ids[b * block_m : (b + 1) * block_m]
+        rows = rows[rows < pairs]
+        if expert < 0:
+            assert rows.numel() == 0
+        else:  # a block holds one expert's pairs, in the order they came (stable)
+            assert rows.numel() > 0 and (flat[rows] == expert).all()
+            assert rows.tolist() == sorted(rows.tolist())
+    counts = torch.bincount(flat, minlength=num_experts)
+    assert (block_expert >= 0).sum() == ((counts + block_m - 1) // block_m).sum()
+
+
+def test_routing_rules():
+    logits = torch.tensor([[0.1, 2.0, -1.0, 1.5], [3.0, 3.5, 0.0, -2.0]])
+    # Qwen3-MoE: softmax over all experts, top-k, renormalised (or not)
+    weights, ids = route(logits, 2, softmax_first=True, renormalize=True)
+    assert ids.tolist() == [[1, 3], [1, 0]]
+    top = torch.softmax(logits, -1).gather(1, ids)
+    torch.testing.assert_close(weights, top / top.sum(-1, keepdim=True))
+    weights, _ = route(logits, 2, softmax_first=True, renormalize=False)
+    torch.testing.assert_close(weights, top)
+    # gpt-oss: top-k of the logits, softmax over those k
+    weights, ids = route(logits, 2, softmax_first=False, renormalize=False)
+    torch.testing.assert_close(weights, torch.softmax(logits.gather(1, ids), -1))
+
+
+def test_dummy_moe_model_builds_and_runs():
+    """--load-format dummy on a preset shrunk to two layers: init and one forward."""
+    config = resolve_model("gpt-oss-20b", "dummy").config.replace(
+        num_hidden_layers=2, layer_types=("sliding_attention", "full_attention"),
+        hidden_size=64, intermediate_size=32, vocab_size=300, num_attention_heads=8,
+        num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
+    )  # fmt: skip
+    from nanograph.loader import init_dummy_weights
+
+    model = build_model(config, torch.float32, CPU)
+    init_dummy_weights(model, seed=0)
+    assert model.model.layers[0].mlp.backend.name == "torch_native"  # auto on CPU
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_transformers_reference_from_our_weights(arch):
+    """``transformers_model(state_dict=model.hf_state_dict())``, the benchmarks' peer and the
+    GPU tests' reference, holds our weights: per-expert names are stacked where transformers
+    holds experts fused, gpt-oss' transposed experts are views."""
+    from test_model_reference import run_chunks
+
+    from nanograph.loader import init_dummy_weights
+    from nanograph.models.reference import transformers_model
+
+    config = ModelConfig.from_hf_dict(TINY[arch])
+    model = build_model(config, torch.float32, CPU)
+    init_dummy_weights(model, seed=1)
+    hf = transformers_model(config, state_dict=model.hf_state_dict())
+    kv = KVCache(config, num_pages=16, page_size=4, dtype=torch.float32, device=CPU)
+    ids = _prompts()[0]
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids])).logits[0]
+    torch.testing.assert_close(run_chunks(model, kv, ids, [len(ids)]), ref, atol=1e-4, rtol=1e-4)
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("experts, top_k", [(6, 2), (5, 5), (128, 8), (32, 4)])
+def test_routing_kernel_matches_torch(experts, top_k, dtype):
+    logits = torch.randn(5, experts, generator=torch.Generator().manual_seed(experts)).to(dtype)
+    for softmax_first, renormalize in ((True, True), (True, False), (False, False)):
+        expected = route(logits, top_k, softmax_first, renormalize)
+        weights, ids = moe_kernels.route(logits, top_k, softmax_first, renormalize)
+        # the same experts; ties aside (none here) torch.topk orders them the same way
+        assert torch.equal(ids, expected[1]), (softmax_first, renormalize)
+        assert weights.dtype == dtype
+        torch.testing.assert_close(weights, expected[0], atol=1e-6, rtol=1e-2 if dtype ==
+                                   torch.bfloat16 else 1e-6)  # fmt: skip
+
+
+def test_transformers5_in_memory_weights_load(hf_models):
+    """A transformers-5 Qwen3-MoE holds its experts fused (``mlp.experts.gate_up_proj``); its
+    ``state_dict()`` loads as well as the per-expert checkpoint."""
+    hf, folder = hf_models["qwen3_moe"]
+    config = read_hf_config(folder)
+    from_folder = build_model(config, torch.float32, CPU)
+    load_weights(from_folder, iter_hf_weights(folder, config), progress=False)
+    in_memory = build_model(config, torch.float32, CPU)
+    load_weights(in_memory, hf.state_dict().items(), progress=False)
+    for (name, a), b in zip(from_folder.named_parameters(), in_memory.parameters()):
+        assert torch.equal(a, b), name
+
+
+def test_unknown_expert_tensor_is_a_clear_error(hf_models):
+    from nanograph.loader import ModelLoadError
+
+    config = read_hf_config(hf_models["qwen3_moe"][1])
+    model = build_model(config, torch.float32, CPU)
+    for name in ("model.layers.0.mlp.experts.1.fc.weight", "model.layers.0.mlp.experts.x.up"):
+        with pytest.raises(ModelLoadError, match="has no place in the model"):
+            load_weights(model, [(name, torch.zeros(1))], progress=False)

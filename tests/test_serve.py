@@ -1,0 +1,381 @@
+"""`nanograph serve` over real HTTP on loopback: SmolLM2 on CPU in a subprocess, driven by the
+official ``openai`` client (and raw httpx where the client would hide the wire format).
+
+References: the same requests through the offline ``LLM`` (greedy), the same request alone,
+streamed against non-streamed, and the KV pool's free count before and after.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from conftest import requires_smollm2
+
+pytest.importorskip("fastapi")
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+from serving import ServerProcess, wait_pages_free  # noqa: E402
+
+from nanograph import LLM, SamplingParams  # noqa: E402
+
+pytestmark = requires_smollm2
+KEY = "test-key"
+MAX_LEN = 512
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+COMPLETION_PROMPT = "The three primary colours are"
+
+
+@pytest.fixture(scope="module")
+def server():
+    server = ServerProcess(
+        "--api-key", KEY, "--max-model-len", str(MAX_LEN), "--quiet", "--shutdown-timeout", "20"
+    )
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=f"{server.base}/v1", api_key=KEY, max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """Offline greedy answers, in one batch: the chat question (16 tokens), a completion (12)."""
+    llm = LLM("smollm2-135m", max_model_len=MAX_LEN, progress=False)
+    chat, completion = llm.generate(
+        [QUESTION, COMPLETION_PROMPT],
+        [
+            SamplingParams(max_tokens=16, temperature=0),
+            SamplingParams(max_tokens=12, temperature=0),
+        ],
+    )
+    return {"chat": chat, "completion": completion}
+
+
+def test_models_and_health(server, client):
+    assert [m.id for m in client.models.list().data] == ["smollm2-135m"]
+    health = wait_pages_free(server.base)
+    assert health["status"] == "ok" and health["kv_pages_total"] > 0
+
+
+def test_chat_matches_offline_and_stream_matches_whole(client, reference):
+    expected = reference["chat"]
+    whole = client.chat.completions.create(
+        model="smollm2-135m", messages=QUESTION, max_tokens=16, temperature=0
+    )
+    assert whole.choices[0].message.content == expected.text
+    assert whole.choices[0].finish_reason == expected.finish_reason
+    assert whole.usage.prompt_tokens == len(expected.prompt_token_ids)
+    assert whole.usage.completion_tokens == len(expected.token_ids)
+    chunks = list(
+        client.chat.completions.create(
+            messages=QUESTION,
+            model="smollm2-135m",
+            max_completion_tokens=16,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == expected.text
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == expected.finish_reason
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == len(
+        expected.token_ids
+    )
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_completions_text_and_token_ids(client, reference, server):
+    prompt = COMPLETION_PROMPT
+    expected = reference["completion"]
+    whole = client.completions.create(
+        model="smollm2-135m", prompt=prompt, max_tokens=12, temperature=0
+    )
+    assert whole.choices[0].text == expected.text
+    ids = client.completions.create(
+        model="smollm2-135m", prompt=expected.prompt_token_ids, max_tokens=12, temperature=0
+    )
+    assert ids.choices[0].text == expected.text
+    # the wire format ends with OpenAI's sentinel; return_token_ids carries the exact tokens
+    body = {
+        "prompt": prompt,
+        "max_tokens": 12,
+        "temperature": 0,
+        "stream": True,
+        "return_token_ids": True,
+    }
+    r = httpx.post(f"{server.base}/v1/completions", json=body, headers=_auth(), timeout=60)
+    events = [line[6:] for line in r.text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    choices = [json.loads(e)["choices"][0] for e in events[:-1]]
+    assert "".join(c["text"] for c in choices) == expected.text
+    assert [t for c in choices for t in c.get("token_ids", [])] == expected.token_ids
+
+
+def test_stop_strings_never_stream_out(client, reference):
+    full = reference["chat"].text
+    stop = "of"  # inside the greedy answer ("The capital of France is Paris.")
+    assert stop in full
+    kwargs = dict(
+        model="smollm2-135m",
+        messages=QUESTION,
+        max_tokens=16,
+        temperature=0,
+        stop=[stop, "zzz-not-there"],
+    )
+    whole = client.chat.completions.create(**kwargs).choices[0]
+    assert whole.message.content == full[: full.index(stop)] and whole.finish_reason == "stop"
+    chunks = [
+        c.choices[0].delta.content or ""
+        for c in client.chat.completions.create(stream=True, **kwargs)
+        if c.choices
+    ]
+    assert "".join(chunks) == whole.message.content
+    assert all(stop not in chunk for chunk in chunks)
+
+
+def test_seeded_sampling_is_reproducible(client):
+    kwargs = dict(
+        model="smollm2-135m",
+        messages=QUESTION,
+        max_tokens=12,
+        temperature=0.9,
+        top_p=0.95,
+        seed=1234,
+        extra_body={"top_k": 40, "min_p": 0.01},
+    )
+    first = client.chat.completions.create(**kwargs).choices[0].message.content
+    second = client.chat.completions.create(**kwargs).choices[0].message.content
+    assert first == second
+    streamed = "".join(
+        c.choices[0].delta.content or ""
+        for c in client.chat.completions.create(stream=True, **kwargs)
+        if c.choices
+    )
+    assert streamed == first
+
+
+def test_eight_concurrent_requests_equal_each_alone(server, client):
+    prompts = [f"Count from {i} to {i + 5}:" for i in range(8)]
+    alone = [
+        client.completions.create(model="smollm2-135m", prompt=p, max_tokens=8, temperature=0)
+        .choices[0]
+        .text
+        for p in prompts
+    ]
+
+    async def together():
+        aclient = openai.AsyncOpenAI(
+            base_url=f"{server.base}/v1", api_key=KEY, max_retries=0, timeout=60
+        )
+        async with aclient:
+            calls = [
+                aclient.completions.create(
+                    model="smollm2-135m", prompt=p, max_tokens=8, temperature=0, stream=i % 2 == 1
+                )
+                for i, p in enumerate(prompts)
+            ]
+            results = await asyncio.gather(*calls)
+            texts = []
+            for r in results:
+                if isinstance(r, openai.AsyncStream):
+                    texts.append("".join([c.choices[0].text async for c in r]))
+                else:
+                    texts.append(r.choices[0].text)
+            return texts
+
+    assert asyncio.run(asyncio.wait_for(together(), 90)) == alone
+    wait_pages_free(server.base)
+
+
+def test_cancelled_stream_frees_its_pages(server, client):
+    start = wait_pages_free(server.base)
+    stream = client.chat.completions.create(
+        model="smollm2-135m",
+        messages=QUESTION,
+        max_tokens=400,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
+    for _, _chunk in zip(range(3), stream):
+        pass
+    stream.close()  # the client goes away mid-stream
+    assert wait_pages_free(server.base)["kv_pages_available"] == start["kv_pages_available"]
+    # a non-streamed request whose client gives up is aborted too
+    body = {"messages": QUESTION, "max_tokens": 400, "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{server.base}/v1/chat/completions", json=body, headers=_auth(), timeout=1.0)
+    assert wait_pages_free(server.base)["kv_pages_available"] == start["kv_pages_available"]
+    aborted = _metric(server, "nanograph_requests_finished_total", reason="abort")
+    assert aborted >= 2
+
+
+BAD = [  # (body or raw bytes, endpoint, status, param)
+    (b"{not json", "chat/completions", 400, None),
+    (b"[1, 2]", "chat/completions", 400, None),
+    ({"messages": QUESTION, "temperature": "hot"}, "chat/completions", 400, "temperature"),
+    ({"messages": QUESTION, "max_tokens": True}, "chat/completions", 400, "max_tokens"),
+    ({"messages": "hello"}, "chat/completions", 400, "messages"),
+    ({"messages": []}, "chat/completions", 400, "messages"),
+    ({"messages": [{"role": "user"}]}, "chat/completions", 400, "messages"),
+    (
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+        "chat/completions",
+        400,
+        "messages[0].content",
+    ),
+    ({"messages": QUESTION, "max_tokens": 0}, "chat/completions", 400, "max_tokens"),
+    (
+        {"messages": QUESTION, "max_completion_tokens": -3},
+        "chat/completions",
+        400,
+        "max_completion_tokens",
+    ),
+    ({"messages": QUESTION, "temperature": -0.5}, "chat/completions", 400, "temperature"),
+    ({"messages": QUESTION, "top_p": 0}, "chat/completions", 400, "top_p"),
+    ({"messages": QUESTION, "n": 2}, "chat/completions", 400, "n"),
+    ({"messages": QUESTION, "logprobs": True}, "chat/completions", 400, "logprobs"),
+    ({"messages": QUESTION, "model": "gpt-4"}, "chat/completions", 404, "model"),
+    ({"prompt": "word " * (MAX_LEN + 10)}, "completions", 400, "prompt"),
+    ({"prompt": [1, 2, 10**9]}, "completions", 400, "prompt"),
+    ({"prompt": [1, -5]}, "completions", 400, "prompt"),
+    ({"prompt": ["a", "b"]}, "completions", 400, "prompt"),
+    ({"prompt": ""}, "completions", 400, "prompt"),
+    ({"prompt": "hi", "stop": [""]}, "completions", 400, "stop"),
+    ({"prompt": "hi", "seed": 2**70}, "completions", 400, "seed"),
+    ({}, "completions", 400, "prompt"),
+]
+
+
+@pytest.mark.parametrize("body,endpoint,status,param", BAD)
+def test_bad_input_gets_a_4xx_with_an_openai_error(server, body, endpoint, status, param):
+    kwargs = {"content": body} if isinstance(body, bytes) else {"json": body}
+    r = httpx.post(f"{server.base}/v1/{endpoint}", headers=_auth(), timeout=30, **kwargs)
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    assert error["param"] == param
+
+
+def test_wrong_api_key_and_server_keeps_serving(server, client):
+    bad = openai.OpenAI(base_url=f"{server.base}/v1", api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.chat.completions.create(model="smollm2-135m", messages=QUESTION, max_tokens=2)
+    r = httpx.get(f"{server.base}/v1/models", timeout=10)  # no key at all
+    assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    ok = client.chat.completions.create(model="smollm2-135m", messages=QUESTION, max_tokens=2)
+    assert ok.choices[0].finish_reason == "length"
+    wait_pages_free(server.base)
+
+
+def test_metrics_parse(server):
+    families = {
+        f.name: f
+        for f in text_string_to_metric_families(
+            httpx.get(f"{server.base}/metrics", timeout=10).text
+        )
+    }
+    for name in (
+        "nanograph_requests_running",
+        "nanograph_requests_waiting",
+        "nanograph_kv_pages_used",
+        "nanograph_prompt_tokens",
+        "nanograph_generation_tokens",
+        "nanograph_forwards",
+        "nanograph_time_to_first_token_seconds",
+        "nanograph_inter_token_latency_seconds",
+    ):
+        assert name in families, name
+    forwards = {
+        (s.labels["path"], s.labels["kind"]): s.value
+        for s in families["nanograph_forwards"].samples
+    }
+    assert forwards[("decode", "eager")] > 0 and forwards[("decode", "graph")] == 0  # CPU: eager
+    assert _metric(server, "nanograph_time_to_first_token_seconds_count") > 0
+    assert _metric(server, "nanograph_requests_rejected_total", status="400") > 0
+
+
+def test_bench_serve_reports_every_field(server, tmp_path):
+    from nanograph.bench.serve import main
+
+    out = tmp_path / "serve.json"
+    argv = [
+        "--base-url",
+        server.base,
+        "--api-key",
+        KEY,
+        "--dataset",
+        "random,sharegpt",
+        "--request-rate",
+        "inf,20",
+        "--max-concurrency",
+        "2,0",
+        "--num-prompts",
+        "3",
+        "--input-len",
+        "8",
+        "--output-len",
+        "3",
+        "--max-input-len",
+        "16",
+        "--max-output-len",
+        "3",
+        "--warmup",
+        "1",
+        "--request-timeout",
+        "60",
+        "--out",
+        str(out),
+    ]
+    assert main(argv) == 0
+    report = json.loads(out.read_text())
+    assert {"env", "config", "workloads", "points"} <= set(report)
+    assert set(report["workloads"]) == {"random", "sharegpt"}
+    stats = {"mean", "median", "p90", "p99"}
+    for point, dataset in zip(report["points"], ["random", "sharegpt"]):
+        assert point["dataset"] == dataset and point["completed"] == 3 and point["failed"] == 0
+        for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
+            assert set(point[key]) == stats
+        for key in ("request_throughput", "input_throughput", "output_throughput", "duration_s"):
+            assert point[key] > 0
+        assert point["forwards"]["decode_eager"] > 0
+    # ignore_eos: every request produced exactly its output length
+    assert report["points"][0]["total_output_tokens"] == 3 * 3
+    assert report["points"][0]["total_input_tokens"] == 3 * 8
+
+
+def test_sigterm_exits_cleanly_after_finishing_in_flight(server):
+    """The last test: SIGTERM while a request streams; it completes, then the process exits 0."""
+    body = {"prompt": "Once upon a time", "max_tokens": 24, "ignore_eos": True, "stream": True}
+    with httpx.stream(
+        "POST", f"{server.base}/v1/completions", json=body, headers=_auth(), timeout=60
+    ) as r:
+        lines = r.iter_lines()
+        next(line for line in lines if line.startswith("data: "))
+        server.proc.send_signal(15)
+        rest = [line for line in lines if line.startswith("data: ")]
+    assert rest[-1] == "data: [DONE]"
+    assert json.loads(rest[-2][6:])["choices"][0]["finish_reason"] == "length"
+    assert server.stop() == 0
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"{server.base}/health", timeout=2)
+
+
+def _auth() -> dict[str, str]:
+    return {"Authorization": f"Bearer {KEY}"}
+
+
+def _metric(server, name: str, **labels) -> float:
+    text = httpx.get(f"{server.base}/metrics", timeout=10).text
+    return sum(
+        s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
+    )

@@ -1,0 +1,233 @@
+"""The server in-process on a tiny random Qwen3 (token-id prompts): an internal error fails one
+request only, a full queue answers 503, and arbitrary request bodies mixed with valid ones
+(hypothesis) leave valid requests with the tokens they get alone and the KV pool as it was.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+
+import pytest
+
+pytest.importorskip("fastapi")
+httpx = pytest.importorskip("httpx")
+import uvicorn  # noqa: E402
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from serving import free_port, health, wait_pages_free, wait_until  # noqa: E402
+
+from nanograph import LLM, SamplingParams  # noqa: E402
+from nanograph.engine.config import EngineConfig  # noqa: E402
+from nanograph.engine.engine import Engine  # noqa: E402
+from nanograph.engine.front import EngineFront  # noqa: E402
+from nanograph.serve.app import build_app  # noqa: E402
+
+POISON = [255, 0, 255, 0]  # a prompt holding these tokens makes the forward raise
+VOCAB = 255  # valid prompts stay below 255, so only the poisoned prompt holds the pattern
+ENGINE = dict(page_size=4, kv_cache_bytes=8 * 2**20, max_num_seqs=4, progress=False)
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model_dir):
+    return str(tiny_model_dir("qwen3"))
+
+
+@pytest.fixture(scope="module")
+def reference(tiny):
+    llm = LLM(tiny, **ENGINE)
+    cache: dict = {}
+
+    def tokens(prompt: list[int], max_tokens: int) -> list[int]:
+        key = (tuple(prompt), max_tokens)
+        if key not in cache:
+            params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+            cache[key] = llm.generate([prompt], params)[0].token_ids
+        return cache[key]
+
+    return tokens
+
+
+@pytest.fixture(scope="module")
+def server(tiny):
+    engine = Engine(EngineConfig(model=tiny, **ENGINE))
+    forward = engine.runner.forward
+
+    def faulty_forward(batch, in_flight=None):
+        ids, n = batch.input_ids, len(POISON)
+        if any(ids[i : i + n] == POISON for i in range(len(ids) - n + 1)):
+            raise RuntimeError("injected fault")
+        return forward(batch, in_flight)
+
+    engine.runner.forward = faulty_forward
+    front = EngineFront(engine)
+    port = free_port()
+    config = uvicorn.Config(
+        build_app(front, "tiny"), host="127.0.0.1", port=port, log_level="error"
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    base = f"http://127.0.0.1:{port}"
+    wait_until(lambda: health(base), 60, "the in-process server")
+    yield base, front
+    server.should_exit = True
+    thread.join(30)
+    assert not front.running
+
+
+def _body(prompt, max_tokens, stream=False) -> dict:
+    return {
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "return_token_ids": True,
+        "stream": stream,
+    }
+
+
+def _tokens(response: httpx.Response, stream: bool) -> list[int]:
+    if not stream:
+        return response.json()["choices"][0]["token_ids"]
+    events = [line[6:] for line in response.text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    return [t for e in events[:-1] for t in json.loads(e)["choices"][0].get("token_ids", [])]
+
+
+async def _post_all(base: str, bodies: list) -> list[httpx.Response]:
+    async with httpx.AsyncClient(base_url=base, timeout=60) as client:
+        calls = [
+            client.post("/v1/completions", content=b if isinstance(b, bytes) else json.dumps(b))
+            for b in bodies
+        ]
+        return await asyncio.wait_for(asyncio.gather(*calls), 120)
+
+
+def test_internal_error_fails_that_request_only(server, reference):
+    base, _ = server
+    start = wait_pages_free(base)
+    good = [[1, 2, 3, 4, 5], [7] * 11, [9, 8]]
+    bodies = [
+        _body(good[0], 6),
+        _body([3, *POISON, 4], 6),
+        _body(good[1], 6, stream=True),
+        _body(good[2], 6),
+    ]
+    responses = asyncio.run(_post_all(base, bodies))
+    assert responses[1].status_code == 500
+    assert responses[1].json()["error"]["type"] == "server_error"
+    for prompt, r, stream in zip(
+        good, [responses[0], responses[2], responses[3]], [False, True, False]
+    ):
+        assert r.status_code == 200 and _tokens(r, stream) == reference(prompt, 6)
+    assert wait_pages_free(base)["kv_pages_available"] == start["kv_pages_available"]
+
+
+def test_full_queue_answers_503_with_retry_after(server, reference):
+    base, front = server
+    front.max_queue = 0  # nothing may wait: every request is refused before it is enqueued
+    try:
+        r = httpx.post(f"{base}/v1/completions", json=_body([1, 2], 2), timeout=30)
+    finally:
+        front.max_queue = 1024
+    assert r.status_code == 503 and r.headers["retry-after"] == "1"
+    assert r.json()["error"]["code"] == "queue_full"
+    r = httpx.post(f"{base}/v1/completions", json=_body([1, 2], 2), timeout=30)
+    assert r.status_code == 200 and r.json()["choices"][0]["token_ids"] == reference([1, 2], 2)
+
+
+FIELDS = [
+    "prompt",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "stop",
+    "n",
+    "stream",
+    "ignore_eos",
+    "stop_token_ids",
+    "model",
+    "logprobs",
+    "messages",
+]
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**65), 2**65)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=8),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=4), children, max_size=3)
+    ),
+    max_leaves=8,
+)
+valid = st.builds(
+    lambda p, m, s: ("valid", p, m, s),
+    st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=24),
+    st.integers(1, 6),
+    st.booleans(),
+)
+arbitrary = st.one_of(
+    st.dictionaries(st.sampled_from(FIELDS), json_values, max_size=5),
+    st.fixed_dictionaries(
+        {"prompt": st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=4)},
+        optional={f: json_values for f in FIELDS[1:]},
+    ),
+    json_values,
+    st.binary(max_size=16),
+).map(lambda body: ("arbitrary", body))
+
+
+@settings(
+    max_examples=12,
+    derandomize=True,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(st.lists(valid | arbitrary, min_size=1, max_size=6))
+def test_arbitrary_bodies_mixed_with_valid_requests(server, reference, requests):
+    base, _ = server
+    start = wait_pages_free(base)
+    bodies = [_body(r[1], r[2], r[3]) if r[0] == "valid" else r[1] for r in requests]
+    responses = asyncio.run(_post_all(base, bodies))
+    for request, r in zip(requests, responses):
+        if request[0] == "valid":
+            assert r.status_code == 200, r.text
+            assert _tokens(r, request[3]) == reference(request[1], request[2])
+        else:
+            assert r.status_code == 200 or 400 <= r.status_code < 500, r.text
+            if r.status_code != 200:
+                assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+    assert wait_pages_free(base)["kv_pages_available"] == start["kv_pages_available"]
+
+
+def test_server_imports_nothing_below_the_engine():
+    """DESIGN.md: serve/ talks to the engine's front, never to runners, graphs or models."""
+    import ast
+    from pathlib import Path
+
+    import nanograph.serve
+
+    below = (
+        "nanograph.runners",
+        "nanograph.graph",
+        "nanograph.models",
+        "nanograph.attention",
+        "nanograph.kernels",
+        "nanograph.layers",
+        "nanograph.loader",
+    )
+    for path in Path(nanograph.serve.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom | ast.Import):
+                names = (
+                    [node.module]
+                    if isinstance(node, ast.ImportFrom)
+                    else [a.name for a in node.names]
+                )
+                assert not any(n and n.startswith(below) for n in names), (path.name, names)
