@@ -55,7 +55,7 @@ def test_graph_arms_are_refused_on_cpu_in_one_line(argv, capsys, tmp_path):
 
 
 @needs_no_cuda
-@pytest.mark.parametrize("bench", ["build", "memory", "attention", "graph", "gemv"])
+@pytest.mark.parametrize("bench", ["build", "memory", "attention", "graph", "gemv", "coverage"])
 def test_cuda_only_benches_refuse_on_cpu_in_one_line(bench, capsys, tmp_path):
     out = tmp_path / "out.json"
     assert main(["bench", bench, "--out", str(out)]) == 2
