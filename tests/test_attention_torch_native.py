@@ -1,6 +1,7 @@
 """torch-native attention against the float64 reference, in every causality case it takes:
 a prefill without prefix (SDPA's is_causal), a chunk after a cached prefix (a mask), a single
-query (no mask), and zero-length sentinel slots, in one mixed batch over scattered pages."""
+query (no mask), and zero-length sentinel slots, in one mixed batch over scattered pages; with
+and without a sliding window and attention sinks."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from nanograph.kernels.testing import make_paged_batch
 
 
 @pytest.mark.parametrize("heads", [(4, 4), (6, 2)])  # MHA and GQA
-def test_torch_native_matches_float64_reference(heads):
+@pytest.mark.parametrize("window, with_sinks", [(0, False), (6, False), (0, True), (6, True)])
+def test_torch_native_matches_float64_reference(heads, window, with_sinks):
     num_q_heads, num_kv_heads = heads
     # prefill of 13 (no prefix), 5 after 9 cached, one decode token after 20, one 1-token prompt
     context, new = [0, 9, 20, 0], [13, 5, 1, 1]
@@ -28,10 +30,19 @@ def test_torch_native_matches_float64_reference(heads):
         query_lens_cpu=[*new, 0, 0],
     )  # fmt: skip
     scale = 16**-0.5
+    sinks = torch.randn(num_q_heads, generator=torch.Generator().manual_seed(3))
+    sinks = sinks if with_sinks else None
     out = torch.zeros_like(b.q)
-    TorchNativeAttention().forward(b.q, b.k_cache, b.v_cache, meta, scale, out)
+    TorchNativeAttention().forward(b.q, b.k_cache, b.v_cache, meta, scale, out, window, sinks)
     ref = reference.paged_attention(
-        b.q.double(), b.k_cache.double(), b.v_cache.double(), *b.metadata(), b.page_size, scale
+        b.q.double(),
+        b.k_cache.double(),
+        b.v_cache.double(),
+        *b.metadata(),
+        b.page_size,
+        scale,
+        sliding_window=window,
+        sinks=None if sinks is None else sinks.double(),
     )
     torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
     assert out[sum(new) :].abs().sum() == 0  # padded rows untouched
