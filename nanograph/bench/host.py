@@ -40,7 +40,7 @@ def engine_for(model: str, workload: str, arm: str, tokens: int, batch: int, new
     return LLM(
         model, load_format="dummy", decode_cuda_graph=graph_flag(arm), prefill_cuda_graph="none",
         cuda_graph_bs=(batch,), max_num_seqs=batch, max_model_len=tokens + new_tokens + 16,
-        progress=False,
+        progress=False, disable_prefix_caching=True,  # repeated prompts must be recomputed
     )  # fmt: skip
 
 

@@ -50,7 +50,9 @@ def engine_for(model: str, arm: str, lengths: list[int], load_format: str = "dum
         model, load_format=load_format, decode_cuda_graph="none",
         prefill_cuda_graph=graph_flag(arm),
         prefill_graph_tokens=tuple(lengths), chunked_prefill_size=max(lengths),
-        max_num_seqs=2, max_model_len=max(lengths) + 16, progress=False, **extra,
+        max_num_seqs=2, max_model_len=max(lengths) + 16, progress=False,
+        disable_prefix_caching=True,  # the same prompt repeats: every call must compute it all
+        **extra,
     )  # fmt: skip
 
 
