@@ -98,3 +98,10 @@ def test_bench_prefill_on_cpu_runs_eager_and_a_fair_peer(tiny_model_dir, tmp_pat
     assert set(entry["speedup_over_peer"]["eager"]) == {"8", "24"}
     if importlib.util.find_spec("matplotlib"):
         assert list(tmp_path.glob("prefill_tiny-llama*.png"))
+
+
+def test_bench_prefill_engine_recomputes_a_repeated_prompt(tiny_model_dir):
+    from nanograph.bench.prefill import engine_for
+
+    llm = engine_for(str(tiny_model_dir("llama")), "eager", [8, 16])
+    assert llm.engine.config.disable_prefix_caching  # else every repeat is a cache hit
