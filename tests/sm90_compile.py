@@ -45,8 +45,6 @@ class CompileOnly:
             }
             if "PDL" in kwargs:  # CPU tensors here; on a GPU the PDL branches are the ones run
                 kwargs["PDL"] = options["launch_pdl"] = True
-            if kwargs.get("DOT_PRECISION") == "ieee":  # fp32 on CPU tensors; a GPU launches
-                kwargs["DOT_PRECISION"] = "tf32x3"
             values = dict(zip(self.kernel.arg_names, args))
             values.update(kwargs)
             signature, constexprs, attrs = {}, {}, {}

@@ -269,3 +269,14 @@ def test_one_compile_serves_every_shape_of_a_runner(llm, compile_backend):
             got = trace_and_split(forward, compiler)()
         torch.testing.assert_close(got[: batch.num_tokens], expected[: batch.num_tokens])
     assert compiler.compiles == 2
+
+
+def test_prefill_shapes_above_the_context_capture_over_several_slots(llm):
+    """A token bucket larger than one request's context (chunked_prefill_size above
+    max_model_len) is captured with its tokens spread over the request slots; a bucket that no
+    batch can reach is refused (the engine leaves such buckets out of its ladder)."""
+    context = llm.engine.max_model_len
+    runner = make_runner(llm, "prefill", prefill_shapes([2 * context + 16], slots=3))
+    assert not runner.failed and len(runner.graphs) == 1
+    with pytest.raises(ValueError, match="more tokens than 3 requests"):
+        make_runner(llm, "prefill", prefill_shapes([3 * context + 16], slots=3))

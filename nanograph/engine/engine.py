@@ -191,7 +191,9 @@ class Engine:
             max_bs = min(cfg.cuda_graph_max_bs, cfg.max_num_seqs)
             return decode_shapes(list(cfg.cuda_graph_bs or decode_batch_sizes(max_bs)))
         tokens = cfg.prefill_graph_tokens or prefill_token_buckets(cfg.chunked_prefill_size)
-        return prefill_shapes(list(tokens), cfg.prefill_graph_slots)
+        # a forward never holds more tokens than its request slots can bring at full context
+        reachable = cfg.prefill_graph_slots * self.max_model_len
+        return prefill_shapes([t for t in tokens if t <= reachable], cfg.prefill_graph_slots)
 
     def _graph_runner(
         self, path: str, backend: str, kv: KVCache, shapes: list[ShapeKey]

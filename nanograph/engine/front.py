@@ -118,6 +118,13 @@ class EngineFront:
     def __init__(self, engine: Engine, max_queue: int = 1024) -> None:
         self._engine = engine
         self.max_queue = max_queue
+        # "cuda" names the constructing thread's current device; the engine thread must use it
+        # too (torch.cuda.set_device refuses a device without an index)
+        self._device_index = (
+            (engine.device.index if engine.device.index is not None
+             else torch.cuda.current_device())
+            if engine.device.type == "cuda" else None
+        )  # fmt: skip
         self.tokenizer: Tokenizer | None = engine.tokenizer
         self.max_model_len = engine.max_model_len
         self._commands: queue.SimpleQueue[tuple[str, object]] = queue.SimpleQueue()
@@ -169,8 +176,8 @@ class EngineFront:
     # ---- engine thread ---------------------------------------------------------------------
     def _run(self) -> None:
         engine = self._engine
-        if engine.device.type == "cuda":
-            torch.cuda.set_device(engine.device)
+        if engine.device.type == "cuda":  # the current device is per thread
+            torch.cuda.set_device(self._device_index)
         deadline: float | None = None
         while True:
             block = not engine.has_work() and deadline is None

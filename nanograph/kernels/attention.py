@@ -426,16 +426,6 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def _dot_precision(q: torch.Tensor) -> str | None:
-    """16-bit inputs: the default. fp32 inputs: products near fp32 accuracy. On a GPU that is
-    tf32x3 (three tensor-core products, ~1e-6 relative): "ieee" compiles the dots to FMA loops,
-    which took Triton minutes per launch configuration on the H200, on a request's path. The
-    interpreter (CPU tests, references) computes exact fp32 products."""
-    if q.dtype != torch.float32:
-        return None
-    return "tf32x3" if q.is_cuda else "ieee"
-
-
 def _next_pow2(x: int) -> int:
     return 1 << max(x - 1, 0).bit_length()
 
@@ -601,7 +591,9 @@ def paged_attention(
             USE_WINDOW=sliding_window > 0,
             USE_SOFTCAP=use_softcap,
             HAS_SINKS=sinks is not None,
-            DOT_PRECISION=_dot_precision(q),
+            # fp32 inputs: exact products (tests, references). tf32x3 compiles faster but its
+            # tiles overflow shared memory on the H200 (262,400 of 232,448 bytes, e13b5e9)
+            DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,
             PDL=pdl.enabled(q),
             num_warps=tiles.num_warps,
             num_stages=tiles.num_stages,

@@ -247,10 +247,9 @@ def _grouped_gemm(
         dict(
             A_ROW_DIV=a_row_div, ACT=act, HAS_BIAS=bias is not None, MUL_WEIGHT=mul_weight,
             BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
-            # fp32: tf32x3 on a GPU ("ieee" compiles to FMA loops, minutes per variant, see
-            # kernels.attention), exact products in the interpreter; 16-bit: the default
-            DOT_PRECISION=(("tf32x3" if a.is_cuda else "ieee") if a.dtype == torch.float32
-                           else None),
+            # fp32: exact products, as kernels.attention (tf32x3 tiles overflowed shared memory
+            # there on the H200); 16-bit: the default
+            DOT_PRECISION="ieee" if a.dtype == torch.float32 else None,
             num_warps=tiles.num_warps, num_stages=tiles.num_stages,
         ),
     )  # fmt: skip

@@ -140,8 +140,14 @@ class GraphRunner:
         page = self.static.page_size
         if self.path == "decode":
             per_request = [1] * shape.num_slots
-        else:
-            per_request = [shape.num_tokens]
+        else:  # no request longer than the context: spread the tokens over the slots
+            cap, n = self.static.max_pages * page, shape.num_tokens
+            per_request = [cap] * (n // cap) + ([n % cap] if n % cap else [])
+            if len(per_request) > shape.num_slots:
+                raise ValueError(
+                    f"prefill shape {shape} holds more tokens than {shape.num_slots} requests "
+                    f"of at most {cap} tokens can bring"
+                )
         tokens = sum(per_request)
         return ForwardBatch(
             input_ids=[0] * tokens,
