@@ -15,7 +15,9 @@
 #   roofline on qwen3-30b-a3b, native-MoE prefill breakable vs eager), moe-coverage (the
 #   `bench coverage` table: model x MoE backend x graph backend x path), serve (`bench serve`
 #   against `nanograph serve`: arms, request-rate sweeps and the offline comparisons; needs the
-#   wheels of benchmarks/serve_wheels.txt in $SERVE_WHEELS, default shared/serve_wheels).
+#   wheels of benchmarks/serve_wheels.txt in $SERVE_WHEELS, default shared/serve_wheels),
+#   fair-peer (prefill against the transformers peer with logits_to_keep=1 and its recorded
+#   attention, and the decode roofline from this device's measured copy bandwidth).
 # Run from the repo root; logs and JSON land in OUTDIR (copy them to benchmarks/results/).
 # Export NANOGRAPH_COMMIT=<short hash> first: the device copy's .git can be stale.
 set -uo pipefail
@@ -52,14 +54,14 @@ case $stage in
       --repeats 5 --out "$out/prefill.json" 2>&1 | tee "$out/prefill.log" ;;
   bench-decode)
     python3 -m nanograph bench decode --models "${MODELS:-qwen3-0.6b,qwen3-8b}" \
-      --arms "${ARMS:-none,full,breakable}" --transformers \
+      --arms "${ARMS:-eager,full,breakable}" --transformers \
       --out "$out/decode.json" 2>&1 | tee "$out/decode.log" ;;
   bench-misc)
     python3 -m nanograph bench build --out "$out/build.json" 2>&1 | tee "$out/build.log"
     python3 -m nanograph bench memory --out "$out/memory.json" 2>&1 | tee "$out/memory.log"
     python3 -m nanograph bench size --out "$out/size.json" 2>&1 | tee "$out/size.log" ;;
   report)
-    python3 -m nanograph bench decode --models qwen3-8b --arms none --batches 1,64 \
+    python3 -m nanograph bench decode --models qwen3-8b --arms eager --batches 1,64 \
       --out "$out/report_decode.json" 2>&1 | tee "$out/report.log"
     python3 -m nanograph bench prefill --models qwen3-8b --arms eager --lengths 2048 \
       --peer-lengths '' --out "$out/report_prefill.json" 2>&1 | tee -a "$out/report.log"
@@ -77,7 +79,7 @@ case $stage in
     # decode full and eager after the scheduler fix and LaunchCache)
     timeout 300 python3 -m nanograph bench prefill --models qwen3-8b --lengths 256,512,1024,2048 \
       --peer-lengths 256 --repeats 5 --out "$out/prefill_8b.json" 2>&1 | tee "$out/prefill_8b.log"
-    timeout 280 python3 -m nanograph bench decode --models qwen3-0.6b,qwen3-8b --arms full,none \
+    timeout 280 python3 -m nanograph bench decode --models qwen3-0.6b,qwen3-8b --arms full,eager \
       --batches 1,8,32,128 --repeats 3 --out "$out/decode.json" 2>&1 | tee "$out/decode.log" ;;
   sweep-32k)  # ~4 min: launch configurations of the 1 x 32k decode (the kernels issue's gap):
     # BLOCK_N x splits (8-128) x page-id prefetch x stages x warps, best first within 200 s
@@ -181,5 +183,13 @@ case $stage in
     timeout 470 python3 -m nanograph bench coverage \
       --models "${MODELS:-qwen3-8b,qwen3-30b-a3b,gpt-oss-20b}" \
       --out "$out/coverage${SUFFIX:-}.json" 2>&1 | grep -v "^INFO" | tee "$out/coverage${SUFFIX:-}.log" ;;
+  fair-peer)  # ~8 min: prefill eager and full against the fair peer (compiled transformers,
+    # sdpa, last-token logits) at 256 / 2k / 8k; the decode roofline of this device, measured
+    timeout 400 python3 -m nanograph bench prefill --models qwen3-0.6b --lengths 256,2048,8192 \
+      --arms eager,full --peer-lengths 256,2048,8192 --repeats 5 --out "$out/prefill_fair.json" \
+      2>&1 | grep -v "^INFO" | tee "$out/prefill_fair.log"
+    timeout 120 python3 -m nanograph bench decode --models qwen3-0.6b --arms eager,full \
+      --batches 1 --repeats 3 --out "$out/decode_roofline.json" 2>&1 | grep -v "^INFO" \
+      | tee "$out/decode_roofline.log" ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;
 esac

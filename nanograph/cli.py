@@ -269,8 +269,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser(
         "bench", help="benchmarks: " + ", ".join(BENCHES),
-        description="Speed and memory benchmarks; each writes JSON (and a figure) under "
-        "benchmarks/results/. `nanograph bench NAME --help` lists a benchmark's options.",
+        description="Speed and memory benchmarks; each writes JSON (and a figure) to its --out "
+        "path, by default under ./bench-out/ (git-ignored; committed results live in "
+        "benchmarks/results/). Benches that need CUDA, and graph arms, are refused on a "
+        "machine without it. `nanograph bench NAME --help` lists a benchmark's options.",
     )  # fmt: skip
     bench.add_argument("name", choices=sorted(BENCHES))
     bench.add_argument("args", nargs=argparse.REMAINDER, help="options of the benchmark")

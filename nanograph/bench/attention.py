@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
@@ -27,7 +26,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from nanograph.bench.common import environment, graphed_samples, median
+from nanograph.bench.common import (
+    DEFAULT_OUT_DIR,
+    environment,
+    graphed_samples,
+    median,
+    require_cuda,
+)
 from nanograph.kernels.testing import PagedBatch, make_paged_batch
 
 HEADS = {"num_q_heads": 32, "num_kv_heads": 8, "head_dim": 128}
@@ -214,7 +219,7 @@ def _sweep(case: Case, batch: PagedBatch, rep_ms: int, deadline: float) -> list[
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="nanograph bench attention", description=__doc__)
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/attention.json"))
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT_DIR / "attention.json")
     parser.add_argument("--rep-ms", type=int, default=200, help="sampling time per measurement")
     parser.add_argument("--sweep", action="store_true", help="also time launch configurations")
     parser.add_argument("--sweep-seconds", type=float, default=120.0)
@@ -233,9 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown cases {unknown}: choose from {[c.name for c in CASES]}")
     cases = [c for c in CASES if c.name in names]
-    if not torch.cuda.is_available():
-        print("bench attention needs a CUDA device", file=sys.stderr)
-        return 2
+    require_cuda("attention")
     if args.launch_only:
         for case in cases:
             run = _triton_fn(case, _paged_batch(case))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from nanograph.bench.common import environment, free_engine, write
+from nanograph.bench.common import default_out, environment, free_engine, require_cuda, write
 
 BACKENDS = ("full", "breakable", "tc_piecewise")
 
@@ -45,8 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backends", default=",".join(BACKENDS))
     parser.add_argument("--chunk", type=int, default=8192)
     parser.add_argument("--tokens", default="", help="ladder override (default: ~40 buckets)")
-    parser.add_argument("--out", default="benchmarks/results/build.json")
+    parser.add_argument("--out", default=default_out("build.json"))
     args = parser.parse_args(argv)
+    require_cuda("build")  # it times graph capture
     tokens = tuple(int(t) for t in args.tokens.split(",")) if args.tokens else None
     report = {"bench": "build", "env": environment(), "config": vars(args), "models": {}}
     for model in args.models.split(","):

@@ -1,4 +1,16 @@
-"""What every engine benchmark shares: environment record, medians, JSON + figure output."""
+"""What every engine benchmark shares: environment record, arm names, device checks, measured
+copy bandwidth, medians, JSON + figure output.
+
+Invariants:
+- The eager arm is called ``eager`` in every bench and every JSON; ``none`` (what the engine's
+  ``--decode-cuda-graph`` / ``--prefill-cuda-graph`` flags call the eager path) is accepted as
+  an alias on input and reported as ``eager``.
+- Without CUDA, graph arms and CUDA-only benches are refused with ``Unavailable`` (a
+  ``ValueError``: the CLI prints it as one line and exits 2), before any model is loaded.
+- Default outputs go under ``bench-out/`` in the working directory (git-ignored); results land
+  in the committed ``benchmarks/results/`` only when ``--out`` says so.
+- Rooflines divide by the copy bandwidth measured on the device the bench runs on.
+"""
 
 from __future__ import annotations
 
@@ -36,7 +48,109 @@ def environment() -> dict[str, Any]:
         env["triton"] = triton.__version__
     else:
         env["device"] = "cpu"
+    # CPU results move with the host: its model, the threads torch uses, and how busy it was
+    env["cpu"] = _cpu_model()
+    env["threads"] = torch.get_num_threads()
+    env["load_average"] = load_average()
     return env
+
+
+def load_average() -> tuple[float, float, float] | None:
+    """The host's 1/5/15-minute load: on a shared machine, how much else was running."""
+    return os.getloadavg() if hasattr(os, "getloadavg") else None
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or "unknown"
+
+
+DEFAULT_OUT_DIR = Path("bench-out")  # git-ignored; committed results need an explicit --out
+EAGER = "eager"
+GRAPH_ARMS = ("full", "breakable", "tc_piecewise")
+ARMS = (EAGER, *GRAPH_ARMS)
+ARM_ALIASES = {"none": EAGER}  # the engine's graph flags call the eager path "none"
+
+
+class Unavailable(ValueError):
+    """A bench, or an arm of it, cannot run on this machine; the message says what to do."""
+
+
+def default_out(filename: str) -> str:
+    return str(DEFAULT_OUT_DIR / filename)
+
+
+def require_cuda(bench: str) -> None:
+    if not torch.cuda.is_available():
+        raise Unavailable(f"nanograph bench {bench} needs a CUDA device and this machine has none")
+
+
+def parse_arms(
+    bench: str, text: str, modifiers: tuple[str, ...] = (), flag: str = "--arms"
+) -> list[str]:
+    """Comma-separated arms, each a backend of ``ARMS`` (or an alias) optionally followed by
+    ``:modifier``s, as canonical names (``none`` -> ``eager``). Unknown names raise a
+    ``ValueError``; graph arms without CUDA raise ``Unavailable``."""
+    arms = []
+    for item in text.split(","):
+        backend, *mods = item.strip().split(":")
+        backend = ARM_ALIASES.get(backend, backend)
+        if backend not in ARMS or not set(mods) <= set(modifiers):
+            extra = f", then optionally {' '.join(':' + m for m in modifiers)}" if modifiers else ""
+            raise ValueError(
+                f"unknown arm {item!r} for bench {bench}: one of {', '.join(ARMS)} "
+                f"('none' is an alias of eager){extra}"
+            )
+        arms.append(":".join([backend, *mods]))
+    graph = [a for a in arms if a.split(":")[0] in GRAPH_ARMS]
+    if graph and not torch.cuda.is_available():
+        raise Unavailable(
+            f"bench {bench}: arms {', '.join(graph)} capture CUDA graphs and this machine has no "
+            f"CUDA device; run {flag} {EAGER} here"
+        )
+    return arms
+
+
+def graph_flag(arm: str) -> str:
+    """The engine's ``--*-cuda-graph`` value of an arm (its modifiers dropped)."""
+    backend = arm.split(":")[0]
+    return "none" if backend == EAGER else backend
+
+
+def device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def measure_copy_bandwidth(dev: torch.device, repeats: int = 7) -> float:
+    """Bytes/s of a large device-to-device copy on ``dev`` (read + write counted), the median
+    of ``repeats`` after one warm-up. 1 GiB on CUDA (eager: a captured copy becomes a memcpy
+    node, ~2.7 TB/s against ~4.2 for the copy kernel on the H200), 256 MiB on CPU (far beyond
+    any cache)."""
+    nbytes = (1 << 30) if dev.type == "cuda" else (256 << 20)
+    seconds = _copy_seconds(nbytes, dev, repeats)
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()  # an engine built next sizes its KV pool from free memory
+    return 2 * nbytes / median(seconds)
+
+
+def _copy_seconds(nbytes: int, dev: torch.device, repeats: int) -> list[float]:
+    """Seconds per copy; 10 copies per sample on CUDA, so the host sync is ~0.4% of it."""
+    src = torch.ones(nbytes // 4, dtype=torch.float32, device=dev)
+    dst = torch.empty_like(src)
+    inner = 10 if dev.type == "cuda" else 1
+
+    def copies() -> None:
+        for _ in range(inner):
+            dst.copy_(src)
+
+    return [s / inner for s in timed(copies, repeats, warmup=1)]
 
 
 def sync() -> None:
@@ -115,6 +229,11 @@ def free_engine(llm: Any) -> None:
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
+
+
+def figure_path(out: str | Path, model: str) -> Path:
+    """``<out stem>_<model name>.png`` next to ``out`` (a model given as a path: its last part)."""
+    return Path(out).with_name(f"{Path(out).stem}_{Path(model).name}.png")
 
 
 def figure(path: Path, title: str, xlabel: str, ylabel: str, series: dict[str, tuple[list, list]],

@@ -18,7 +18,15 @@ from pathlib import Path
 
 import torch
 
-from nanograph.bench.common import environment, free_engine, median, timed, write
+from nanograph.bench.common import (
+    Unavailable,
+    default_out,
+    environment,
+    free_engine,
+    median,
+    timed,
+    write,
+)
 
 GRAPH_BACKENDS = ("full", "breakable", "tc_piecewise")
 PATHS = ("decode", "prefill")
@@ -207,12 +215,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--out", default="benchmarks/results/coverage.json")
+    parser.add_argument("--out", default=default_out("coverage.json"))
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
-        print("nanograph bench coverage needs CUDA: graph backends capture CUDA graphs. On CPU, "
-              "tests/test_moe.py checks both MoE backends against transformers.")  # fmt: skip
-        return 2
+        raise Unavailable(
+            "nanograph bench coverage needs a CUDA device (graph backends capture CUDA graphs); "
+            "on CPU, tests/test_moe.py checks both MoE backends against transformers"
+        )
     args.backends = args.backends.split(",")
     args.decode_batches = [int(b) for b in args.decode_batches.split(",")]
     args.mixed_lengths = [int(n) for n in args.mixed_lengths.split(",")]

@@ -3,9 +3,11 @@
 Each arm is an engine with the decode path on one backend (prefill eager in every arm, so only
 decode differs). A batch of B prompts of 512 tokens generates 256 tokens each; decode
 throughput is the tokens after the first over the time from the first sampled token to the
-last. Next to it: the HBM roofline at batch 1 (bytes of the weights one token reads / measured
-copy bandwidth; a MoE model reads its top-k experts of each layer, not all of them) and,
-optionally, transformers ``generate`` on the same weights at batch 1. Arm modifiers, side by
+last. Next to it: the memory roofline at batch 1 (bytes of the weights one token reads / the
+copy bandwidth measured on this device at the start of the run, recorded in the JSON; a MoE
+model reads its top-k experts of each layer, not all of them) and, optionally, transformers
+``generate`` on the same weights at batch 1. Without CUDA only the ``eager`` arm runs (``none``
+is accepted for it: the engine's ``--decode-cuda-graph`` flag calls it that). Arm modifiers, side by
 side with the plain arm: ``BACKEND:serial`` turns the overlap schedule off (the host reads each
 step's tokens before it schedules the next); ``BACKEND:cublas`` runs the one-row products of
 batch 1 through cuBLAS instead of the Triton GEMV (they combine: ``full:cublas:serial``).
@@ -15,27 +17,41 @@ from __future__ import annotations
 
 import argparse
 import functools
-from pathlib import Path
 
 import torch
 
-from nanograph.bench.common import environment, figure, free_engine, median, timed, write
+from nanograph.bench.common import (
+    ARMS,
+    default_out,
+    device,
+    environment,
+    figure,
+    figure_path,
+    free_engine,
+    graph_flag,
+    measure_copy_bandwidth,
+    median,
+    parse_arms,
+    timed,
+    write,
+)
 
-ARMS = ("none", "full", "breakable", "tc_piecewise")
-COPY_BANDWIDTH = 4.3e12  # H200 device copy, measured (bytes/s)
+MODIFIERS = ("serial", "cublas")
+
+
+def roofline_tok_s(weights_bytes: int, bandwidth_bytes_s: float) -> float:
+    """Batch-1 decode bound: every step streams the weights once at the copy bandwidth."""
+    return bandwidth_bytes_s / weights_bytes
 
 
 def measure_arm(model: str, arm: str, batches: list[int], prompt_len: int, new_tokens: int,
                 repeats: int, moe_backend: str = "auto") -> dict:  # fmt: skip
     from nanograph.layers import ops
 
-    backend, *modifiers = arm.split(":")
-    if backend not in ARMS or not set(modifiers) <= {"serial", "cublas"}:
-        raise SystemExit(f"unknown arm {arm!r}: one of {', '.join(ARMS)}, then optionally "
-                         "':serial' and/or ':cublas'")  # fmt: skip
+    modifiers = arm.split(":")[1:]
     ops.use_triton_gemv("cublas" not in modifiers)  # before capture: graphs record the kernels
     try:
-        return _measure(model, backend, "serial" in modifiers, batches, prompt_len,
+        return _measure(model, graph_flag(arm), "serial" in modifiers, batches, prompt_len,
                         new_tokens, repeats, moe_backend)  # fmt: skip
     finally:
         ops.use_triton_gemv(True)
@@ -90,9 +106,10 @@ def transformers_generate(
     from nanograph.models.reference import transformers_model
 
     config = resolve_model(model, "dummy").config
-    device = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: smoke runs only
-    hf = transformers_model(config, torch.bfloat16, device)
-    ids = torch.randint(0, config.vocab_size, (1, prompt_len), device=device)
+    dev = device()
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32  # the engine's default
+    hf = transformers_model(config, dtype, dev, attn_implementation="sdpa")
+    ids = torch.randint(0, config.vocab_size, (1, prompt_len), device=dev)
     kwargs = dict(do_sample=False, eos_token_id=None, pad_token_id=0)
     hf.generate(ids, max_new_tokens=8, min_new_tokens=8, **kwargs)
 
@@ -110,8 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", default="qwen3-0.6b,qwen3-8b")
     parser.add_argument("--batches", default="1,8,32,128")
     parser.add_argument(
-        "--arms", default=",".join(ARMS),
-        help="decode graph backends; modifiers :serial (overlap schedule off), :cublas",
+        "--arms", default=None,
+        help=f"decode graph backends, of {', '.join(ARMS)} ('none' = eager) [all on CUDA, "
+        "eager on CPU]; modifiers :serial (overlap schedule off), :cublas",
     )  # fmt: skip
     parser.add_argument("--moe-backend", default="auto", help="experts of MoE models")
     parser.add_argument("--prompt-len", type=int, default=512)
@@ -122,13 +140,17 @@ def main(argv: list[str] | None = None) -> int:
         "--transformers-tokens", type=int, default=64,
         help="new tokens per peer run (its tokens/s barely depends on it; ~10 tok/s is slow)",
     )  # fmt: skip
-    parser.add_argument("--out", default="benchmarks/results/decode.json")
+    parser.add_argument("--out", default=default_out("decode.json"))
     args = parser.parse_args(argv)
+    default_arms = ",".join(ARMS) if torch.cuda.is_available() else "eager"
+    args.arms = parse_arms("decode", args.arms or default_arms, MODIFIERS)
     batches = [int(x) for x in args.batches.split(",")]
     report = {"bench": "decode", "env": environment(), "config": vars(args), "models": {}}
+    bandwidth = report["copy_bandwidth_bytes_s"] = measure_copy_bandwidth(device())
+    print(f"{report['env']['device']}: copy bandwidth {bandwidth / 1e9:.1f} GB/s (measured)")
     for model in args.models.split(","):
         entry = report["models"][model] = {"arms": {}}
-        for arm in args.arms.split(","):
+        for arm in args.arms:
             entry["arms"][arm] = measure_arm(
                 model,
                 arm,
@@ -141,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
             write(args.out, report)
             print(f"{model} decode={arm}: {entry['arms'][arm]['median_tok_s']}")
         weights = next(iter(entry["arms"].values()))["active_weights_bytes"]
-        entry["roofline_batch1_tok_s"] = COPY_BANDWIDTH / weights
+        entry["roofline_batch1_tok_s"] = roofline_tok_s(weights, bandwidth)
         if args.transformers:
             samples = transformers_generate(model, args.prompt_len, args.transformers_tokens)
             entry["transformers_batch1_samples_tok_s"] = samples
@@ -150,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         write(args.out, report)
         series = {arm: (batches, [d["median_tok_s"][b] for b in batches])
                   for arm, d in entry["arms"].items()}  # fmt: skip
-        figure(Path(args.out).with_name(f"{Path(args.out).stem}_{model}.png"),
+        figure(figure_path(args.out, model),
                f"decode throughput, {model} ({report['env']['device']})", "batch size",
                "tokens/s", series)  # fmt: skip
         best = max(d["median_tok_s"][batches[0]] for d in entry["arms"].values())

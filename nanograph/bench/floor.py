@@ -16,7 +16,17 @@ import time
 
 import torch
 
-from nanograph.bench.common import environment, free_engine, sync, write
+from nanograph.bench.common import (
+    ARMS,
+    EAGER,
+    default_out,
+    environment,
+    free_engine,
+    graph_flag,
+    parse_arms,
+    sync,
+    write,
+)
 
 
 def kernel_floor(llm, length: int, repeats: int, decode_batch: int = 0) -> dict:
@@ -84,19 +94,21 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--graph",
-        default="none",
-        choices=("none", "full", "breakable", "tc_piecewise"),
-        help="graph backend of the profiled path (decode with --decode-batch, else prefill)",
+        default=EAGER,
+        help=f"graph backend of the profiled path (decode with --decode-batch, else prefill), "
+        f"one of {', '.join(ARMS)} ('none' = eager); graph backends need CUDA",
     )
-    parser.add_argument("--out", default="benchmarks/results/floor.json")
+    parser.add_argument("--out", default=default_out("floor.json"))
     args = parser.parse_args(argv)
+    (args.graph,) = parse_arms("floor", args.graph, flag="--graph")
+    flag = graph_flag(args.graph)
     from nanograph import LLM
 
     lengths = [int(n) for n in args.lengths.split(",")]
     llm = LLM(
         args.model, load_format="dummy",
-        decode_cuda_graph=args.graph if args.decode_batch else "none",
-        prefill_cuda_graph="none" if args.decode_batch else args.graph,
+        decode_cuda_graph=flag if args.decode_batch else "none",
+        prefill_cuda_graph="none" if args.decode_batch else flag,
         cuda_graph_bs=(args.decode_batch,) if args.decode_batch else None,
         prefill_graph_tokens=None if args.decode_batch else tuple(lengths),
         chunked_prefill_size=max(lengths), max_num_seqs=max(2, args.decode_batch),

@@ -19,7 +19,15 @@ import time
 import torch
 import torch.nn.functional as F
 
-from nanograph.bench.common import L2_FLUSH_BYTES, environment, graphed_samples, median, write
+from nanograph.bench.common import (
+    L2_FLUSH_BYTES,
+    default_out,
+    environment,
+    graphed_samples,
+    median,
+    require_cuda,
+    write,
+)
 
 
 def projections(model: str) -> dict[str, tuple[int, int, int]]:
@@ -102,10 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", default="qwen3-8b,qwen3-0.6b")
     parser.add_argument("--sweep", action="store_true", help="also try other tile shapes")
     parser.add_argument("--rep-ms", type=int, default=100, help="sampling time per measurement")
-    parser.add_argument("--out", default="benchmarks/results/gemv.json")
+    parser.add_argument("--out", default=default_out("gemv.json"))
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        raise SystemExit("nanograph bench gemv needs a CUDA device")
+    require_cuda("gemv")
     report = {"bench": "gemv", "env": environment(), "config": vars(args), "models": {}}
     start = time.perf_counter()
     for model in args.models.split(","):

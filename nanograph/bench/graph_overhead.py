@@ -26,7 +26,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from nanograph.bench.common import environment
+from nanograph.bench.common import DEFAULT_OUT_DIR, environment, require_cuda
 from nanograph.graph import eager_on_graph, get_backend, new_pool, split_op
 
 BACKENDS = ("eager", "full", "breakable", "tc_piecewise")
@@ -183,7 +183,7 @@ def bench_stack(args: argparse.Namespace, results: dict, write: Callable[[], Non
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="nanograph bench graph", description=__doc__.split("\n")[0])
-    p.add_argument("--out", type=Path, default=Path("benchmarks/results/graph_overhead.json"))
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT_DIR / "graph_overhead.json")
     p.add_argument("--layers", type=int, default=28)
     p.add_argument("--hidden", type=int, default=1024)
     p.add_argument("--heads", type=int, default=16)
@@ -198,8 +198,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    if not torch.cuda.is_available():
-        raise SystemExit("nanograph bench graph needs a CUDA GPU")
+    require_cuda("graph")
     results: dict[str, Any] = {
         "benchmark": "graph_overhead",
         "device": torch.cuda.get_device_name(),

@@ -17,7 +17,17 @@ import pstats
 
 import torch
 
-from nanograph.bench.common import environment, free_engine, median, timed, write
+from nanograph.bench.common import (
+    ARMS,
+    default_out,
+    environment,
+    free_engine,
+    graph_flag,
+    median,
+    parse_arms,
+    timed,
+    write,
+)
 
 
 def engine_for(model: str, workload: str, arm: str, tokens: int, batch: int, new_tokens: int):
@@ -28,9 +38,9 @@ def engine_for(model: str, workload: str, arm: str, tokens: int, batch: int, new
 
         return prefill_engine(model, arm, [tokens])
     return LLM(
-        model, load_format="dummy", decode_cuda_graph=arm, prefill_cuda_graph="none",
+        model, load_format="dummy", decode_cuda_graph=graph_flag(arm), prefill_cuda_graph="none",
         cuda_graph_bs=(batch,), max_num_seqs=batch, max_model_len=tokens + new_tokens + 16,
-        progress=False,
+        progress=False, disable_prefix_caching=True,  # repeated prompts must be recomputed
     )  # fmt: skip
 
 
@@ -70,16 +80,22 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="nanograph bench host", description=__doc__)
     parser.add_argument("--model", default="qwen3-0.6b")
     parser.add_argument("--workload", choices=("prefill", "decode"), default="prefill")
-    parser.add_argument("--arms", default="full,breakable")
+    parser.add_argument(
+        "--arms", default=None,
+        help=f"graph backends of the workload's path, of {', '.join(ARMS)} ('none' = eager) "
+        "[full,breakable on CUDA, eager on CPU]",
+    )  # fmt: skip
     parser.add_argument("--tokens", type=int, default=256, help="prompt tokens")
     parser.add_argument("--batch", type=int, default=1, help="decode requests")
     parser.add_argument("--new-tokens", type=int, default=64, help="decode tokens per request")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--top", type=int, default=25, help="profile rows per arm")
-    parser.add_argument("--out", default="benchmarks/results/host.json")
+    parser.add_argument("--out", default=default_out("host.json"))
     args = parser.parse_args(argv)
+    default_arms = "full,breakable" if torch.cuda.is_available() else "eager"
+    args.arms = parse_arms("host", args.arms or default_arms)
     report = {"bench": "host", "env": environment(), "config": vars(args), "arms": {}}
-    for arm in args.arms.split(","):
+    for arm in args.arms:
         result = report["arms"][arm] = profile_arm(args, arm)
         write(args.out, report)
         print(f"== {args.model} {args.workload} {arm}: {result['median_ms']:.2f} ms per call "

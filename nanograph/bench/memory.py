@@ -9,11 +9,18 @@ peak into resident graph memory; a ceiling below it adds graphs while the peak s
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import torch
 
-from nanograph.bench.common import environment, figure, free_engine, write
+from nanograph.bench.common import (
+    default_out,
+    environment,
+    figure,
+    figure_path,
+    free_engine,
+    require_cuda,
+    write,
+)
 from nanograph.runners.shapes import prefill_token_buckets
 
 
@@ -55,8 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backend", default="breakable")
     parser.add_argument("--chunk", type=int, default=8192)
     parser.add_argument("--ceilings", default="1024,2048,4096,8192")
-    parser.add_argument("--out", default="benchmarks/results/memory.json")
+    parser.add_argument("--out", default=default_out("memory.json"))
     args = parser.parse_args(argv)
+    require_cuda("memory")  # CUDA graph pools and the CUDA allocator's peak
     ceilings = [int(c) for c in args.ceilings.split(",")]
     report = {"bench": "memory", "env": environment(), "config": vars(args), "models": {}}
     for model in args.models.split(","):
@@ -75,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['above_baseline_bytes'] / 2**30:+.3f} GiB")  # fmt: skip
         rows = [entry["ceilings"][c] for c in ceilings]
         gib = lambda key, rows=rows: [r[key] / 2**30 for r in rows]  # noqa: E731
-        figure(Path(args.out).with_name(f"{Path(args.out).stem}_{model}.png"),
+        figure(figure_path(args.out, model),
                f"prefill graph memory at chunk {args.chunk}, {model}", "capture ceiling (tokens)",
                "GiB", {"graph pool": (ceilings, gib("graph_pool_bytes")),
                        "activation peak": (ceilings, gib("activation_peak_bytes")),

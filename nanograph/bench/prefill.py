@@ -1,32 +1,58 @@
-"""``nanograph bench prefill``: prefill-only latency per graph backend, side by side.
+"""``nanograph bench prefill``: prefill-only latency per graph backend and against transformers.
 
 One request at a time, one output token, decode graphs off in every arm, so the time is one
 prefill forward plus the engine's per-request work. Arms: eager, full, breakable, tc_piecewise,
-each an engine whose prefill ladder is exactly the measured lengths (no padding), and the peer
-a user would pick instead: the same architecture and weights in transformers under
-``torch.compile(mode="reduce-overhead")`` (its compile time recorded per length).
+each an engine whose prefill ladder is exactly the measured lengths (no padding); without CUDA
+only ``eager`` runs (graph arms are refused). The peer is what a user would pick instead: the
+same architecture and weights in transformers, in the engine's dtype, with the fastest
+attention it ships for the device without extra packages (``sdpa``; recorded), asked for the
+last position's logits only (``logits_to_keep=1``, all a prefill needs). On CUDA it runs under
+``torch.compile(mode="reduce-overhead")`` (compile time recorded per length, as ``warmup_s``)
+and is measured after the engine arms (the engine holds most of the device's memory); on CPU it
+runs eagerly beside the eager arm, one call of each in turn, so both see the same load of a
+shared host (recorded: ``load_average``). Reported: every sample and the median after warm-up.
 """
 
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
+import time
+from collections.abc import Callable
 
 import torch
 
-from nanograph.bench.common import environment, figure, free_engine, median, timed, write
+from nanograph.bench.common import (
+    ARMS,
+    EAGER,
+    default_out,
+    device,
+    environment,
+    figure,
+    figure_path,
+    free_engine,
+    graph_flag,
+    load_average,
+    median,
+    parse_arms,
+    sync,
+    timed,
+    write,
+)
 
-ARMS = ("eager", "full", "breakable", "tc_piecewise")
+PEER = "transformers"
+PEER_ATTENTION = "sdpa"  # flash_attention_2 would need the flash-attn package
 
 
-def engine_for(model: str, arm: str, lengths: list[int], **extra):
+def engine_for(model: str, arm: str, lengths: list[int], load_format: str = "dummy", **extra):
     from nanograph import LLM
 
     return LLM(
-        model, load_format="dummy", decode_cuda_graph="none",
-        prefill_cuda_graph="none" if arm == "eager" else arm,
+        model, load_format=load_format, decode_cuda_graph="none",
+        prefill_cuda_graph=graph_flag(arm),
         prefill_graph_tokens=tuple(lengths), chunked_prefill_size=max(lengths),
-        max_num_seqs=2, max_model_len=max(lengths) + 16, progress=False, **extra,
+        max_num_seqs=2, max_model_len=max(lengths) + 16, progress=False,
+        disable_prefix_caching=True,  # the same prompt repeats: every call must compute it all
+        **extra,
     )  # fmt: skip
 
 
@@ -38,122 +64,180 @@ def build_seconds(llm) -> dict[str, float]:
     return {"total": sum(r.capture_s for r in runner.records.values()), "compile": compile_s}
 
 
-def measure_arm(
-    model: str, arm: str, lengths: list[int], repeats: int, moe_backend: str = "auto",
-    keep_weights: bool = True,
-) -> tuple[dict, dict | None]:  # fmt: skip
-    """The arm's latencies, and its weights under Hugging Face names for the peer (copies on
-    the device: ``keep_weights=False`` skips them when there is no peer)."""
+def prompts(vocab: int, lengths: list[int]) -> dict[int, list[int]]:
+    """The same random prompt per length for every arm and the peer."""
+    g = torch.Generator().manual_seed(0)
+    return {n: torch.randint(0, vocab, (n,), generator=g).tolist() for n in lengths}
+
+
+def engine_call(llm) -> Callable[[list[int]], object]:
     from nanograph import SamplingParams
 
-    llm = engine_for(model, arm, lengths, moe_backend=moe_backend)
     params = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
-    g = torch.Generator().manual_seed(0)
-    vocab = llm.engine.model_config.vocab_size
-    result = {"build_s": build_seconds(llm), "load_s": llm.engine.load_seconds,
-              "samples_ms": {}, "median_ms": {}, "tokens_per_s": {}}  # fmt: skip
-    for length in lengths:
-        prompt = torch.randint(0, vocab, (length,), generator=g).tolist()
-        samples = [1000 * s for s in timed(lambda p=prompt: llm.generate([p], params), repeats)]
-        result["samples_ms"][length] = samples
-        result["median_ms"][length] = median(samples)
-        result["tokens_per_s"][length] = length / (median(samples) / 1000)
-    runner = llm.engine.runner.graph_runners.get("prefill")
-    if runner is not None:
-        result["replays"], result["fallbacks"] = runner.replays, runner.fallbacks
-    hf_state = None
-    if keep_weights:
-        hf_state = {name: t.clone() for name, t in llm.engine.model.hf_state_dict().items()}
-    free_engine(llm)
-    return result, hf_state
+    return lambda prompt: llm.generate([prompt], params)
 
 
-def measure_peer(model: str, hf_state: dict, lengths: list[int], repeats: int) -> dict:
-    """transformers + torch.compile(reduce-overhead) on the same weights."""
-    import time
-
-    from nanograph.loader import resolve_model
+def build_peer(config, dtype: torch.dtype, hf_state: dict) -> tuple[dict, Callable]:
+    """transformers on the same weights and dtype: last-token logits, sdpa attention, compiled
+    (reduce-overhead) on CUDA, eager on CPU. Returns (its description, a call on a prompt)."""
     from nanograph.models.reference import transformers_model
 
-    config = resolve_model(model, "dummy").config
-    hf = transformers_model(config, torch.bfloat16, "cuda", hf_state)
-    compiled = torch.compile(hf, mode="reduce-overhead", dynamic=False)
-    result = {"compile_s": {}, "samples_ms": {}, "median_ms": {}}
-    g = torch.Generator().manual_seed(0)
-    for length in lengths:
-        ids = torch.randint(0, config.vocab_size, (1, length), generator=g).cuda()
+    dev = device()
+    hf = transformers_model(config, dtype, dev, hf_state, attn_implementation=PEER_ATTENTION)
+    compile_mode = "reduce-overhead" if dev.type == "cuda" else None
+    run = torch.compile(hf, mode=compile_mode, dynamic=False) if compile_mode else hf
 
-        def step(ids=ids):
-            with torch.inference_mode():
-                return compiled(input_ids=ids, use_cache=False).logits[:, -1].argmax(-1).tolist()
+    def call(prompt: list[int]) -> list[int]:
+        with torch.inference_mode():
+            ids = torch.tensor([prompt], device=dev)
+            out = run(input_ids=ids, use_cache=False, logits_to_keep=1)
+            return out.logits[:, -1].argmax(-1).tolist()
 
-        start = time.perf_counter()
-        step()
-        step()  # reduce-overhead records its CUDA graph on the second call
-        result["compile_s"][length] = time.perf_counter() - start
-        samples = [1000 * s for s in timed(step, repeats, warmup=1)]
-        result["samples_ms"][length], result["median_ms"][length] = samples, median(samples)
-    return result
+    info = {"attn_implementation": hf.config._attn_implementation, "compile": compile_mode,
+            "dtype": str(dtype).removeprefix("torch."), "logits_to_keep": 1}  # fmt: skip
+    return info, call
 
 
-def main(argv: list[str] | None = None) -> int:
+def measure(calls: dict[str, Callable], lengths: dict[str, list[int]], vocab: int,
+            repeats: int, results: dict[str, dict]) -> None:  # fmt: skip
+    """Samples (ms) of every call at each of its lengths into ``results[name]``. Calls that
+    share a length alternate within each repeat, so they see the same host load. Warm-up: two
+    calls on CUDA (reduce-overhead records its graph on the second; ``warmup_s`` is then the
+    peer's compile time), one on CPU."""
+    warmup = 2 if torch.cuda.is_available() else 1
+    all_lengths = sorted({n for ns in lengths.values() for n in ns})
+    for length, prompt in prompts(vocab, all_lengths).items():
+        names = [name for name in calls if length in lengths[name]]
+        for name in names:
+            start = time.perf_counter()
+            for _ in range(warmup):
+                calls[name](prompt)
+            sync()
+            results[name].setdefault("warmup_s", {})[length] = time.perf_counter() - start
+        samples: dict[str, list[float]] = {name: [] for name in names}
+        for _ in range(repeats):
+            for name in names:
+                call = calls[name]
+                seconds = timed(lambda c=call, p=prompt: c(p), repeats=1, warmup=0)
+                samples[name].append(1000 * seconds[0])
+        for name in names:
+            r = results[name]
+            r.setdefault("samples_ms", {})[length] = samples[name]
+            r.setdefault("median_ms", {})[length] = ms = median(samples[name])
+            r.setdefault("tokens_per_s", {})[length] = length / (ms / 1000)
+    for name in calls:
+        results[name]["load_average_after"] = load_average()
+
+
+def measure_model(model: str, args: argparse.Namespace, lengths: list[int]) -> dict:
+    """Every arm, and the peer: on CPU beside the eager arm (one engine, samples alternating),
+    on CUDA after the last arm (the engine holds most of the device memory)."""
+    peer_lengths = [int(x) for x in args.peer_lengths.split(",")] if args.peer_lengths else []
+    beside = bool(peer_lengths) and not torch.cuda.is_available()
+    entry: dict = {"arms": {}}
+    hf_state = None
+    for arm in args.arms:
+        llm = engine_for(model, arm, lengths, args.load_format, moe_backend=args.moe_backend)
+        config, dtype = llm.engine.model_config, llm.engine.dtype
+        result = entry["arms"][arm] = {"build_s": build_seconds(llm),
+                                       "load_s": llm.engine.load_seconds}  # fmt: skip
+        calls, results, arm_lengths = {arm: engine_call(llm)}, {arm: result}, {arm: lengths}
+        if beside:
+            entry["peer"], calls[PEER] = build_peer(config, dtype, llm.engine.model.hf_state_dict())
+            results[PEER], arm_lengths[PEER], beside = entry["peer"], peer_lengths, False
+        measure(calls, arm_lengths, config.vocab_size, args.repeats, results)
+        medians = result["median_ms"].items()
+        print(f"{model} {arm}: " + ", ".join(f"{n}={ms:.2f}ms" for n, ms in medians))
+        runner = llm.engine.runner.graph_runners.get("prefill")
+        if runner is not None:
+            result["replays"], result["fallbacks"] = runner.replays, runner.fallbacks
+        if peer_lengths and "peer" not in entry:
+            hf_state = {name: t.clone() for name, t in llm.engine.model.hf_state_dict().items()}
+        del calls, results
+        free_engine(llm)
+    if peer_lengths and "peer" not in entry:
+        entry["peer"], call = build_peer(config, dtype, hf_state)
+        measure({PEER: call}, {PEER: peer_lengths}, config.vocab_size, args.repeats,
+                {PEER: entry["peer"]})  # fmt: skip
+        del call, hf_state
+        torch._dynamo.reset()  # drop a compiled peer before the next model
+        free_engine(None)
+    if "peer" in entry:
+        peer = entry["peer"]
+        print(f"{model} transformers ({peer['attn_implementation']}, compile "
+              f"{peer['compile']}): {peer['median_ms']}")  # fmt: skip
+        entry["speedup_over_peer"] = ratios(entry["arms"], peer["median_ms"])
+    eager = entry["arms"].get(EAGER, {}).get("median_ms", {})
+    entry["speedup_over_eager"] = ratios(entry["arms"], eager)
+    return entry
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="nanograph bench prefill", description=__doc__)
     parser.add_argument("--models", default="qwen3-0.6b,qwen3-8b")
     parser.add_argument("--lengths", default="256,512,1024,2048,4096,8192")
-    parser.add_argument("--arms", default=",".join(ARMS))
     parser.add_argument(
-        "--peer-lengths",
-        default="256,2048",
-        help="lengths for the transformers peer ('' = skip it)",
-    )
+        "--arms", default=None,
+        help=f"comma-separated, of {', '.join(ARMS)} ('none' = eager) [all on CUDA, eager on "
+        "CPU]; graph arms need CUDA",
+    )  # fmt: skip
+    parser.add_argument(
+        "--peer-lengths", default=None,
+        help="lengths for the transformers peer ('' = skip it) [256,2048 on CUDA, where each "
+        "length compiles for ~40 s; every --lengths on CPU]",
+    )  # fmt: skip
+    parser.add_argument(
+        "--load-format", default="dummy",
+        help="dummy (random weights) or auto (the model's own, e.g. smollm2-135m's GGUF)",
+    )  # fmt: skip
     parser.add_argument("--moe-backend", default="auto", help="experts of MoE models")
     parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--out", default="benchmarks/results/prefill.json")
+    parser.add_argument("--out", default=default_out("prefill.json"))
     args = parser.parse_args(argv)
+    cuda = torch.cuda.is_available()
+    args.arms = parse_arms("prefill", args.arms or (",".join(ARMS) if cuda else EAGER))
+    if args.peer_lengths is None:
+        args.peer_lengths = "256,2048" if cuda else args.lengths
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
     lengths = [int(x) for x in args.lengths.split(",")]
     report = {"bench": "prefill", "env": environment(), "config": vars(args), "models": {}}
     for model in args.models.split(","):
-        entry = report["models"][model] = {"arms": {}}
-        hf_state = None
-        for arm in args.arms.split(","):
-            entry["arms"][arm], hf_state = measure_arm(
-                model, arm, lengths, args.repeats, args.moe_backend, bool(args.peer_lengths)
-            )
-            write(args.out, report)
-            medians = entry["arms"][arm]["median_ms"].items()
-            print(f"{model} {arm}: " + ", ".join(f"{n}={ms:.2f}ms" for n, ms in medians))
-        if args.peer_lengths and hf_state is not None:
-            peer_lengths = [int(x) for x in args.peer_lengths.split(",")]
-            entry["peer"] = measure_peer(model, hf_state, peer_lengths, args.repeats)
-            torch._dynamo.reset()  # drop the compiled peer before the next model
-            torch.cuda.empty_cache()
-            print(f"{model} transformers+compile: {entry['peer']['median_ms']}")
-        eager = entry["arms"].get("eager", {}).get("median_ms", {})
-        entry["speedup_over_eager"] = {
-            arm: {n: eager[n] / ms for n, ms in data["median_ms"].items() if n in eager}
-            for arm, data in entry["arms"].items()
-        }
+        entry = report["models"][model] = measure_model(model, args, lengths)
         write(args.out, report)
         series = {arm: (lengths, [d["median_ms"][n] for n in lengths])
                   for arm, d in entry["arms"].items()}  # fmt: skip
         if "peer" in entry:
             ps = sorted(entry["peer"]["median_ms"])
-            series["transformers+compile"] = (ps, [entry["peer"]["median_ms"][n] for n in ps])
-        figure(Path(args.out).with_name(f"{Path(args.out).stem}_{model}.png"),
+            label = "transformers" + ("+compile" if entry["peer"]["compile"] else "")
+            series[label] = (ps, [entry["peer"]["median_ms"][n] for n in ps])
+        figure(figure_path(args.out, model),
                f"prefill latency, {model} ({report['env']['device']})", "prompt tokens",
                "latency (ms)", series)  # fmt: skip
     print(speedup_table(report))
     return 0
 
 
+def ratios(arms: dict, baseline: dict[int, float]) -> dict[str, dict[int, float]]:
+    """Per arm and length: baseline ms / arm ms (> 1: the arm is faster)."""
+    return {
+        arm: {n: baseline[n] / ms for n, ms in data["median_ms"].items() if n in baseline}
+        for arm, data in arms.items()
+    }
+
+
 def speedup_table(report: dict) -> str:
     lines = []
     for model, entry in report["models"].items():
-        lines.append(f"{model}: speedup over eager (latency ms)")
-        for arm, per_length in entry["speedup_over_eager"].items():
-            cells = "  ".join(
-                f"{n}:{s:.2f}x({entry['arms'][arm]['median_ms'][n]:.1f})"
-                for n, s in per_length.items()
-            )
-            lines.append(f"  {arm:<13} {cells}")
+        for key, what in (("speedup_over_eager", "eager"), ("speedup_over_peer", "transformers")):
+            lines.append(f"{model}: speedup over {what} (latency ms)")
+            for arm, per_length in entry.get(key, {}).items():
+                cells = "  ".join(
+                    f"{n}:{s:.2f}x({entry['arms'][arm]['median_ms'][n]:.1f})"
+                    for n, s in per_length.items()
+                )
+                lines.append(f"  {arm:<13} {cells}")
     return "\n".join(lines)

@@ -34,7 +34,7 @@ import statistics
 import time
 from pathlib import Path
 
-from nanograph.bench.common import environment, figure, write
+from nanograph.bench.common import default_out, environment, figure, write
 from nanograph.bench.serve_client import (
     LaunchedServer,
     forward_counts,
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--request-timeout", type=float, default=600.0)
     parser.add_argument("--startup-timeout", type=float, default=900.0)
     parser.add_argument("--offline", action="store_true", help="with --launch: LLM.generate too")
-    parser.add_argument("--out", default="benchmarks/results/serve.json")
+    parser.add_argument("--out", default=default_out("serve.json"))
     args = parser.parse_args(argv)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per request
     if args.offline and not args.launch:

@@ -11,7 +11,7 @@ import argparse
 import ast
 from pathlib import Path
 
-from nanograph.bench.common import environment, write
+from nanograph.bench.common import default_out, environment, write
 
 GRAPH_DIR = Path(__file__).resolve().parent.parent / "graph"
 BACKEND_MODULES = {"eager": "eager", "full": "full", "breakable": "breakable",
@@ -46,7 +46,7 @@ def closure(module: str) -> set[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="nanograph bench size", description=__doc__)
-    parser.add_argument("--out", default="benchmarks/results/size.json")
+    parser.add_argument("--out", default=default_out("size.json"))
     args = parser.parse_args(argv)
     files = {p.stem: count(p) for p in sorted(GRAPH_DIR.glob("*.py"))}
     backends = {}
@@ -64,5 +64,5 @@ def main(argv: list[str] | None = None) -> int:
         shared = r["with_shared"]
         print(f"{backend:<13} own {r['own']['lines']:>4} lines; with shared graph modules "
               f"{shared['lines']:>5} lines ({shared['code']} code)")  # fmt: skip
-    print("SGLang (REFERENCE.md): breakable 521 lines, tc_piecewise 1,771")
+    print("SGLang, as its CUDA-graph write-up reports: breakable 521 lines, tc_piecewise 1,771")
     return 0

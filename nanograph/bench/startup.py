@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 
-from nanograph.bench.common import environment, figure, write
+from nanograph.bench.common import default_out, environment, figure, graph_flag, parse_arms, write
 
 CHILD_FLAG = "--child"
 REQUESTS = ("short", "long", "short_again")
@@ -75,25 +75,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtypes", default="bfloat16,float32")
     parser.add_argument(
         "--graphs",
-        default="auto,none",
-        help="decode and prefill graph backend per arm (auto = the defaults)",
+        default="auto,eager",
+        help="decode and prefill graph backend per arm (auto = the defaults; eager, alias none; "
+        "graph backends need CUDA)",
     )
     parser.add_argument("--short", type=int, default=64, help="tokens of the short prompt")
     parser.add_argument("--long", type=int, default=900, help="tokens of the long prompt")
     parser.add_argument("--new-tokens", type=int, default=16)
     parser.add_argument("--timeout", type=int, default=600, help="seconds per arm")
-    parser.add_argument("--out", default="bench-out/startup.json")
+    parser.add_argument("--out", default=default_out("startup.json"))
     parser.add_argument(CHILD_FLAG, action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--engine-args", default="{}", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         child(args)
         return 0
+    arms = [g if g == "auto" else parse_arms("startup", g, flag="--graphs")[0]
+            for g in args.graphs.split(",")]  # fmt: skip
     report = {"bench": "startup", "env": environment(), "config": vars(args), "arms": {}}
     for dtype in args.dtypes.split(","):
-        for graphs in args.graphs.split(","):
+        for graphs in arms:
+            flag = graphs if graphs == "auto" else graph_flag(graphs)
             engine_args = {"load_format": args.load_format, "dtype": dtype,
-                           "decode_cuda_graph": graphs, "prefill_cuda_graph": graphs}  # fmt: skip
+                           "decode_cuda_graph": flag, "prefill_cuda_graph": flag}  # fmt: skip
             with tempfile.TemporaryDirectory() as cache:
                 caches = {"TRITON_CACHE_DIR": f"{cache}/triton",
                           "TORCHINDUCTOR_CACHE_DIR": f"{cache}/inductor"}  # fmt: skip

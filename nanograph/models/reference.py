@@ -20,13 +20,17 @@ def transformers_model(
     dtype: torch.dtype = torch.float32,
     device: torch.device | str = "cpu",
     state_dict: dict[str, torch.Tensor] | None = None,
+    attn_implementation: str | None = None,
 ):
-    """A transformers ``*ForCausalLM`` of ``config``: random weights, or ``state_dict``'s."""
+    """A transformers ``*ForCausalLM`` of ``config``: random weights, or ``state_dict``'s.
+    ``attn_implementation`` (e.g. "sdpa", "eager"): transformers' default when None."""
     import transformers
 
     fields = config.to_hf_dict()
     arch = fields.pop("architectures")[0]
     fields.pop("model_type")
+    if attn_implementation is not None:
+        fields["attn_implementation"] = attn_implementation
     hf_config = getattr(transformers, arch.replace("ForCausalLM", "Config"))(**fields)
     with torch.device(device):
         model = getattr(transformers, arch)(hf_config).to(dtype).eval()

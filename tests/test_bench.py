@@ -1,0 +1,107 @@
+"""The benchmarks' contracts on a CPU machine (no timings asserted): where they write, which
+arms they accept, what they refuse without CUDA, and what their reports record."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+import torch
+
+from nanograph.bench.common import parse_arms
+from nanograph.bench.decode import roofline_tok_s
+from nanograph.cli import main
+
+needs_no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU refusals")
+
+
+def test_bench_size_without_out_leaves_committed_results_alone(tmp_path, monkeypatch):
+    results = tmp_path / "benchmarks" / "results"
+    results.mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)  # as if run from the repo root
+    assert main(["bench", "size"]) == 0
+    assert list(results.iterdir()) == []
+    assert json.loads((tmp_path / "bench-out" / "size.json").read_text())["bench"] == "size"
+
+
+def test_eager_arm_has_one_name():
+    assert parse_arms("decode", "eager,none:serial", ("serial",)) == ["eager", "eager:serial"]
+    with pytest.raises(ValueError, match="unknown arm 'eagre'"):
+        parse_arms("prefill", "eagre")
+    with pytest.raises(ValueError, match="unknown arm 'eager:fast'"):
+        parse_arms("decode", "eager:fast", ("serial", "cublas"))
+
+
+@needs_no_cuda
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["prefill", "--arms", "eager,full"],
+        ["decode", "--arms", "breakable"],
+        ["host", "--arms", "tc_piecewise"],
+        ["floor", "--graph", "full"],
+        ["startup", "--graphs", "breakable"],
+    ],
+)
+def test_graph_arms_are_refused_on_cpu_in_one_line(argv, capsys, tmp_path):
+    out = tmp_path / "out.json"
+    model_flag = "--models" if argv[0] in ("prefill", "decode") else "--model"
+    assert main(["bench", *argv, model_flag, "no-such-model", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert f"bench {argv[0]}" in err and "CUDA" in err and f"{argv[1]} eager" in err
+    assert not out.exists()  # refused by the bench, before loading anything
+
+
+@needs_no_cuda
+@pytest.mark.parametrize("bench", ["build", "memory", "attention", "graph", "gemv", "coverage"])
+def test_cuda_only_benches_refuse_on_cpu_in_one_line(bench, capsys, tmp_path):
+    out = tmp_path / "out.json"
+    assert main(["bench", bench, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "needs a CUDA device" in err
+    assert not out.exists()
+
+
+def test_roofline_divides_by_the_bandwidth_it_is_given():
+    assert roofline_tok_s(weights_bytes=2_000, bandwidth_bytes_s=10_000.0) == 5.0
+
+
+def test_bench_decode_runs_on_cpu_with_a_measured_roofline(tiny_model_dir, tmp_path):
+    out = tmp_path / "decode.json"
+    argv = ["bench", "decode", "--models", str(tiny_model_dir("llama")), "--arms", "none",
+            "--batches", "1", "--prompt-len", "8", "--new-tokens", "4", "--repeats", "1",
+            "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    report = json.loads(out.read_text())
+    bandwidth = report["copy_bandwidth_bytes_s"]
+    assert bandwidth > 0
+    (entry,) = report["models"].values()
+    assert list(entry["arms"]) == ["eager"]  # the alias is reported under the one name
+    weights = entry["arms"]["eager"]["active_weights_bytes"]
+    assert entry["roofline_batch1_tok_s"] == pytest.approx(bandwidth / weights)
+
+
+@needs_no_cuda
+def test_bench_prefill_on_cpu_runs_eager_and_a_fair_peer(tiny_model_dir, tmp_path):
+    out = tmp_path / "prefill.json"
+    argv = ["bench", "prefill", "--models", str(tiny_model_dir("llama")), "--lengths", "8,24",
+            "--repeats", "1", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    (entry,) = json.loads(out.read_text())["models"].values()
+    assert list(entry["arms"]) == ["eager"]  # graph arms are not defaults on CPU
+    peer = entry["peer"]
+    assert peer["attn_implementation"] == "sdpa" and peer["logits_to_keep"] == 1
+    assert peer["compile"] is None and peer["dtype"] == "float32"
+    assert sorted(peer["median_ms"]) == ["24", "8"]  # every length, side by side
+    assert set(entry["speedup_over_peer"]["eager"]) == {"8", "24"}
+    if importlib.util.find_spec("matplotlib"):
+        assert list(tmp_path.glob("prefill_tiny-llama*.png"))
+
+
+def test_bench_prefill_engine_recomputes_a_repeated_prompt(tiny_model_dir):
+    from nanograph.bench.prefill import engine_for
+
+    llm = engine_for(str(tiny_model_dir("llama")), "eager", [8, 16])
+    assert llm.engine.config.disable_prefix_caching  # else every repeat is a cache hit
