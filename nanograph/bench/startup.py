@@ -96,8 +96,10 @@ def main(argv: list[str] | None = None) -> int:
     for dtype in args.dtypes.split(","):
         for graphs in arms:
             flag = graphs if graphs == "auto" else graph_flag(graphs)
+            # no prefix caching: the repeated short prompt must be computed again
             engine_args = {"load_format": args.load_format, "dtype": dtype,
-                           "decode_cuda_graph": flag, "prefill_cuda_graph": flag}  # fmt: skip
+                           "decode_cuda_graph": flag, "prefill_cuda_graph": flag,
+                           "disable_prefix_caching": True}  # fmt: skip
             with tempfile.TemporaryDirectory() as cache:
                 caches = {"TRITON_CACHE_DIR": f"{cache}/triton",
                           "TORCHINDUCTOR_CACHE_DIR": f"{cache}/inductor"}  # fmt: skip
