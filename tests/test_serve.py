@@ -350,6 +350,25 @@ def test_bench_serve_reports_every_field(server, tmp_path):
     assert report["points"][0]["total_input_tokens"] == 3 * 8
 
 
+def test_a_repeated_prompt_reports_cached_tokens(server, client):
+    """Prefix caching over HTTP: the second identical prompt takes its whole pages from the
+    cache (usage.prompt_tokens_details.cached_tokens), and /metrics counts the hit."""
+    messages = [{"role": "user", "content": "List the planets of the solar system, in order "
+                 "from the sun, with one fact about each of them."}]  # fmt: skip
+    hits_before = _metric(server, "nanograph_prefix_cache_hit_tokens_total")
+    first = client.chat.completions.create(
+        model="smollm2-135m", messages=messages, max_tokens=4, temperature=0
+    )
+    second = client.chat.completions.create(
+        model="smollm2-135m", messages=messages, max_tokens=4, temperature=0
+    )
+    assert second.choices[0].message.content == first.choices[0].message.content
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert 0 < cached < second.usage.prompt_tokens  # whole pages, never the last token
+    assert _metric(server, "nanograph_prefix_cache_hit_tokens_total") >= hits_before + cached
+    assert 0 < _metric(server, "nanograph_prefix_cache_hit_rate") <= 1
+
+
 def test_sigterm_exits_cleanly_after_finishing_in_flight(server):
     """The last test: SIGTERM while a request streams; it completes, then the process exits 0."""
     body = {"prompt": "Once upon a time", "max_tokens": 24, "ignore_eos": True, "stream": True}

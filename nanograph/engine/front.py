@@ -67,6 +67,7 @@ class Update:
     # the engine's text when it tracks one (stop strings): cut before the stop string
     text: str | None = None
     rejected: bool = False
+    cached_tokens: int = 0  # on the last update: prompt tokens taken from the prefix cache
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,9 @@ class FrontStats:
     output_tokens: int = 0  # published
     # path -> {"graph": replays, "eager": forwards}
     forward_counts: dict[str, dict[str, int]] = field(default_factory=dict)
+    # prefix cache: tokens a match could have covered, and covered, summed over admissions
+    prefix_queried_tokens: int = 0
+    prefix_hit_tokens: int = 0
 
 
 class RequestStream:
@@ -251,9 +255,9 @@ class EngineFront:
             if request.status is Status.FINISHED:
                 del self._live[request_id]
                 text = request.text if request.params.stop else None
-                ready.append(
-                    (stream, Update(new, True, request.finish_reason, request.error, text))
-                )
+                update = Update(new, True, request.finish_reason, request.error, text,
+                                cached_tokens=request.num_cached_tokens)  # fmt: skip
+                ready.append((stream, update))
             elif new:
                 ready.append((stream, Update(new)))
         if ready:
@@ -277,7 +281,15 @@ class EngineFront:
             prompt_tokens=self._totals[0],
             output_tokens=self._totals[1],
             forward_counts=engine.runner.forward_counts(),
+            **_prefix_stats(engine),
         )
+
+
+def _prefix_stats(engine: Engine) -> dict[str, int]:
+    if engine.prefix_cache is None:
+        return {}
+    stats = engine.prefix_cache.stats()
+    return {"prefix_queried_tokens": stats.queried_tokens, "prefix_hit_tokens": stats.hit_tokens}
 
 
 def _put_all(ready: list[tuple[RequestStream, Update]]) -> None:

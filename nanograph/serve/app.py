@@ -199,6 +199,7 @@ class _Answer:
         self.id, self.created, self.model = f"{prefix}-{uuid.uuid4().hex}", int(time.time()), model
         self.object = "chat.completion" if chat else "text_completion"
         self.completion_tokens = 0
+        self.cached_tokens = 0
         self._last = stream.arrival
 
     def _observe(self, update: Update) -> None:
@@ -213,6 +214,7 @@ class _Answer:
             self._last = now
         self.completion_tokens += n
         if update.finished:
+            self.cached_tokens = update.cached_tokens
             self.metrics.finished.labels(update.finish_reason or "error").inc()
             self.metrics.e2e.observe(now - self.stream.arrival)
 
@@ -224,12 +226,13 @@ class _Answer:
             500, update.error or "internal error", "server_error", code="internal_error"
         )
 
-    def usage(self) -> dict[str, int]:
+    def usage(self) -> dict:
         prompt = len(self.stream.prompt_ids)
         return {
             "prompt_tokens": prompt,
             "completion_tokens": self.completion_tokens,
             "total_tokens": prompt + self.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
         }
 
     async def whole(self) -> Response:

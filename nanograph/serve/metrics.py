@@ -59,6 +59,20 @@ class _FrontCollector:
         yield CounterMetricFamily(
             "nanograph_generation_tokens", "output tokens streamed", value=s.output_tokens
         )
+        yield CounterMetricFamily(
+            "nanograph_prefix_cache_queried_tokens",
+            "prompt tokens a prefix-cache match could have covered",
+            value=s.prefix_queried_tokens,
+        )
+        yield CounterMetricFamily(
+            "nanograph_prefix_cache_hit_tokens",
+            "prompt tokens taken from the prefix cache",
+            value=s.prefix_hit_tokens,
+        )
+        hit_rate = s.prefix_hit_tokens / s.prefix_queried_tokens if s.prefix_queried_tokens else 0
+        yield GaugeMetricFamily(
+            "nanograph_prefix_cache_hit_rate", "hit tokens over queried tokens", value=hit_rate
+        )
         forwards = CounterMetricFamily(
             "nanograph_forwards",
             "forwards per path: graph replays and eager runs",
