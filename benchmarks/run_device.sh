@@ -15,7 +15,7 @@
 #   roofline on qwen3-30b-a3b, native-MoE prefill breakable vs eager), moe-coverage (the
 #   `bench coverage` table: model x MoE backend x graph backend x path), serve (`bench serve`
 #   against `nanograph serve`: arms, request-rate sweeps and the offline comparisons; needs the
-#   wheels of benchmarks/serve_wheels.txt in $SERVE_WHEELS, default shared/serve_wheels),
+#   wheels of benchmarks/serve_wheels.txt in $SERVE_WHEELS, default .whl, carried),
 #   fair-peer (prefill against the transformers peer with logits_to_keep=1 and its recorded
 #   attention, and the decode roofline from this device's measured copy bandwidth).
 # Run from the repo root; logs and JSON land in OUTDIR (copy them to benchmarks/results/).
@@ -134,8 +134,9 @@ case $stage in
     # and full/full: two rates each. Every arm caps the batch at 128 (fewer decode graphs to
     # capture) and first sends 128 untimed 8-token requests at once (kernels that compile on
     # first use do so there). Each command is bounded by `timeout`; MODELS narrows the run.
-    pip install -q --no-index --no-deps --find-links "${SERVE_WHEELS:-shared/serve_wheels}" \
-      -r benchmarks/serve_wheels.txt 2>&1 | tail -2
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
+      --find-links "${SERVE_WHEELS:-.whl}" -r benchmarks/serve_wheels.txt 2>&1 | tail -2
+    export PYTHONPATH=/tmp/site:$PYTHONPATH
     common="--load-format dummy --max-num-seqs 128 --cuda-graph-max-bs 128 --quiet"
     for model in ${MODELS:-qwen3-0.6b qwen3-8b}; do
       if [ "$model" = qwen3-8b ]; then
