@@ -12,8 +12,10 @@ import torch
 from nanograph import LLM, SamplingParams
 from nanograph.engine.config import EngineConfig
 from nanograph.graph import GraphCaptureError, get_backend
+from nanograph.runners.decode_runner import DecodeRunner
 from nanograph.runners.forward_batch import ForwardBatch
 from nanograph.runners.graph_runner import GraphRunner
+from nanograph.runners.prefill_runner import PrefillRunner
 from nanograph.runners.shapes import (
     ShapeKey,
     choose_shape,
@@ -97,8 +99,9 @@ def llm(tiny_model_dir):
 
 def make_runner(llm, path: str, shapes: list[ShapeKey]) -> GraphRunner:
     e = llm.engine
-    runner = GraphRunner(
-        path, e.model, e.attention, e.kv_cache.k, e.kv_cache.v, get_backend("eager"), shapes,
+    runner_type = DecodeRunner if path == "decode" else PrefillRunner
+    runner = runner_type(
+        e.model, e.attention, e.kv_cache.k, e.kv_cache.v, get_backend("eager"), shapes,
         e.kv_cache.pages_needed(e.max_model_len), e.kv_cache.page_size, CPU,
     )  # fmt: skip
     runner.capture(progress=False)
@@ -195,8 +198,8 @@ class FailingBackend:
 
 def test_a_shape_that_fails_to_capture_stays_eager_with_one_warning(llm, caplog):
     e = llm.engine
-    runner = GraphRunner(
-        "prefill", e.model, e.attention, e.kv_cache.k, e.kv_cache.v, FailingBackend(32),
+    runner = PrefillRunner(
+        e.model, e.attention, e.kv_cache.k, e.kv_cache.v, FailingBackend(32),
         prefill_shapes([16, 32, 64], slots=2), e.kv_cache.pages_needed(e.max_model_len),
         e.kv_cache.page_size, CPU,
     )  # fmt: skip
@@ -280,3 +283,23 @@ def test_prefill_shapes_above_the_context_capture_over_several_slots(llm):
     assert not runner.failed and len(runner.graphs) == 1
     with pytest.raises(ValueError, match="more tokens than 3 requests"):
         make_runner(llm, "prefill", prefill_shapes([3 * context + 16], slots=3))
+
+
+def test_engine_imports_nothing_from_graph():
+    """DESIGN.md: the engine asks runners to run batches; backends are the runners' business."""
+    import ast
+    from pathlib import Path
+
+    import nanograph.engine
+
+    for path in Path(nanograph.engine.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom | ast.Import):
+                names = (
+                    [node.module]
+                    if isinstance(node, ast.ImportFrom)
+                    else [a.name for a in node.names]
+                )
+                assert not any(n and n.startswith("nanograph.graph") for n in names), (
+                    path.name, names,
+                )  # fmt: skip

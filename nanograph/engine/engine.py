@@ -41,11 +41,13 @@ from nanograph.engine.request import UNRESOLVED, Request, Status
 from nanograph.engine.sampler import Sampler
 from nanograph.engine.sampling_params import SamplingParams
 from nanograph.engine.scheduler import Scheduler
-from nanograph.graph import get_backend
 from nanograph.models import build_model, get_moe_backend
+from nanograph.runners.decode_runner import DecodeRunner
 from nanograph.runners.forward_batch import ForwardBatch
 from nanograph.runners.graph_runner import GraphRunner
 from nanograph.runners.model_runner import ModelRunner
+from nanograph.runners.prefill_runner import PrefillRunner
+from nanograph.runners.selection import host_planned_ops, make_backend, resolve_backend
 from nanograph.runners.shapes import (
     ShapeKey,
     decode_batch_sizes,
@@ -152,38 +154,19 @@ class Engine:
 
     # ---- start-up -------------------------------------------------------------------------
     def host_planned_ops(self) -> list[str]:
-        """The model's ops that read the host (not graph-safe), each with its graph-safe
-        alternative: they run as eager breaks, and a full graph cannot hold them."""
-        ops = []
-        if not self.attention.graph_safe:
-            ops.append(
-                f"attention_backend={self.attention.name!r} reads Python lengths "
-                "(graph-safe: attention_backend='triton')"
-            )
-        if self.moe is not None and not self.moe.graph_safe:
-            ops.append(
-                f"moe_backend={self.moe.name!r} reads per-expert token counts "
-                "(graph-safe: moe_backend='triton')"
-            )
-        return ops
+        """The model's ops that read the host (not graph-safe), with graph-safe alternatives."""
+        return host_planned_ops(self.attention, self.moe)
 
     def _graph_backends(self) -> dict[str, str]:
         """Resolved graph backend per path, refusing combinations that cannot capture."""
         backends = {}
         host_planned = self.host_planned_ops()
         for path in ("decode", "prefill"):
-            name = self.config.graph_backend(path)
-            explicit = getattr(self.config, f"{path}_cuda_graph") != "auto"
-            if name == "full" and host_planned and not explicit:
-                name = "breakable"  # auto: the graph backend that holds host-planned ops
-            if name == "full" and host_planned:
-                raise ValueError(
-                    f"{path}_cuda_graph='full' captures the whole forward in one graph, but "
-                    f"{'; '.join(host_planned)}. Use the graph-safe backend, or "
-                    f"{path}_cuda_graph 'breakable' or 'tc_piecewise' (they run these ops "
-                    "eagerly between graph segments) or 'none'."
-                )
-            if name != "none":
+            flag = f"{path}_cuda_graph"
+            name = resolve_backend(
+                flag, getattr(self.config, flag), self.config.graph_backend(path), host_planned
+            )
+            if name is not None:
                 backends[path] = name
         return backends
 
@@ -200,13 +183,10 @@ class Engine:
     def _graph_runner(
         self, path: str, backend: str, kv: KVCache, shapes: list[ShapeKey]
     ) -> GraphRunner:
-        # debug mode: every captured path becomes one eager break through the same buffers
-        graph_backend = (
-            get_backend("breakable", debug=True) if self.config.debug_cuda_graph
-            else get_backend(backend)
-        )  # fmt: skip
-        return GraphRunner(
-            path, self.model, self.attention, kv.k, kv.v, graph_backend, shapes,
+        runner_type = DecodeRunner if path == "decode" else PrefillRunner
+        return runner_type(
+            self.model, self.attention, kv.k, kv.v,
+            make_backend(backend, debug=self.config.debug_cuda_graph), shapes,
             kv.pages_needed(self.max_model_len), kv.page_size, self.device,
         )  # fmt: skip
 
@@ -235,11 +215,11 @@ class Engine:
         kv = KVCache(self.model_config, self._num_pages(), self.config.page_size, self.dtype,
                      self.device)  # fmt: skip
         self.memory.kv_pool = kv.nbytes
-        runners = {}
+        runners = []
         for path, backend in backends.items():
-            runners[path] = self._graph_runner(path, backend, kv, self._shapes(path))
-            runners[path].capture(progress=self.config.progress)
-            self.memory.graph_pools[path] = runners[path].pool_bytes()
+            runners.append(self._graph_runner(path, backend, kv, self._shapes(path)))
+            runners[-1].capture(progress=self.config.progress)
+            self.memory.graph_pools[path] = runners[-1].pool_bytes()
         if self.device.type == "cuda":
             # after capture, which compiled the variants its graphs hold: this compiles the rest
             eager = ModelRunner(self.model, self.attention, kv.k, kv.v, self.device)

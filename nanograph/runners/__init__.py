@@ -1,1 +1,2 @@
-"""Runners: one per execution path (decode, prefill), each on any graph backend."""
+"""Typed runners, one per execution path (decode, prefill, verify, draft, draft-extend), each
+on any graph backend; the only layer that knows graph backends exist."""

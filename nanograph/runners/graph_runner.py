@@ -1,4 +1,10 @@
-"""A graph runner: one execution path (decode or prefill) captured on one graph backend.
+"""The base of the typed runners: one execution path captured on one graph backend.
+
+Each path is a subclass that says what its shapes hold: ``DecodeRunner`` and ``DraftRunner``
+(one token per request), ``PrefillRunner`` (token buckets x request slots), ``VerifyRunner`` and
+``DraftExtendRunner`` (up to k+1 tokens per request). A subclass gives its ``path`` name, the
+static ``max_query_len`` of a shape, the per-request lengths of the dummy batch a shape is
+captured with, and whether dispatch limits padding; everything else lives here.
 
 Invariants:
 - Owns its shapes, one ``StaticInputs`` sized at the largest shape, one graph pool and one
@@ -17,7 +23,9 @@ from __future__ import annotations
 
 import logging
 import time
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -39,10 +47,13 @@ class ShapeRecord:
     pool_bytes: int  # pool size after this shape was captured
 
 
-class GraphRunner:
+class GraphRunner(ABC):
+    path: ClassVar[str]  # the name of the path: logs, metrics, the memory report
+    # prefill-like paths: padded rows cost real GEMM work, so dispatch refuses > 2x padding
+    limit_padding: ClassVar[bool] = False
+
     def __init__(
         self,
-        path: str,  # "decode" | "prefill"
         model: CausalLM,
         attention: AttentionBackend,
         k_caches: list[torch.Tensor],
@@ -54,8 +65,7 @@ class GraphRunner:
         device: torch.device,
     ) -> None:
         if not shapes:
-            raise ValueError(f"{path} runner needs at least one shape")
-        self.path = path
+            raise ValueError(f"{self.path} runner needs at least one shape")
         self.model = model
         self.attention = attention
         self.k_caches, self.v_caches = k_caches, v_caches
@@ -76,8 +86,13 @@ class GraphRunner:
         self.replays = 0
         self.fallbacks = 0
 
+    @abstractmethod
     def max_query_len(self, shape: ShapeKey) -> int:
-        return 1 if self.path == "decode" else shape.num_tokens
+        """The static bound on one request's new tokens in ``shape`` (attention's grid)."""
+
+    @abstractmethod
+    def dummy_query_lens(self, shape: ShapeKey) -> list[int]:
+        """Per-request token counts of the batch ``shape`` is captured with (they fill it)."""
 
     # ---- capture ------------------------------------------------------------------------
     def capture(self, progress: bool = True) -> None:
@@ -138,16 +153,7 @@ class GraphRunner:
     def _dummy_batch(self, shape: ShapeKey) -> ForwardBatch:
         """A batch that fills ``shape`` and writes no KV (slot -1), reading the scratch page."""
         page = self.static.page_size
-        if self.path == "decode":
-            per_request = [1] * shape.num_slots
-        else:  # no request longer than the context: spread the tokens over the slots
-            cap, n = self.static.max_pages * page, shape.num_tokens
-            per_request = [cap] * (n // cap) + ([n % cap] if n % cap else [])
-            if len(per_request) > shape.num_slots:
-                raise ValueError(
-                    f"prefill shape {shape} holds more tokens than {shape.num_slots} requests "
-                    f"of at most {cap} tokens can bring"
-                )
+        per_request = self.dummy_query_lens(shape)
         tokens = sum(per_request)
         return ForwardBatch(
             input_ids=[0] * tokens,
@@ -170,7 +176,7 @@ class GraphRunner:
         # only captured shapes: a batch whose bucket failed to capture takes the next one up
         return choose_shape(
             self._captured, batch.num_tokens, batch.num_requests,
-            limit_padding=self.path == "prefill",
+            limit_padding=self.limit_padding,
         )  # fmt: skip
 
     @torch.inference_mode()
@@ -199,7 +205,7 @@ class GraphRunner:
 
     def __repr__(self) -> str:
         return (
-            f"GraphRunner({self.path}, {self.backend.name}, shapes={len(self.graphs)}/"
+            f"{type(self).__name__}({self.backend.name}, shapes={len(self.graphs)}/"
             f"{len(self.shapes)}, replays={self.replays}, fallbacks={self.fallbacks})"
         )
 

@@ -1,9 +1,11 @@
 """Runs a ``ForwardBatch`` through the model and returns the logits of its sampled rows.
 
-A decode batch goes to the decode graph runner, anything else to the prefill graph runner;
-when the runner is off or cannot take the batch, the same model runs eagerly through the same
-attention context. Which backend a runner uses is invisible here. ``forward_counts`` says how
-many forwards of each path replayed a graph and how many ran eagerly (the server's metrics).
+A batch goes to the graph runner of its path: the caller names it (``"verify"``,
+``"draft_extend"``, ...) or it follows from the batch (a decode batch to ``"decode"``, anything
+else to ``"prefill"``). When the path has no runner or its runner cannot take the batch, the
+same model runs eagerly through the same attention context. Which backend a runner uses is
+invisible here. ``forward_counts`` says how many forwards of each path replayed a graph and
+how many ran eagerly (the server's metrics).
 """
 
 from __future__ import annotations
@@ -25,30 +27,34 @@ class ModelRunner:
         k_caches: list[torch.Tensor],
         v_caches: list[torch.Tensor],
         device: torch.device,
-        graph_runners: dict[str, GraphRunner] | None = None,  # "decode" / "prefill"
+        graph_runners: list[GraphRunner] | None = None,  # at most one per path
     ) -> None:
         self.model = model
         self.attention = attention
         self.k_caches, self.v_caches = k_caches, v_caches
         self.device = device
-        self.graph_runners = graph_runners or {}
-        self.eager_forwards = {"decode": 0, "prefill": 0}
+        self.graph_runners = {r.path: r for r in graph_runners or []}
+        self.eager_forwards = {"decode": 0, "prefill": 0} | dict.fromkeys(self.graph_runners, 0)
 
     @torch.inference_mode()
-    def forward(self, batch: ForwardBatch, in_flight: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, batch: ForwardBatch, in_flight: torch.Tensor | None = None, path: str | None = None
+    ) -> torch.Tensor:
         """Logits (float32) of ``batch.sample_rows``, shape [len(sample_rows), vocab].
-        ``in_flight``: the sampled tokens of the step still running, for ``future_rows``."""
-        path = "decode" if batch.mode == "decode" else "prefill"
+        ``in_flight``: the sampled tokens of the step still running, for ``future_rows``;
+        ``path``: the runner to try (default: by the batch's mode)."""
+        path = path or ("decode" if batch.mode == "decode" else "prefill")
         runner = self.graph_runners.get(path)
         hidden = runner.forward(batch, in_flight) if runner is not None else None
         if hidden is None:
-            self.eager_forwards[path] += 1
+            self.eager_forwards[path] = self.eager_forwards.get(path, 0) + 1
             hidden = self.eager_forward(batch, in_flight)
         rows = torch.tensor(batch.sample_rows, dtype=torch.long).to(self.device, non_blocking=True)
         return self.model.compute_logits(hidden[rows])
 
     def forward_counts(self) -> dict[str, dict[str, int]]:
-        """Per path ("decode", "prefill"): forwards that replayed a graph and that ran eagerly."""
+        """Per path ("decode", "prefill", ...): forwards that replayed a graph and that ran
+        eagerly."""
         return {
             path: {
                 "graph": runner.replays if (runner := self.graph_runners.get(path)) else 0,
