@@ -48,6 +48,13 @@ ENGINE_HELP = {
     "(default: schedule and launch step t+1 while the device runs step t)",
     "disable_prefix_caching": "recompute every prompt from scratch (default: reuse the KV "
     "pages of cached prefixes; finished requests' pages stay cached until the pool needs them)",
+    "speculative_algorithm": "speculative decoding: ngram (prompt lookup) | draft_model "
+    "(off when unset)",
+    "speculative_num_draft_tokens": "drafts proposed per request and step (k)",
+    "speculative_draft_model_path": "draft model for --speculative-algorithm draft_model (same "
+    "tokenizer as the target: a preset, .gguf or Hugging Face folder)",
+    "speculative_draft_cuda_graph": "graph backend of the draft model's runners: full | "
+    "breakable | tc_piecewise | none | auto (as --decode-cuda-graph)",
     "progress": None,  # not a flag: --quiet turns it off
 }
 

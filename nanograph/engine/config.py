@@ -16,6 +16,10 @@ from nanograph.models.moe import MOE_BACKENDS
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 GRAPH_CHOICES = ("auto", "full", "breakable", "tc_piecewise", "none")
+SPECULATIVE_ALGORITHMS = ("ngram", "draft_model")
+# a verify forward holds k+1 tokens per request; past ~16 drafts acceptance of a whole chain is
+# rare and the verify forward stops being weight-bound, so larger k only costs
+MAX_DRAFT_TOKENS = 16
 
 
 def _triton_interpreted() -> bool:
@@ -64,6 +68,14 @@ class EngineConfig:
     prefill_graph_tokens: tuple[int, ...] | None = None
     # request slots per prefill graph (SGLang: 16); more requests in one forward run eagerly
     prefill_graph_slots: int = 16
+    # speculative decoding: None (off) | "ngram" (prompt lookup) | "draft_model"
+    speculative_algorithm: str | None = None
+    # drafts proposed per request and step (k); the verify forward holds k+1 tokens
+    speculative_num_draft_tokens: int = 4
+    # the draft model (same tokenizer as the target): a preset, .gguf or Hugging Face folder
+    speculative_draft_model_path: str | None = None
+    # graph backend of the draft model's runners; auto = as decode_cuda_graph resolves
+    speculative_draft_cuda_graph: str = "auto"
 
     def __post_init__(self) -> None:
         if self.load_format not in ("auto", "gguf", "hf", "dummy"):
@@ -90,7 +102,8 @@ class EngineConfig:
             raise ValueError(
                 f"moe_backend must be one of {', '.join(MOE_BACKENDS)}, got {self.moe_backend!r}"
             )
-        for flag in ("decode_cuda_graph", "prefill_cuda_graph"):
+        self._check_speculative()
+        for flag in ("decode_cuda_graph", "prefill_cuda_graph", "speculative_draft_cuda_graph"):
             value = getattr(self, flag)
             if value not in GRAPH_CHOICES:
                 raise ValueError(f"{flag} must be one of {', '.join(GRAPH_CHOICES)}, got {value!r}")
@@ -133,6 +146,30 @@ class EngineConfig:
         self._ladder("cuda_graph_bs", "max_num_seqs", "requests decode at once")
         self._ladder("prefill_graph_tokens", "chunked_prefill_size", "tokens go into one forward")
 
+    def _check_speculative(self) -> None:
+        algorithm = self.speculative_algorithm
+        if algorithm is not None and algorithm not in SPECULATIVE_ALGORITHMS:
+            raise ValueError(
+                f"speculative_algorithm must be one of {', '.join(SPECULATIVE_ALGORITHMS)} "
+                f"(or unset: off), got {algorithm!r}"
+            )
+        if not 1 <= self.speculative_num_draft_tokens <= MAX_DRAFT_TOKENS:
+            raise ValueError(
+                f"speculative_num_draft_tokens must be in 1..{MAX_DRAFT_TOKENS}, got "
+                f"{self.speculative_num_draft_tokens}"
+            )
+        path = self.speculative_draft_model_path
+        if algorithm == "draft_model" and not path:
+            raise ValueError(
+                "speculative_algorithm='draft_model' needs speculative_draft_model_path (a "
+                "smaller model with the target's tokenizer, e.g. qwen3-0.6b for qwen3-8b)"
+            )
+        if path and algorithm != "draft_model":
+            raise ValueError(
+                "speculative_draft_model_path is set but speculative_algorithm is "
+                f"{algorithm!r}: add speculative_algorithm='draft_model' or drop the path"
+            )
+
     def _ladder(self, name: str, limit_name: str, what: str) -> None:
         values = getattr(self, name)
         if values is None:
@@ -160,8 +197,11 @@ class EngineConfig:
         return DTYPES[self.dtype]
 
     def graph_backend(self, path: str) -> str:
-        """The resolved graph backend of a path ("decode" | "prefill"): a name or "none"."""
+        """The resolved graph backend of a path ("decode" | "prefill" | "speculative_draft"):
+        a name or "none". The draft model's runners default like decode."""
         value = getattr(self, f"{path}_cuda_graph")
+        if value == "auto" and path == "speculative_draft":
+            return self.graph_backend("decode")
         if value == "auto":
             if self.torch_device.type != "cuda":
                 return "none"

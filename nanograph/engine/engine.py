@@ -41,8 +41,9 @@ from nanograph.engine.request import UNRESOLVED, Request, Status
 from nanograph.engine.sampler import Sampler
 from nanograph.engine.sampling_params import SamplingParams
 from nanograph.engine.scheduler import Scheduler
+from nanograph.engine.speculative import SpeculativeDecoder
 from nanograph.models import build_model, get_moe_backend
-from nanograph.runners.decode_runner import DecodeRunner
+from nanograph.runners.decode_runner import DecodeRunner, DraftRunner
 from nanograph.runners.forward_batch import ForwardBatch
 from nanograph.runners.graph_runner import GraphRunner
 from nanograph.runners.model_runner import ModelRunner
@@ -54,8 +55,11 @@ from nanograph.runners.shapes import (
     decode_shapes,
     prefill_shapes,
     prefill_token_buckets,
+    verify_shapes,
 )
+from nanograph.runners.verify_runner import DraftExtendRunner, VerifyRunner
 from nanograph.runners.warmup import warm_up_kernels
+from nanograph.spec.draft_model import DraftModelDrafter
 
 if TYPE_CHECKING:
     from nanograph.loader.tokenizer import IncrementalDecoder
@@ -65,6 +69,10 @@ logger = logging.getLogger("nanograph")
 # KV sizing keeps the largest shape's measured pool bytes times this free for all shapes:
 # smaller shapes reuse the largest one's memory, plus what each shape keeps alive.
 GRAPH_RESERVE_MARGIN = 1.25
+_RUNNER_TYPES: dict[str, type[GraphRunner]] = {
+    r.path: r for r in (DecodeRunner, PrefillRunner, VerifyRunner, DraftRunner, DraftExtendRunner)
+}
+_DRAFT_PATHS = ("draft", "draft_extend")  # the draft model's runners
 
 
 class _InFlight:
@@ -114,10 +122,14 @@ class Engine:
             config.max_model_len or self.model_config.max_position_embeddings,
             self.model_config.max_position_embeddings,
         )
+        self.draft_model = self._load_draft_model()
         self.kernel_warmup_seconds = 0.0  # CUDA: compiling every kernel variant at start-up
+        models = [self.model] + ([self.draft_model] if self.draft_model is not None else [])
         self.memory = MemoryReport(
-            weights=sum(p.numel() * p.element_size() for p in self.model.parameters())
+            weights=sum(p.numel() * p.element_size() for m in models for p in m.parameters())
         )
+        self.draft_kv: KVCache | None = None
+        self.draft_runner: ModelRunner | None = None
         self.kv_cache, self.runner = self._build_kv_cache_and_runners()
         self.prefix_cache = (
             None if config.disable_prefix_caching
@@ -126,8 +138,10 @@ class Engine:
         self.scheduler = Scheduler(
             self.kv_cache, config.chunked_prefill_size, config.max_num_seqs, self.max_model_len,
             self.prefix_cache,
+            config.speculative_num_draft_tokens if config.speculative_algorithm else 0,
         )  # fmt: skip
         self.sampler = Sampler(self.device, seed=config.seed)
+        self.speculative = self._speculative_decoder()
         self.eos_token_ids = set(self.model_config.eos_token_ids)
         if self.tokenizer is not None:
             self.eos_token_ids |= set(self.tokenizer.eos_token_ids)
@@ -168,13 +182,67 @@ class Engine:
             )
             if name is not None:
                 backends[path] = name
+        if self.config.speculative_algorithm is None:
+            return backends
+        # verify is the target's small-batch path: it captures like decode
+        if "decode" in backends:
+            backends["verify"] = backends["decode"]
+        if self.config.speculative_algorithm == "draft_model":
+            flag = "speculative_draft_cuda_graph"
+            name = resolve_backend(
+                flag, getattr(self.config, flag), self.config.graph_backend("speculative_draft"),
+                host_planned,
+            )  # fmt: skip
+            if name is not None:
+                backends.update(dict.fromkeys(_DRAFT_PATHS, name))
         return backends
+
+    def _load_draft_model(self):
+        """The draft model (``speculative_algorithm='draft_model'``), checked against the
+        target: same vocabulary, a context at least ``max_model_len``."""
+        from nanograph.loader import init_dummy_weights, load_weights, resolve_model
+
+        if self.config.speculative_algorithm != "draft_model":
+            return None
+        source = resolve_model(self.config.speculative_draft_model_path, self.config.load_format)
+        draft = source.config
+        if draft.vocab_size != self.model_config.vocab_size:
+            raise ValueError(
+                f"the draft model's vocabulary has {draft.vocab_size} tokens but the target's "
+                f"has {self.model_config.vocab_size}: use a draft model with the target's "
+                "tokenizer (e.g. qwen3-0.6b for qwen3-8b)"
+            )
+        if draft.max_position_embeddings < self.max_model_len:
+            raise ValueError(
+                f"the draft model's context is {draft.max_position_embeddings} tokens, shorter "
+                f"than max_model_len={self.max_model_len}: lower --max-model-len"
+            )
+        moe = get_moe_backend(self.config.moe_backend, self.device) if draft.is_moe else None
+        model = build_model(draft, self.dtype, self.device, moe)
+        if source.kind == "dummy":  # the same seed: a self-draft gets the target's weights
+            init_dummy_weights(model, seed=self.config.seed)
+        else:
+            load_weights(model, source.weights(), progress=self.config.progress)
+        return model
+
+    def _speculative_decoder(self) -> SpeculativeDecoder | None:
+        if self.config.speculative_algorithm is None:
+            return None
+        drafter = None
+        if self.draft_runner is not None:
+            drafter = DraftModelDrafter(
+                self.draft_runner, self.draft_kv, self.sampler, self.config.chunked_prefill_size
+            )
+        return SpeculativeDecoder(self.runner, self.sampler, self.config.page_size, drafter)
 
     def _shapes(self, path: str) -> list[ShapeKey]:
         cfg = self.config
-        if path == "decode":
-            max_bs = min(cfg.cuda_graph_max_bs, cfg.max_num_seqs)
-            return decode_shapes(list(cfg.cuda_graph_bs or decode_batch_sizes(max_bs)))
+        max_bs = min(cfg.cuda_graph_max_bs, cfg.max_num_seqs)
+        batch_sizes = list(cfg.cuda_graph_bs or decode_batch_sizes(max_bs))
+        if path in ("decode", "draft"):
+            return decode_shapes(batch_sizes)
+        if path in ("verify", "draft_extend"):
+            return verify_shapes(batch_sizes, cfg.speculative_num_draft_tokens + 1)
         tokens = cfg.prefill_graph_tokens or prefill_token_buckets(cfg.chunked_prefill_size)
         # a forward never holds more tokens than its request slots can bring at full context
         reachable = cfg.prefill_graph_slots * self.max_model_len
@@ -183,51 +251,75 @@ class Engine:
     def _graph_runner(
         self, path: str, backend: str, kv: KVCache, shapes: list[ShapeKey]
     ) -> GraphRunner:
-        runner_type = DecodeRunner if path == "decode" else PrefillRunner
+        runner_type = _RUNNER_TYPES[path]
+        extra = {}
+        if issubclass(runner_type, VerifyRunner):
+            extra["query_len"] = self.config.speculative_num_draft_tokens + 1
+        model = self.draft_model if path in _DRAFT_PATHS else self.model
         return runner_type(
-            self.model, self.attention, kv.k, kv.v,
+            model, self.attention, kv.k, kv.v,
             make_backend(backend, debug=self.config.debug_cuda_graph), shapes,
-            kv.pages_needed(self.max_model_len), kv.page_size, self.device,
+            kv.pages_needed(self.max_model_len), kv.page_size, self.device, **extra,
         )  # fmt: skip
+
+    def _kv_cache(self, num_pages: int, draft: bool = False) -> KVCache:
+        config = self.draft_model.config if draft else self.model_config
+        return KVCache(config, num_pages, self.config.page_size, self.dtype, self.device)
 
     def _build_kv_cache_and_runners(self) -> tuple[KVCache, ModelRunner]:
         """Measures graph and activation memory first, then sizes the KV pool from what is
-        left, then captures: capture never competes with a KV pool sized without it."""
+        left, then captures: capture never competes with a KV pool sized without it. With a
+        draft model, its KV pool has as many pages as the target's (one memory plan) and its
+        runners (``draft``, ``draft_extend``) capture into their own pools."""
         backends = self.graph_backends
+        has_draft = self.draft_model is not None
         if self.device.type == "cuda":
             # a two-page pool is enough to measure: measurement batches read the scratch page
-            scratch = KVCache(self.model_config, 2, self.config.page_size, self.dtype, self.device)
-            self.memory.activation_peak = self._measure_activation_peak(scratch)
+            scratch = {False: self._kv_cache(2)} | (
+                {True: self._kv_cache(2, True)} if has_draft else {}
+            )
+            self.memory.activation_peak = self._measure_activation_peak(scratch[False])
             for path, backend in backends.items():
                 largest = max(self._shapes(path))
                 # tc_piecewise would compile the probe shape a second time (seconds per shape);
                 # a breakable capture holds the same activations (measured: a larger pool)
                 probe_backend = "breakable" if backend == "tc_piecewise" else backend
-                probe = self._graph_runner(path, probe_backend, scratch, [largest])
+                kv = scratch[path in _DRAFT_PATHS]
+                probe = self._graph_runner(path, probe_backend, kv, [largest])
                 probe.capture(progress=False)
                 # smaller shapes reuse the largest one's pool; keep a margin for their outputs
                 self.memory.graph_reserve += int(probe.pool_bytes() * GRAPH_RESERVE_MARGIN)
                 probe.release()
-                del probe
+                del probe, kv
             del scratch
             gc.collect()
             torch.cuda.empty_cache()
-        kv = KVCache(self.model_config, self._num_pages(), self.config.page_size, self.dtype,
-                     self.device)  # fmt: skip
-        self.memory.kv_pool = kv.nbytes
-        runners = []
+        num_pages = self._num_pages()
+        kv = self._kv_cache(num_pages)
+        self.draft_kv = self._kv_cache(num_pages, draft=True) if has_draft else None
+        self.memory.kv_pool = kv.nbytes + (self.draft_kv.nbytes if has_draft else 0)
+        runners: list[GraphRunner] = []
         for path, backend in backends.items():
-            runners.append(self._graph_runner(path, backend, kv, self._shapes(path)))
+            pool = self.draft_kv if path in _DRAFT_PATHS else kv
+            runners.append(self._graph_runner(path, backend, pool, self._shapes(path)))
             runners[-1].capture(progress=self.config.progress)
             self.memory.graph_pools[path] = runners[-1].pool_bytes()
+        target = [r for r in runners if r.path not in _DRAFT_PATHS]
+        runner = ModelRunner(self.model, self.attention, kv.k, kv.v, self.device, target)
+        if has_draft:
+            self.draft_runner = ModelRunner(
+                self.draft_model, self.attention, self.draft_kv.k, self.draft_kv.v, self.device,
+                [r for r in runners if r.path in _DRAFT_PATHS],
+            )  # fmt: skip
         if self.device.type == "cuda":
             # after capture, which compiled the variants its graphs hold: this compiles the rest
-            eager = ModelRunner(self.model, self.attention, kv.k, kv.v, self.device)
-            self.kernel_warmup_seconds = warm_up_kernels(
-                eager, self.config.page_size, self.config.progress
-            )
+            start = time.perf_counter()
+            for model, pool in ((self.model, kv), (self.draft_model, self.draft_kv)):
+                if model is not None:
+                    eager = ModelRunner(model, self.attention, pool.k, pool.v, self.device)
+                    warm_up_kernels(eager, self.config.page_size, self.config.progress)
+            self.kernel_warmup_seconds = time.perf_counter() - start
             logger.info("kernels warmed up in %.1f s", self.kernel_warmup_seconds)
-        runner = ModelRunner(self.model, self.attention, kv.k, kv.v, self.device, runners)
         return kv, runner
 
     def _measure_activation_peak(self, scratch: KVCache) -> int:
@@ -249,7 +341,10 @@ class Engine:
 
     def _num_pages(self) -> int:
         cfg = self.config
-        per_page = bytes_per_token(self.model_config, self.dtype) * cfg.page_size
+        per_token = bytes_per_token(self.model_config, self.dtype)
+        if self.draft_model is not None:  # the draft pool gets as many pages as the target's
+            per_token += bytes_per_token(self.draft_model.config, self.dtype)
+        per_page = per_token * cfg.page_size
         if self.device.type == "cuda":
             total = torch.cuda.get_device_properties(self.device).total_memory
             self.memory.device_total = total
@@ -323,12 +418,16 @@ class Engine:
         """Releases what the engine holds for a finished request."""
         self.scheduler.finish(request)
         self.sampler.release(request.request_id)
+        if self.speculative is not None and self.speculative.drafter is not None:
+            self.speculative.drafter.release(request.request_id)
         self._decoders.pop(request.request_id, None)
 
     # ---- one step -------------------------------------------------------------------------
     def step(self) -> list[Request]:
         """Launches one forward and reads the tokens of the one before it (overlap schedule)
         or of this one (``disable_overlap_schedule``); returns the requests that finished."""
+        if self.speculative is not None:
+            return self._speculative_step()
         failed, launched = self._launch()
         previous, self._in_flight = self._in_flight, launched
         finished = failed + (self._resolve(previous) if previous is not None else [])
@@ -344,8 +443,14 @@ class Engine:
             request.finish("error", "the KV pool cannot hold this request even alone")
         if not step.requests:
             return failed, None
-        requests, num_new = step.requests, step.num_new
-        samples = [step.samples(i) for i in range(len(requests))]
+        return self._launch_forward(step.requests, step.num_new, failed)
+
+    def _launch_forward(
+        self, requests: list[Request], num_new: list[int], failed: list[Request]
+    ) -> tuple[list[Request], _InFlight | None]:
+        """Launches the forward of scheduled requests and its sampling; appends to ``failed``
+        the requests that failed."""
+        samples = [n == r.num_pending for r, n in zip(requests, num_new)]
         try:
             tokens = self._forward_and_sample(requests, num_new, samples)
         except Exception as e:  # nothing of this step was applied to its requests yet
@@ -364,6 +469,69 @@ class Engine:
             request.output_ids.append(UNRESOLVED)
             request.future = (launched, row)
         return failed, launched
+
+    def _speculative_step(self) -> list[Request]:
+        """A step with speculative decoding, serial (``engine/speculative.py`` says why):
+        requests with room for drafts are verified, the others (prefill chunks, requests at
+        their last token) run one plain forward; both are read before the step returns."""
+        step, finished = self.scheduler.schedule()
+        for request in finished:
+            request.finish("error", "the KV pool cannot hold this request even alone")
+        drafter = self.speculative.drafter
+        if drafter is not None:  # preempted or finished requests give their draft pages back
+            drafter.keep_only(self.scheduler.running)
+        verify = [i for i, n in enumerate(step.num_drafts) if n > 0]
+        plain = [i for i, n in enumerate(step.num_drafts) if n == 0]
+        if plain:
+            failed, launched = self._launch_forward(
+                [step.requests[i] for i in plain], [step.num_new[i] for i in plain], []
+            )
+            finished += failed + (self._resolve(launched) if launched is not None else [])
+        if verify:
+            requests = [step.requests[i] for i in verify]
+            finished += self._verify(requests, [step.num_drafts[i] for i in verify])
+        return finished
+
+    def _verify(self, requests: list[Request], limits: list[int]) -> list[Request]:
+        """Drafts, verifies and applies the accepted tokens of decoding requests; returns those
+        that finished. If the speculative step raises, they decode one plain token instead
+        (nothing of the step was applied to them)."""
+        try:
+            accepted = self.speculative.step(requests, limits)
+        except Exception as e:
+            logger.warning("a speculative step of %d requests raised %r: decoding them plainly",
+                           len(requests), e, exc_info=e)  # fmt: skip
+            failed, launched = self._launch_forward(requests, [1] * len(requests), [])
+            return failed + (self._resolve(launched) if launched is not None else [])
+        finished = []
+        now = time.perf_counter()
+        for request, tokens in zip(requests, accepted):
+            # the verify forward wrote KV for the last token and the accepted drafts
+            request.num_computed += len(tokens)
+            if request.first_token_time is None:
+                request.first_token_time = now
+            reason, index = None, len(request.output_ids)
+            try:
+                for token in tokens:
+                    index = len(request.output_ids)
+                    request.output_ids.append(token)
+                    if reason := self._accept(request, index, token):
+                        break
+            except Exception as e:  # e.g. the tokenizer refusing a token: this request only
+                logger.error("request %d failed: %r", request.request_id, e, exc_info=e)
+                self.abort(request, "error", f"internal error while reading a token: {e}")
+                finished.append(request)
+                continue
+            if reason:
+                del request.output_ids[index + (reason != "stop-token") :]
+                request.finish("stop" if reason == "stop-token" else reason)
+                self._forget(request)
+                finished.append(request)
+                continue
+            self.scheduler.roll_back(request)
+            if self.speculative.drafter is not None:
+                self.speculative.drafter.accepted(request, len(tokens) - 1)
+        return finished
 
     def _forward_and_sample(
         self, requests: list[Request], num_new: list[int], samples: list[bool]

@@ -42,21 +42,47 @@ class Sampler:
         """logits: float32 [B, V]. Returns one token id per row (int64, on the device)."""
         if all(p.greedy for p in params):
             return logits.argmax(dim=-1)
+        probs = self.probabilities(logits, params)
+        sampled = (probs / self.exponentials(request_ids, params, probs.shape[-1])).argmax(dim=-1)
+        greedy = torch.tensor([p.greedy for p in params], device=logits.device)
+        # greedy rows of a mixed batch take the argmax of the unscaled logits (same order)
+        return torch.where(greedy, logits.argmax(dim=-1), sampled)
+
+    def probabilities(self, logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+        """The distribution each row samples from (float32 [B, V]): temperature, top-k, top-p,
+        min-p, softmax; greedy rows are one-hot at the argmax of the unscaled logits."""
         dev = logits.device
         temps = torch.tensor([1.0 if p.greedy else p.temperature for p in params], device=dev)
-        logits = logits / temps[:, None]
+        scaled = logits / temps[:, None]
         if any(p.top_k > 0 or p.top_p < 1 or p.min_p > 0 for p in params):
-            logits = _filter(logits, params)
-        probs = torch.softmax(logits, dim=-1)
-        # one draw for the batch; seeded rows then redraw from their own generators
-        noise = torch.empty_like(probs).exponential_(generator=self.generator)
+            scaled = _filter(scaled, params)
+        probs = torch.softmax(scaled, dim=-1)
+        greedy = torch.tensor([p.greedy for p in params], device=dev)
+        if not greedy.any():
+            return probs
+        one_hot = torch.zeros_like(probs).scatter_(-1, logits.argmax(dim=-1, keepdim=True), 1.0)
+        return torch.where(greedy[:, None], one_hot, probs)
+
+    def exponentials(
+        self, request_ids: list[int], params: list[SamplingParams], width: int
+    ) -> torch.Tensor:
+        """Exp(1) noise [len(request_ids), width]: one draw for all rows from the engine's
+        generator, then seeded requests' rows redrawn from their own generators."""
+        noise = torch.empty(len(request_ids), width, device=self.device)
+        noise.exponential_(generator=self.generator)
         for row, (rid, p) in enumerate(zip(request_ids, params)):
             if p.seed is not None:
                 noise[row].exponential_(generator=self._generator_for(rid, p))
-        sampled = (probs / noise).argmax(dim=-1)
-        greedy = torch.tensor([p.greedy for p in params], device=dev)
-        # greedy rows of a mixed batch take the argmax of the unscaled logits (same order)
-        return torch.where(greedy, logits.argmax(dim=-1), sampled)
+        return noise
+
+    def uniforms(self, request_ids: list[int], params: list[SamplingParams]) -> torch.Tensor:
+        """U[0, 1) draws [len(request_ids)], seeded requests from their own generators."""
+        draws = torch.empty(len(request_ids), device=self.device)
+        draws.uniform_(generator=self.generator)
+        for row, (rid, p) in enumerate(zip(request_ids, params)):
+            if p.seed is not None:
+                draws[row : row + 1].uniform_(generator=self._generator_for(rid, p))
+        return draws
 
 
 def _filter(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:

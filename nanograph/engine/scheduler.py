@@ -17,6 +17,11 @@ running request is prefilling right now waits a step for it rather than computin
 (requests behind it go first); a short pool evicts unused cached pages before it
 preempts or refuses anyone; preemption and finishing keep the computed pages cached (an error
 does not: its KV is not trusted). Every page goes back through ``release``.
+
+With speculative decoding (``num_draft_tokens`` = k > 0), a running request that decodes (one
+pending token) also gets room for up to k draft tokens to verify: ``num_drafts[i]`` of them,
+counted in the token budget and in its pages, never past its ``max_tokens`` or the context
+(``draft_limit``), so a request's pages never exceed what ``_fits_alone`` checked.
 """
 
 from __future__ import annotations
@@ -33,10 +38,7 @@ from nanograph.engine.request import Request, Status
 class ScheduledStep:
     requests: list[Request]
     num_new: list[int]  # tokens computed for each request this step
-
-    def samples(self, i: int) -> bool:
-        """Whether request i reaches its last pending token (so its last row is sampled)."""
-        return self.num_new[i] == self.requests[i].num_pending
+    num_drafts: list[int]  # room for draft tokens verified after them (speculative decoding)
 
 
 class Scheduler:
@@ -47,12 +49,14 @@ class Scheduler:
         max_num_seqs: int,
         max_model_len: int,
         prefix_cache: PrefixCache | None = None,
+        num_draft_tokens: int = 0,
     ) -> None:
         self.kv = kv_cache
         self.cache = prefix_cache
         self.max_model_len = max_model_len
         self.chunk = chunked_prefill_size
         self.max_num_seqs = max_num_seqs
+        self.num_draft_tokens = num_draft_tokens
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
 
@@ -67,6 +71,15 @@ class Scheduler:
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
+
+    def draft_limit(self, request: Request) -> int:
+        """Draft tokens a decoding request may have verified: at most k, and never so many
+        that accepting them all would pass ``max_tokens`` or the context length."""
+        left = min(
+            request.params.max_tokens - len(request.output_ids),
+            self.max_model_len - request.num_tokens,
+        )
+        return max(0, min(self.num_draft_tokens, left - 1))
 
     def _grow(self, request: Request, num_tokens: int) -> bool:
         """Gives ``request`` pages for ``num_tokens`` cached tokens; False if the pool is short."""
@@ -93,6 +106,14 @@ class Scheduler:
             self.kv.allocator.free(request.pages)
             request.pages = []
 
+    def roll_back(self, request: Request) -> None:
+        """Gives back the request's pages past its tokens: after a verify forward they hold
+        only rejected drafts' KV (never shared: the prefix cache holds computed pages only)."""
+        keep = max(self.kv.pages_needed(request.num_tokens), request.num_shared_pages)
+        if len(request.pages) > keep:
+            self.kv.allocator.free(request.pages[keep:])
+            del request.pages[keep:]
+
     def _preempt(self, request: Request) -> None:
         self.release(request)
         request.num_computed = 0
@@ -111,6 +132,7 @@ class Scheduler:
         budget = self.chunk
         chosen: list[Request] = []
         num_new: list[int] = []
+        num_drafts: list[int] = []
         failed: list[Request] = []
         if self.cache is not None:
             ps = self.kv.page_size
@@ -123,7 +145,8 @@ class Scheduler:
             if request.done_sampling(self.max_model_len):
                 continue  # its last token is still in flight: it finishes when that is read
             n = min(request.num_pending, budget)
-            while not self._grow(request, request.num_computed + n):
+            drafts = min(self.draft_limit(request), budget - n) if request.num_pending == 1 else 0
+            while not self._grow(request, request.num_computed + n + drafts):
                 # the most recently admitted request not yet given tokens this step
                 victim = self.running[-1]
                 if victim is request:
@@ -132,7 +155,8 @@ class Scheduler:
             else:
                 chosen.append(request)
                 num_new.append(n)
-                budget -= n
+                num_drafts.append(drafts)
+                budget -= n + drafts
                 continue
             # nobody left to preempt: this one waits until pages come back
             self._preempt(request)
@@ -166,9 +190,10 @@ class Scheduler:
             self.running.append(request)
             chosen.append(request)
             num_new.append(n)
+            num_drafts.append(0)  # drafts start once it decodes
             budget -= n
         self.waiting.extendleft(reversed(deferred))
-        return ScheduledStep(chosen, num_new), failed
+        return ScheduledStep(chosen, num_new, num_drafts), failed
 
     def _next_page_in_progress(self, request: Request) -> bool:
         """Whether a running request is prefilling the very page of prompt this one would

@@ -20,4 +20,15 @@ class DecodeRunner(GraphRunner):
         return [1] * shape.num_slots
 
 
-__all__ = ["DecodeRunner"]
+class DraftRunner(DecodeRunner):
+    """The draft model's autoregressive steps: one token per request, as in decode.
+
+    Each of the k-1 steps after the draft-extend forward replays this runner's graph for the
+    live batch size; the steps chain on the device (each step's input is the previous step's
+    sampled token, taken through ``ForwardBatch.future_rows``), so the loop costs no host sync.
+    """
+
+    path = "draft"
+
+
+__all__ = ["DecodeRunner", "DraftRunner"]

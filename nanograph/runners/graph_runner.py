@@ -174,10 +174,14 @@ class GraphRunner(ABC):
         if batch.max_pages > self.static.max_pages:
             return None
         # only captured shapes: a batch whose bucket failed to capture takes the next one up
-        return choose_shape(
+        shape = choose_shape(
             self._captured, batch.num_tokens, batch.num_requests,
             limit_padding=self.limit_padding,
         )  # fmt: skip
+        # the attention grid was captured for at most max_query_len new tokens per request
+        if shape is not None and max(batch.query_lens) > self.max_query_len(shape):
+            return None
+        return shape
 
     @torch.inference_mode()
     def forward(

@@ -73,3 +73,8 @@ def choose_shape(
             return None
         return shape
     return None
+
+
+def verify_shapes(batch_sizes: list[int], query_len: int) -> list[ShapeKey]:
+    """Verify / draft-extend shapes: ``query_len`` tokens for each of ``bs`` request slots."""
+    return [ShapeKey(b * query_len, b) for b in batch_sizes]

@@ -1,0 +1,43 @@
+"""``VerifyRunner`` and ``DraftExtendRunner``: up to k+1 new tokens per request, by batch size.
+
+Verify is the target's forward over each request's last token and its drafts (chain drafts, no
+trees); draft-extend is the draft model catching up on the tokens the target accepted. Both
+are extend forwards of at most ``query_len = k + 1`` tokens per request.
+
+Invariants:
+- A shape ``bs * (k+1) x bs`` holds up to ``bs`` requests of up to k+1 tokens each; requests
+  with fewer drafts, and batches smaller than the shape, leave padded token rows (slot -1, no
+  KV write, parked after the real tokens) and zero-length sentinel slots, exactly as prefill's.
+- The attention grid is captured for ``max_query_len = k + 1``: dispatch sends a batch with a
+  longer request (a draft model's first catch-up over a prompt) to the eager path.
+- No padding limit: the ladder is the decode one, so a shape is at most (k+1) x the tokens of
+  the next smaller batch size, and these forwards are small.
+"""
+
+from __future__ import annotations
+
+from nanograph.runners.graph_runner import GraphRunner
+from nanograph.runners.shapes import ShapeKey
+
+
+class VerifyRunner(GraphRunner):
+    path = "verify"
+
+    def __init__(self, *args, query_len: int, **kwargs) -> None:
+        if query_len < 1:
+            raise ValueError(f"{self.path} runner needs query_len >= 1, got {query_len}")
+        self.query_len = query_len
+        super().__init__(*args, **kwargs)
+
+    def max_query_len(self, shape: ShapeKey) -> int:
+        return self.query_len
+
+    def dummy_query_lens(self, shape: ShapeKey) -> list[int]:
+        return [self.query_len] * shape.num_slots
+
+
+class DraftExtendRunner(VerifyRunner):
+    path = "draft_extend"
+
+
+__all__ = ["DraftExtendRunner", "VerifyRunner"]
