@@ -105,3 +105,29 @@ def test_bench_prefill_engine_recomputes_a_repeated_prompt(tiny_model_dir):
 
     llm = engine_for(str(tiny_model_dir("llama")), "eager", [8, 16])
     assert llm.engine.config.disable_prefix_caching  # else every repeat is a cache hit
+
+
+def test_bench_spec_runs_on_cpu_and_records_its_cost_model(tiny_model_dir, tmp_path):
+    out = tmp_path / "spec.json"
+    tiny = str(tiny_model_dir("qwen3"))
+    argv = ["bench", "spec", "--target", tiny, "--drafter", str(tiny_model_dir("llama")),
+            "--arms", "off,ngram:2,draft:2,self:2", "--batches", "1,2", "--prompt-len", "16",
+            "--new-tokens", "6", "--repeats", "1", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    report = json.loads(out.read_text())
+    assert list(report["arms"]) == ["off", "ngram:2", "draft:2", "self:2"]
+    for arm, data in report["arms"].items():
+        assert set(data["median_tok_s"]) == {"1", "2"} and data["predicted_tok_s"]["2"] > 0
+        assert ("verify_over_decode" in data["costs_ms"]["1"]) == (arm != "off")
+    for arm in ("draft:2", "self:2"):
+        assert "draft_loop_over_k_drafter_steps" in report["arms"][arm]["costs_ms"]["2"]
+        assert "draft_capture_s" in report["arms"][arm]  # empty on CPU: nothing captured
+    # the self-draft arm drafts with the target's own (same-seed) weights: nearly all accepted
+    assert report["arms"]["self:2"]["acceptance_rate"]["1"] >= 0.9
+    assert out.with_suffix(".png").exists() or importlib.util.find_spec("matplotlib") is None
+
+
+def test_bench_spec_refuses_an_unknown_arm(capsys, tmp_path):
+    out = tmp_path / "spec.json"
+    assert main(["bench", "spec", "--arms", "off,eagle:2", "--out", str(out)]) == 2
+    assert "unknown arm 'eagle:2'" in capsys.readouterr().err and not out.exists()

@@ -23,6 +23,7 @@ BENCHES = {
     "startup": "nanograph.bench.startup",
     "prefix": "nanograph.bench.prefix",
     "serve": "nanograph.bench.serve",
+    "spec": "nanograph.bench.spec",
 }
 
 

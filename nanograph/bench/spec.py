@@ -1,0 +1,197 @@
+"""``nanograph bench spec``: speculative decoding against plain decoding, and its cost model.
+
+Arms (``--arms``): ``off``; ``ngram:K``; ``draft:K`` (the ``--drafter`` model drafts);
+``self:K`` (the target drafts for itself: with the same random weights every draft is right,
+so it measures the machinery's overhead at full acceptance). Each arm is one engine with random
+weights (graphs on their defaults on CUDA, eager on CPU), prefix caching off; at each batch size
+B, B random prompts generate ``--new-tokens`` tokens each.
+
+Recorded per arm and batch: measured tokens/s (every sample and the median, tokens after the
+first over the span from first to last token), the mean accepted length L (tokens a request
+gains per verify forward; fewer than k+1 near max_tokens, where fewer drafts are allowed) and
+the acceptance rate (accepted / proposed drafts). The cost model, each figure a median of timed
+forwards on scratch pages (no KV written): a plain decode step t_decode(B) of the target; a
+verify forward of k+1 tokens per request t_verify(B) (aim at batch 1, k=4: <= 1.15 x t_decode);
+the draft loop as the engine runs it, a draft-extend forward of 2 tokens per request and k-1
+draft steps chained on the device, t_loop(B), beside k plain decode steps of the drafter (aim:
+no more). Predicted tokens/s = B x L / (t_verify + t_loop) (n-gram: t_loop = 0, its host step is
+not modelled), beside the measured one (aim: within 10%). Capture seconds of every runner,
+target and drafter.
+Random weights make n-gram and draft acceptance unlike real text: read them with L.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+
+import torch
+
+from nanograph.bench.common import default_out, environment, figure, free_engine, median, timed
+from nanograph.bench.common import write as write_json
+from nanograph.runners.forward_batch import ForwardBatch
+
+
+def parse_arm(arm: str) -> tuple[str | None, int]:
+    """(algorithm or None, k) of an arm name."""
+    if arm == "off":
+        return None, 0
+    kind, _, k = arm.partition(":")
+    algorithm = {"ngram": "ngram", "draft": "draft_model", "self": "draft_model"}.get(kind)
+    if algorithm is None or not k.isdigit() or int(k) < 1:
+        raise ValueError(f"unknown arm {arm!r}: off, ngram:K, draft:K or self:K (K >= 1)")
+    return algorithm, int(k)
+
+
+def scratch_batch(batch: int, query_len: int, context: int, page_size: int,
+                  all_rows: bool) -> ForwardBatch:  # fmt: skip
+    """``batch`` requests of ``query_len`` new tokens after ``context`` cached ones, all on the
+    scratch page, writing no KV; every row sampled (verify) or the last of each (decode)."""
+    n = batch * query_len
+    seq = context + query_len
+    rows = list(range(n)) if all_rows else [query_len * (b + 1) - 1 for b in range(batch)]
+    return ForwardBatch(
+        input_ids=[0] * n, positions=[context + i for _ in range(batch) for i in range(query_len)],
+        seq_lens=[seq] * batch, query_lens=[query_len] * batch,
+        page_tables=[[0] * -(-seq // page_size)] * batch, slot_mapping=[-1] * n,
+        sample_rows=rows, page_size=page_size,
+    )  # fmt: skip
+
+
+def forward_ms(runner, batch: ForwardBatch, path: str, repeats: int) -> float:
+    """Median ms of one forward and its logits (an argmax of them, as greedy decoding does)."""
+    return 1e3 * median(timed(lambda: runner.forward(batch, path=path).argmax(-1), repeats))
+
+
+def draft_loop_ms(runner, batch: int, k: int, context: int, page_size: int, repeats: int) -> float:
+    """Median ms of the draft loop: a 2-token draft-extend forward, then k-1 one-token draft
+    steps, each taking the previous step's tokens on the device."""
+    extend = scratch_batch(batch, 2, context, page_size, all_rows=False)
+    step = ForwardBatch.build([[0]] * batch, [context + 2] * batch, extend.page_tables, page_size,
+                              [True] * batch, list(range(batch)))  # fmt: skip
+    step = dataclasses.replace(step, slot_mapping=[-1] * batch)  # no KV write, as the others
+
+    def loop() -> None:
+        tokens = runner.forward(extend, path="draft_extend").argmax(-1)
+        for _ in range(k - 1):
+            tokens = runner.forward(step, tokens, path="draft").argmax(-1)
+
+    return 1e3 * median(timed(loop, repeats))
+
+
+def capture_seconds(model_runner) -> dict[str, float]:
+    return {
+        path: sum(r.capture_s for r in runner.records.values())
+        for path, runner in model_runner.graph_runners.items()
+    }
+
+
+def measure_arm(args: argparse.Namespace, arm: str, batches: list[int]) -> dict:
+    from nanograph import LLM, SamplingParams
+
+    algorithm, k = parse_arm(arm)
+    cuda = torch.cuda.is_available()
+    engine_args = dict(
+        load_format="dummy", decode_cuda_graph="auto" if cuda else "none",
+        prefill_cuda_graph="none", cuda_graph_bs=tuple(batches), max_num_seqs=max(batches),
+        max_model_len=args.prompt_len + args.new_tokens + 32, disable_prefix_caching=True,
+        progress=False,
+    )  # fmt: skip
+    if algorithm is not None:
+        drafter = args.target if arm.startswith("self") else args.drafter
+        engine_args |= dict(speculative_algorithm=algorithm, speculative_num_draft_tokens=k)
+        if algorithm == "draft_model":
+            engine_args["speculative_draft_model_path"] = drafter
+    llm = LLM(args.target, **engine_args)
+    engine = llm.engine
+    result = {
+        "load_s": engine.load_seconds, "capture_s": capture_seconds(engine.runner),
+        "samples_tok_s": {}, "median_tok_s": {}, "mean_accepted_length": {},
+        "acceptance_rate": {}, "costs_ms": {}, "predicted_tok_s": {},
+    }  # fmt: skip
+    if engine.draft_runner is not None:
+        result["draft_capture_s"] = capture_seconds(engine.draft_runner)
+    vocab = engine.model_config.vocab_size
+    page = engine.config.page_size
+    g = torch.Generator().manual_seed(0)
+    params = SamplingParams(max_tokens=args.new_tokens, temperature=0, ignore_eos=True)
+    for batch in batches:
+        prompts = [torch.randint(0, vocab, (args.prompt_len,), generator=g).tolist()
+                   for _ in range(batch)]  # fmt: skip
+        llm.generate(prompts, SamplingParams(max_tokens=16, temperature=0, ignore_eos=True))
+        stats = engine.speculative.stats if engine.speculative is not None else None
+        counters = ("requests", "emitted_tokens", "draft_tokens", "accepted_tokens")
+        before = [getattr(stats, c) for c in counters] if stats else []
+        samples = []
+        for _ in range(args.repeats):
+            outs = llm.generate(prompts, params)
+            first = min(o.ttft_s for o in outs)
+            span = max(o.ttft_s + (len(o.token_ids) - 1) / o.decode_tokens_per_s for o in outs)
+            samples.append(sum(len(o.token_ids) - 1 for o in outs) / (span - first))
+        result["samples_tok_s"][batch] = samples
+        result["median_tok_s"][batch] = median(samples)
+        accepted = 1.0
+        if stats is not None:
+            requests, emitted, drafted, kept = (
+                getattr(stats, c) - b for c, b in zip(counters, before)
+            )
+            accepted = emitted / max(1, requests)
+            result["acceptance_rate"][batch] = kept / max(1, drafted)
+        result["mean_accepted_length"][batch] = accepted
+        costs = {"decode": forward_ms(engine.runner,
+                                      scratch_batch(batch, 1, args.prompt_len, page, False),
+                                      "decode", args.repeats * 4)}  # fmt: skip
+        step_ms = costs["decode"]
+        if algorithm is not None:
+            verify = scratch_batch(batch, k + 1, args.prompt_len, page, all_rows=True)
+            costs["verify"] = forward_ms(engine.runner, verify, "verify", args.repeats * 4)
+            costs["verify_over_decode"] = costs["verify"] / costs["decode"]
+            step_ms = costs["verify"]
+        if engine.draft_runner is not None:
+            drafter_decode = scratch_batch(batch, 1, args.prompt_len, page, False)
+            costs["drafter_decode"] = forward_ms(engine.draft_runner, drafter_decode, "draft",
+                                                 args.repeats * 4)  # fmt: skip
+            costs["draft_loop"] = draft_loop_ms(engine.draft_runner, batch, k, args.prompt_len,
+                                                page, args.repeats * 4)  # fmt: skip
+            costs["draft_loop_over_k_drafter_steps"] = costs["draft_loop"] / (
+                k * costs["drafter_decode"]
+            )
+            step_ms += costs["draft_loop"]
+        result["costs_ms"][batch] = costs
+        result["predicted_tok_s"][batch] = 1e3 * batch * accepted / step_ms
+        print(f"{arm} batch {batch}: {result['median_tok_s'][batch]:.1f} tok/s measured, "
+              f"{result['predicted_tok_s'][batch]:.1f} predicted, L={accepted:.2f}, "
+              f"costs {({n: round(v, 3) for n, v in costs.items()})}")  # fmt: skip
+    free_engine(llm)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="nanograph bench spec", description=__doc__)
+    parser.add_argument("--target", default="qwen3-8b")
+    parser.add_argument("--drafter", default="qwen3-0.6b")
+    parser.add_argument("--arms", default="off,ngram:2,ngram:4,ngram:8,draft:4,self:4")
+    parser.add_argument("--batches", default="1,4,16,64")
+    parser.add_argument("--prompt-len", type=int, default=512)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", default=default_out("spec.json"))
+    args = parser.parse_args(argv)
+    arms = args.arms.split(",")
+    for arm in arms:
+        parse_arm(arm)  # refuse a bad name before loading anything
+    batches = [int(b) for b in args.batches.split(",")]
+    report = {"bench": "spec", "env": environment(), "config": vars(args), "arms": {}}
+    for arm in arms:
+        report["arms"][arm] = measure_arm(args, arm, batches)
+        write_json(args.out, report)
+    out = Path(args.out)
+    series = {f"{arm} measured": (batches, [d["median_tok_s"][b] for b in batches])
+              for arm, d in report["arms"].items()}  # fmt: skip
+    series |= {f"{arm} predicted": (batches, [d["predicted_tok_s"][b] for b in batches])
+               for arm, d in report["arms"].items() if arm != "off"}  # fmt: skip
+    figure(out.with_suffix(".png"),
+           f"speculative decoding, {args.target} ({report['env']['device']})", "batch size",
+           "tokens/s", series)  # fmt: skip
+    return 0
