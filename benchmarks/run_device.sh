@@ -17,7 +17,8 @@
 #   against `nanograph serve`: arms, request-rate sweeps and the offline comparisons; needs the
 #   wheels of benchmarks/serve_wheels.txt in $SERVE_WHEELS, default .whl, carried),
 #   fair-peer (prefill against the transformers peer with logits_to_keep=1 and its recorded
-#   attention, and the decode roofline from this device's measured copy bandwidth).
+#   attention, and the decode roofline from this device's measured copy bandwidth), spec
+#   (speculative decoding: its GPU tests, then `bench spec` on qwen3-8b).
 # Run from the repo root; logs and JSON land in OUTDIR (copy them to benchmarks/results/).
 # Export NANOGRAPH_COMMIT=<short hash> first: the device copy's .git can be stale.
 set -uo pipefail
@@ -192,5 +193,16 @@ case $stage in
     timeout 120 python3 -m nanograph bench decode --models qwen3-0.6b --arms eager,full \
       --batches 1 --repeats 3 --out "$out/decode_roofline.json" 2>&1 | grep -v "^INFO" \
       | tee "$out/decode_roofline.log" ;;
+  spec)  # <= ~8 min (estimated, not yet measured): speculative decoding (issue 16). GPU tests
+    # (verify/draft backend combinations, padded verify rows, pools); then bench spec on
+    # qwen3-8b (dummy weights): off, ngram k=2/4/8, draft qwen3-0.6b k=4, self-draft k=4 at
+    # batch 1/4/16/64. The JSON is written after every arm; ARMS / BATCHES narrow the run.
+    timeout "${TEST_TIMEOUT:-220}" python3 -m pytest -q -s -p no:cacheprovider --durations=8 \
+      -rfE tests/gpu/test_spec_gpu.py ${PYTEST_ARGS:-} > "$out/spec_tests.log" 2>&1
+    grep -E "agreement|passed|failed|Error" "$out/spec_tests.log" | tail -30
+    timeout "${BENCH_TIMEOUT:-250}" python3 -m nanograph bench spec --target qwen3-8b \
+      --drafter qwen3-0.6b --arms "${ARMS:-off,ngram:2,ngram:4,ngram:8,draft:4,self:4}" \
+      --batches "${BATCHES:-1,4,16,64}" --new-tokens 128 --repeats 2 --out "$out/spec.json" \
+      2>&1 | grep -v "^INFO" | tee "$out/spec.log" ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;
 esac
