@@ -222,6 +222,14 @@ def _summary(llm, outputs, elapsed: float) -> None:
         lines.append(("TTFT", f"{1000 * sum(ttfts) / len(ttfts):.0f} ms mean"))
     if rates:
         lines.append(("decode", f"{sum(rates) / len(rates):.1f} tok/s per request (mean)"))
+    if e.speculative is not None:
+        s = e.speculative.stats
+        lines.append((
+            "speculative",
+            f"{e.config.speculative_algorithm}, k={e.config.speculative_num_draft_tokens}: "
+            f"{s.accepted_tokens}/{s.draft_tokens} drafts accepted, "
+            f"{s.mean_accepted_length:.2f} tokens per verify",
+        ))  # fmt: skip
     width = max(len(k) for k, _ in lines)
     print("", file=sys.stderr)
     for k, v in lines:

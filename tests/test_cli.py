@@ -41,6 +41,21 @@ def test_generate_token_ids_on_a_model_without_tokenizer(capsys, tiny_model_dir)
     assert "KV pool" in captured.err
 
 
+def test_generate_with_speculative_flags(capsys, tiny_model_dir):
+    """The flags mirror EngineConfig: the answer is the one without speculation, and the
+    summary says how many drafts were accepted."""
+    base = ["generate", "--model", str(tiny_model_dir("qwen3")), "--prompt-ids", "5,6,7,5,6",
+            "--max-tokens", "8", "--ignore-eos"]  # fmt: skip
+    assert main(base) == 0
+    plain = capsys.readouterr().out
+    flags = ["--speculative-algorithm", "draft_model", "--speculative-num-draft-tokens", "3",
+             "--speculative-draft-model-path", str(tiny_model_dir("qwen3"))]  # fmt: skip
+    assert main(base + flags) == 0
+    captured = capsys.readouterr()
+    assert captured.out == plain
+    assert "speculative" in captured.err and "drafts accepted" in captured.err
+
+
 @requires_smollm2
 def test_readme_main_job():
     out = subprocess.run(
