@@ -5,7 +5,10 @@ Invariants:
   ``finish_reason == "error"`` and a message saying what to do; it never enters the scheduler,
   so it cannot disturb the other requests.
 - ``step`` launches at most one forward; every scheduled request gains a computed chunk and,
-  at the end of its pending tokens, a sampled token. KV pages are released the moment the host
+  at the end of its pending tokens, a sampled token. With speculative decoding
+  (``engine/speculative.py``) a step runs serially: one plain forward for the requests that
+  do not decode, then drafts and one verify forward for those that do, each of which gains
+  its accepted drafts and one token. KV pages are released the moment the host
   learns that a request finished (through ``Scheduler.finish``: to the pool, or with prefix
   caching its computed whole pages to the cache, where nothing reads them until reused).
 - Nothing a request brings can poison the engine. Sampling parameters and prompts are checked
@@ -41,7 +44,7 @@ from nanograph.engine.request import UNRESOLVED, Request, Status
 from nanograph.engine.sampler import Sampler
 from nanograph.engine.sampling_params import SamplingParams
 from nanograph.engine.scheduler import Scheduler
-from nanograph.engine.speculative import SpeculativeDecoder
+from nanograph.engine.speculative import SpeculativeDecoder, load_draft_model
 from nanograph.models import build_model, get_moe_backend
 from nanograph.runners.decode_runner import DecodeRunner, DraftRunner
 from nanograph.runners.forward_batch import ForwardBatch
@@ -122,7 +125,10 @@ class Engine:
             config.max_model_len or self.model_config.max_position_embeddings,
             self.model_config.max_position_embeddings,
         )
-        self.draft_model = self._load_draft_model()
+        self.draft_model = (
+            load_draft_model(config, self.model_config, self.max_model_len)
+            if config.speculative_algorithm == "draft_model" else None
+        )  # fmt: skip
         self.kernel_warmup_seconds = 0.0  # CUDA: compiling every kernel variant at start-up
         models = [self.model] + ([self.draft_model] if self.draft_model is not None else [])
         self.memory = MemoryReport(
@@ -196,34 +202,6 @@ class Engine:
             if name is not None:
                 backends.update(dict.fromkeys(_DRAFT_PATHS, name))
         return backends
-
-    def _load_draft_model(self):
-        """The draft model (``speculative_algorithm='draft_model'``), checked against the
-        target: same vocabulary, a context at least ``max_model_len``."""
-        from nanograph.loader import init_dummy_weights, load_weights, resolve_model
-
-        if self.config.speculative_algorithm != "draft_model":
-            return None
-        source = resolve_model(self.config.speculative_draft_model_path, self.config.load_format)
-        draft = source.config
-        if draft.vocab_size != self.model_config.vocab_size:
-            raise ValueError(
-                f"the draft model's vocabulary has {draft.vocab_size} tokens but the target's "
-                f"has {self.model_config.vocab_size}: use a draft model with the target's "
-                "tokenizer (e.g. qwen3-0.6b for qwen3-8b)"
-            )
-        if draft.max_position_embeddings < self.max_model_len:
-            raise ValueError(
-                f"the draft model's context is {draft.max_position_embeddings} tokens, shorter "
-                f"than max_model_len={self.max_model_len}: lower --max-model-len"
-            )
-        moe = get_moe_backend(self.config.moe_backend, self.device) if draft.is_moe else None
-        model = build_model(draft, self.dtype, self.device, moe)
-        if source.kind == "dummy":  # the same seed: a self-draft gets the target's weights
-            init_dummy_weights(model, seed=self.config.seed)
-        else:
-            load_weights(model, source.weights(), progress=self.config.progress)
-        return model
 
     def _speculative_decoder(self) -> SpeculativeDecoder | None:
         if self.config.speculative_algorithm is None:

@@ -25,8 +25,12 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from nanograph.engine.config import EngineConfig
 from nanograph.engine.request import Request
 from nanograph.engine.sampler import Sampler
+from nanograph.models import build_model, get_moe_backend
+from nanograph.models.config import ModelConfig
+from nanograph.models.llama import CausalLM
 from nanograph.runners.forward_batch import ForwardBatch
 from nanograph.runners.model_runner import ModelRunner
 from nanograph.spec.acceptance import greedy_verify, rejection_verify
@@ -123,4 +127,33 @@ class SpeculativeDecoder:
         return rejection_verify(probs, starts, drafts, draft_probs, uniforms, noise)
 
 
-__all__ = ["SpeculativeDecoder", "SpeculativeStats"]
+def load_draft_model(config: EngineConfig, target: ModelConfig, max_model_len: int) -> CausalLM:
+    """The draft model of ``speculative_draft_model_path``, checked against the target: the
+    same vocabulary, a context of at least ``max_model_len``. Random weights (``load_format
+    dummy``) take the engine's seed, so a target drafting for itself gets its own weights."""
+    from nanograph.loader import init_dummy_weights, load_weights, resolve_model
+
+    source = resolve_model(config.speculative_draft_model_path, config.load_format)
+    draft = source.config
+    if draft.vocab_size != target.vocab_size:
+        raise ValueError(
+            f"the draft model's vocabulary has {draft.vocab_size} tokens but the target's has "
+            f"{target.vocab_size}: use a draft model with the target's tokenizer (e.g. "
+            "qwen3-0.6b for qwen3-8b)"
+        )
+    if draft.max_position_embeddings < max_model_len:
+        raise ValueError(
+            f"the draft model's context is {draft.max_position_embeddings} tokens, shorter than "
+            f"max_model_len={max_model_len}: lower --max-model-len"
+        )
+    device = config.torch_device
+    moe = get_moe_backend(config.moe_backend, device) if draft.is_moe else None
+    model = build_model(draft, config.torch_dtype, device, moe)
+    if source.kind == "dummy":
+        init_dummy_weights(model, seed=config.seed)
+    else:
+        load_weights(model, source.weights(), progress=config.progress)
+    return model
+
+
+__all__ = ["SpeculativeDecoder", "SpeculativeStats", "load_draft_model"]
