@@ -225,3 +225,27 @@ def test_draft_model_with_another_vocabulary_is_refused(tiny_model_dir, tiny):
     with pytest.raises(ValueError, match="vocabulary"):
         make_llm(tiny, speculative_algorithm="draft_model",
                  speculative_draft_model_path="smollm2-135m")  # fmt: skip
+
+
+def test_draft_loop_in_one_graph_drafts_what_the_target_decodes(tiny):
+    """The draft runner's loop graph (all k-1 steps, metadata advanced on the device) run on
+    CPU with the interpreted Triton attention, in a process of its own (tests/spec_draft_loop.py):
+    drafting for itself, every draft is accepted, the output equals plain decoding, and the
+    batch shrinks from 3 requests to 1 through the loop's shapes (2, 4; sentinel slots)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("triton")
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "TRITON_INTERPRET": "1",
+           "PYTHONPATH": str(root) + os.pathsep + os.environ.get("PYTHONPATH", "")}  # fmt: skip
+    run = subprocess.run([sys.executable, str(root / "tests" / "spec_draft_loop.py"), str(tiny)],
+                         capture_output=True, text=True, env=env, timeout=600)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    assert result["identical"]
+    assert result["replays"] >= 3 and result["fallbacks"] == 0 and result["eager_steps"] == 0
+    assert result["accepted_tokens"] == result["draft_tokens"] > 0

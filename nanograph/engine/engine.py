@@ -129,6 +129,8 @@ class Engine:
             load_draft_model(config, self.model_config, self.max_model_len)
             if config.speculative_algorithm == "draft_model" else None
         )  # fmt: skip
+        if self.draft_model is not None:
+            self.graph_backends |= self._draft_graph_backends()
         self.kernel_warmup_seconds = 0.0  # CUDA: compiling every kernel variant at start-up
         models = [self.model] + ([self.draft_model] if self.draft_model is not None else [])
         self.memory = MemoryReport(
@@ -193,14 +195,6 @@ class Engine:
         # verify is the target's small-batch path: it captures like decode
         if "decode" in backends:
             backends["verify"] = backends["decode"]
-        if self.config.speculative_algorithm == "draft_model":
-            flag = "speculative_draft_cuda_graph"
-            name = resolve_backend(
-                flag, getattr(self.config, flag), self.config.graph_backend("speculative_draft"),
-                host_planned,
-            )  # fmt: skip
-            if name is not None:
-                backends.update(dict.fromkeys(_DRAFT_PATHS, name))
         return backends
 
     def _speculative_decoder(self) -> SpeculativeDecoder | None:
@@ -230,15 +224,48 @@ class Engine:
         self, path: str, backend: str, kv: KVCache, shapes: list[ShapeKey]
     ) -> GraphRunner:
         runner_type = _RUNNER_TYPES[path]
-        extra = {}
+        k = self.config.speculative_num_draft_tokens
+        extra, context = {}, self.max_model_len
         if issubclass(runner_type, VerifyRunner):
-            extra["query_len"] = self.config.speculative_num_draft_tokens + 1
+            extra["query_len"] = k + 1
+        if runner_type is DraftRunner:
+            extra["loop_steps"] = self._draft_loop_steps(backend)
+            context += k  # a loop's steps past a request's drafts look up the pages there
         model = self.draft_model if path in _DRAFT_PATHS else self.model
         return runner_type(
             model, self.attention, kv.k, kv.v,
             make_backend(backend, debug=self.config.debug_cuda_graph), shapes,
-            kv.pages_needed(self.max_model_len), kv.page_size, self.device, **extra,
+            kv.pages_needed(context), kv.page_size, self.device, **extra,
         )  # fmt: skip
+
+    def _draft_graph_backends(self) -> dict[str, str]:
+        """Resolved backend of the draft model's runners (after it is loaded: its MoE, if any,
+        decides what it can hold)."""
+        flag = "speculative_draft_cuda_graph"
+        name = resolve_backend(
+            flag, getattr(self.config, flag), self.config.graph_backend("speculative_draft"),
+            self._draft_host_planned_ops(),
+        )  # fmt: skip
+        return dict.fromkeys(_DRAFT_PATHS, name) if name is not None else {}
+
+    def _draft_host_planned_ops(self) -> list[str]:
+        """The draft model's ops that read the host (its own MoE backend, if it is MoE)."""
+        is_moe = self.draft_model is not None and self.draft_model.config.is_moe
+        moe = get_moe_backend(self.config.moe_backend, self.device) if is_moe else None
+        return host_planned_ops(self.attention, moe)
+
+    def _draft_loop_steps(self, backend: str) -> int:
+        """Steps the draft runner's graphs hold: all k-1 after the first draft in one graph
+        when the metadata can advance on the device (graph-safe attention and MoE) under a
+        backend that captures plain CUDA graphs; else 0 (one step per graph). tc_piecewise
+        keeps one step per graph: compiling k-1 forwards in one program multiplies its
+        compile time and is untested."""
+        safe = not self._draft_host_planned_ops()
+        return (
+            self.config.speculative_num_draft_tokens - 1
+            if safe and backend in ("full", "breakable")
+            else 0
+        )
 
     def _kv_cache(self, num_pages: int, draft: bool = False) -> KVCache:
         config = self.draft_model.config if draft else self.model_config

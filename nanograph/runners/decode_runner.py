@@ -1,11 +1,29 @@
-"""``DecodeRunner``: one token per request, one captured shape per batch size.
+"""``DecodeRunner``: one token per request, one captured shape per batch size; ``DraftRunner``:
+the draft model's autoregressive steps.
 
-Invariant: a shape ``bs x bs`` holds ``bs`` requests of one new token each; fewer live
-requests leave zero-length sentinel slots and padded rows that write no KV.
+Invariants:
+- A shape ``bs x bs`` holds ``bs`` requests of one new token each; fewer live requests leave
+  zero-length sentinel slots and padded rows that write no KV.
+- A ``DraftRunner`` with ``loop_steps = s > 0`` captures, per batch size, ONE graph holding s
+  greedy steps: each step's argmax is the next step's input, and the attention metadata is
+  advanced on the device between steps (positions and sequence lengths + 1, slots looked up in
+  the page table) for live slots only; sentinel slots stay zero-length, their rows slot -1.
+  Only a graph-safe attention backend reads that metadata from the device, so the engine asks
+  for loop mode only with one. A loop graph replays whole loops (``draft_loop``): single steps
+  of such a runner run eagerly (``forward`` returns None).
+- Page-table columns past a request's pages hold the scratch page 0, so steps past the drafts
+  a request asked for write and read only scratch; their tokens are dropped by the caller. The
+  runner's page table is wide enough for ``loop_steps`` positions past the context.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import torch
+
+from nanograph.attention.op import forward_context
+from nanograph.runners.forward_batch import ForwardBatch
 from nanograph.runners.graph_runner import GraphRunner
 from nanograph.runners.shapes import ShapeKey
 
@@ -21,14 +39,64 @@ class DecodeRunner(GraphRunner):
 
 
 class DraftRunner(DecodeRunner):
-    """The draft model's autoregressive steps: one token per request, as in decode.
-
-    Each of the k-1 steps after the draft-extend forward replays this runner's graph for the
-    live batch size; the steps chain on the device (each step's input is the previous step's
-    sampled token, taken through ``ForwardBatch.future_rows``), so the loop costs no host sync.
-    """
+    """The draft model's steps after its draft-extend forward: a one-step graph per batch size
+    (``loop_steps == 0``, chained by the caller on the device), or the whole greedy loop."""
 
     path = "draft"
+
+    def __init__(self, *args, loop_steps: int = 0, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.loop_steps = loop_steps
+        slots = self.static.max_slots
+        self.drafts = torch.zeros(max(loop_steps, 1), slots, dtype=torch.long,
+                                  device=self.output.device)  # fmt: skip
+
+    def _graph_fn(self, shape: ShapeKey) -> Callable[[], torch.Tensor]:
+        if not self.loop_steps:
+            return super()._graph_fn(shape)
+        s, static, page_size = shape.num_slots, self.static, self.static.page_size
+        ids, positions = static.input_ids[:s], static.positions[:s]
+        seq_lens, slots, table = static.seq_lens[:s], static.slot_mapping[:s], static.page_table
+        rows = torch.arange(s, device=ids.device)
+        drafts = self.drafts[:, :s]
+
+        def loop() -> torch.Tensor:
+            live = seq_lens > 0  # sentinel slots stay zero-length, their rows write no KV
+            for step in range(self.loop_steps):
+                hidden = self.model(ids, positions)
+                drafts[step].copy_(self.model.compute_logits(hidden).argmax(dim=-1))
+                if step + 1 < self.loop_steps:
+                    ids.copy_(drafts[step])
+                    positions.add_(live)
+                    seq_lens.add_(live.to(seq_lens.dtype))
+                    pages = table[rows, positions // page_size].to(slots.dtype)
+                    slots.copy_(torch.where(live, pages * page_size + positions % page_size, -1))
+            return drafts
+
+        return loop
+
+    def forward(
+        self, batch: ForwardBatch, in_flight: torch.Tensor | None = None
+    ) -> torch.Tensor | None:
+        if self.loop_steps:
+            return None  # loop graphs replay whole loops; a single step runs eagerly
+        return super().forward(batch, in_flight)
+
+    @torch.inference_mode()
+    def draft_loop(self, batch: ForwardBatch, first: torch.Tensor) -> torch.Tensor | None:
+        """Greedy drafts 2..loop_steps+1 of each request, ``[loop_steps, num_requests]`` on the
+        device, after ``batch`` (one token per request, taken from ``first`` through its
+        ``future_rows``); None when no loop graph takes the batch."""
+        shape = self.dispatch(batch) if self.loop_steps else None
+        if shape is None:
+            self.fallbacks += 1
+            return None
+        self.static.copy_from(batch, shape)
+        batch.fill_future(self.static.input_ids, first)
+        with forward_context(self.contexts[shape]):
+            self.graphs[shape].replay()
+        self.replays += 1
+        return self.drafts[:, : batch.num_requests]
 
 
 __all__ = ["DecodeRunner", "DraftRunner"]

@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -133,6 +134,19 @@ class GraphRunner(ABC):
             self.k_caches,
             self.v_caches,
         )
+        t0 = time.perf_counter()
+        with forward_context(ctx), torch.inference_mode():
+            graph, _ = self.backend.capture(self._graph_fn(shape), pool=self.pool)
+        self.graphs[shape], self.contexts[shape] = graph, ctx
+        self.records[shape] = ShapeRecord(time.perf_counter() - t0, graph.stats.pool_bytes)
+        logger.debug(
+            "%s graph %s: %.3f s, pool %.1f MiB: %r", self.path, shape,
+            self.records[shape].capture_s, self.records[shape].pool_bytes / 2**20, graph,
+        )  # fmt: skip
+
+    def _graph_fn(self, shape: ShapeKey) -> Callable[[], torch.Tensor]:
+        """What a shape's graph holds: one forward of the model over the static inputs, its
+        final hidden states written into the runner's output buffer."""
         n = shape.num_tokens
         ids, positions, out = self.static.input_ids[:n], self.static.positions[:n], self.output[:n]
 
@@ -140,15 +154,7 @@ class GraphRunner(ABC):
             out.copy_(self.model(ids, positions))
             return out
 
-        t0 = time.perf_counter()
-        with forward_context(ctx), torch.inference_mode():
-            graph, _ = self.backend.capture(forward, pool=self.pool)
-        self.graphs[shape], self.contexts[shape] = graph, ctx
-        self.records[shape] = ShapeRecord(time.perf_counter() - t0, graph.stats.pool_bytes)
-        logger.debug(
-            "%s graph %s: %.3f s, pool %.1f MiB: %r", self.path, shape,
-            self.records[shape].capture_s, self.records[shape].pool_bytes / 2**20, graph,
-        )  # fmt: skip
+        return forward
 
     def _dummy_batch(self, shape: ShapeKey) -> ForwardBatch:
         """A batch that fills ``shape`` and writes no KV (slot -1), reading the scratch page."""

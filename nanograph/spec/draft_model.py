@@ -6,8 +6,10 @@ A proposal for a request of L tokens with room for r drafts:
 1. draft-extend: one forward over ``token_ids[num_computed:L]`` (the tokens the target
    accepted since the last proposal, or a whole prompt the first time, chunked by the token
    budget) whose last row gives draft 1;
-2. r-1 draft steps of one token each; each step takes the previous step's tokens on the device
-   (``ForwardBatch.future_rows``), and the batch shrinks as requests reach their r.
+2. r-1 draft steps of one token each: for greedy batches one replay of the draft runner's loop
+   graph (all steps, every request: the extra drafts of requests with a smaller r are dropped);
+   otherwise step by step, each step taking the previous step's tokens on the device
+   (``ForwardBatch.future_rows``), the batch shrinking as requests reach their r.
 The drafts reach the host once, at the end. Draft i's KV sits at position L + i - 1; after
 verification ``accepted`` keeps the KV of the accepted drafts that were written (at most r-1)
 and the rest is overwritten by the next proposal before anything reads it (every read is
@@ -96,6 +98,13 @@ class DraftModelDrafter:
         t, p = self._choose(first_logits, reqs, sampled)
         tokens.append(t)
         probs.append(p)
+        steps = max(limits[i] for i in active) - 1
+        if steps > 0 and not sampled:
+            looped = self._loop(reqs, t)
+            if looped is not None:  # one graph ran every step, for every request
+                by_request = torch.cat([t[None], looped[:steps]]).T.cpu().tolist()  # one read
+                drafts = [row[: limits[i]] for row, i in zip(by_request, active)]
+                return self._finish(requests, active, limits, drafts)
         rows = list(range(len(reqs)))  # row of each live request in the last step's tokens
         page_size = self.kv.page_size
         for step in range(1, max(limits[i] for i in active)):
@@ -114,12 +123,39 @@ class DraftModelDrafter:
             probs.append(p)
             rows = {j: k for k, j in enumerate(live)}
         drafts, draft_probs = self._collect(active, limits, tokens, probs, sampled)
-        for j, i in enumerate(active):
-            state = self.states[reqs[j].request_id]
-            state.num_computed = reqs[j].num_tokens
-            state.written = limits[i] - 1
+        return self._finish(requests, active, limits, drafts, draft_probs)
+
+    def _loop(self, reqs: list[Request], first: torch.Tensor) -> torch.Tensor | None:
+        """All draft steps after the first as one graph replay (greedy requests, a loop-mode
+        draft runner that takes the batch), ``[steps, len(reqs)]``; else None."""
+        runner = self.runner.graph_runners.get("draft")
+        if runner is None or not runner.loop_steps:
+            return None
+        batch = ForwardBatch.build(
+            [[0] for _ in reqs],  # placeholders: the first drafts come from the device
+            [r.num_tokens for r in reqs],
+            [self.states[r.request_id].pages for r in reqs],
+            self.kv.page_size,
+            [True] * len(reqs),
+            list(range(len(reqs))),
+        )
+        return runner.draft_loop(batch, first)
+
+    def _finish(
+        self,
+        requests: list[Request],
+        active: list[int],
+        limits: list[int],
+        drafts: list[list[int]],
+        draft_probs: torch.Tensor | None = None,
+    ) -> Proposal:
+        """Records what the proposal wrote and spreads the drafts (one list per active
+        request) over all requests."""
         out: list[list[int]] = [[] for _ in requests]
         for j, i in enumerate(active):
+            state = self.states[requests[i].request_id]
+            state.num_computed = requests[i].num_tokens
+            state.written = limits[i] - 1
             out[i] = drafts[j]
         return Proposal(out, draft_probs)
 

@@ -153,6 +153,8 @@ def test_backend_combination_equals_eager_speculation_and_plain_decoding(
     if algorithm == "draft_model":
         drafts = llm.engine.draft_runner.graph_runners
         assert drafts["draft"].backend.name == draft and drafts["draft"].replays > 0
+        # greedy batches under full/breakable replay ONE graph for all k-1 draft steps
+        assert drafts["draft"].loop_steps == (K - 1 if draft in ("full", "breakable") else 0)
         assert drafts["draft_extend"].replays > 0
         # one pool per runner: target and draft graphs never share memory
         pools = [r.pool for r in (*runners.values(), *drafts.values())]
