@@ -30,7 +30,11 @@ import torch
 
 from nanograph.bench.common import default_out, environment, figure, free_engine, median, timed
 from nanograph.bench.common import write as write_json
+from nanograph.runners.decode_runner import DecodeRunner
 from nanograph.runners.forward_batch import ForwardBatch
+from nanograph.runners.model_runner import ModelRunner
+from nanograph.runners.selection import make_backend
+from nanograph.runners.shapes import ShapeKey
 
 
 def parse_arm(arm: str) -> tuple[str | None, int]:
@@ -64,20 +68,45 @@ def forward_ms(runner, batch: ForwardBatch, path: str, repeats: int) -> float:
     return 1e3 * median(timed(lambda: runner.forward(batch, path=path).argmax(-1), repeats))
 
 
-def draft_loop_ms(runner, batch: int, k: int, context: int, page_size: int, repeats: int) -> float:
-    """Median ms of the draft loop: a 2-token draft-extend forward, then k-1 one-token draft
-    steps, each taking the previous step's tokens on the device."""
-    extend = scratch_batch(batch, 2, context, page_size, all_rows=False)
-    step = ForwardBatch.build([[0]] * batch, [context + 2] * batch, extend.page_tables, page_size,
+def draft_loop_ms(engine, batch: int, k: int, context: int, repeats: int) -> float:
+    """Median ms of the draft loop as the drafter runs a greedy batch: a 2-token draft-extend
+    forward, then the k-1 steps (one replay of the loop graph where the draft runner holds
+    one, else one-step forwards taking the previous step's tokens on the device)."""
+    runner, page = engine.draft_runner, engine.config.page_size
+    loop = runner.graph_runners.get("draft")
+    extend = scratch_batch(batch, 2, context, page, all_rows=False)
+    step = ForwardBatch.build([[0]] * batch, [context + 2] * batch, extend.page_tables, page,
                               [True] * batch, list(range(batch)))  # fmt: skip
     step = dataclasses.replace(step, slot_mapping=[-1] * batch)  # no KV write, as the others
 
-    def loop() -> None:
+    def run() -> None:
         tokens = runner.forward(extend, path="draft_extend").argmax(-1)
+        if loop is not None and loop.loop_steps and loop.draft_loop(step, tokens) is not None:
+            return
         for _ in range(k - 1):
             tokens = runner.forward(step, tokens, path="draft").argmax(-1)
 
-    return 1e3 * median(timed(loop, repeats))
+    return 1e3 * median(timed(run, repeats))
+
+
+def drafter_decode_ms(engine, batch: int, context: int, repeats: int) -> float:
+    """Median ms of one plain decode step of the draft model, on a decode graph captured here
+    with the draft runner's backend (the draft runner's own graphs may hold whole loops)."""
+    kv, page = engine.draft_kv, engine.config.page_size
+    loop = engine.draft_runner.graph_runners.get("draft")
+    graphs = []
+    if loop is not None:
+        decode = DecodeRunner(
+            engine.draft_model, engine.attention, kv.k, kv.v, make_backend(loop.backend.name),
+            [ShapeKey(batch, batch)], loop.static.max_pages, page, engine.device,
+        )  # fmt: skip
+        decode.capture(progress=False)
+        graphs.append(decode)
+    runner = ModelRunner(engine.draft_model, engine.attention, kv.k, kv.v, engine.device, graphs)
+    ms = forward_ms(runner, scratch_batch(batch, 1, context, page, False), "decode", repeats)
+    for graph_runner in graphs:
+        graph_runner.release()
+    return ms
 
 
 def capture_seconds(model_runner) -> dict[str, float]:
@@ -149,11 +178,10 @@ def measure_arm(args: argparse.Namespace, arm: str, batches: list[int]) -> dict:
             costs["verify_over_decode"] = costs["verify"] / costs["decode"]
             step_ms = costs["verify"]
         if engine.draft_runner is not None:
-            drafter_decode = scratch_batch(batch, 1, args.prompt_len, page, False)
-            costs["drafter_decode"] = forward_ms(engine.draft_runner, drafter_decode, "draft",
-                                                 args.repeats * 4)  # fmt: skip
-            costs["draft_loop"] = draft_loop_ms(engine.draft_runner, batch, k, args.prompt_len,
-                                                page, args.repeats * 4)  # fmt: skip
+            costs["drafter_decode"] = drafter_decode_ms(engine, batch, args.prompt_len,
+                                                        args.repeats * 4)  # fmt: skip
+            costs["draft_loop"] = draft_loop_ms(engine, batch, k, args.prompt_len,
+                                                args.repeats * 4)  # fmt: skip
             costs["draft_loop_over_k_drafter_steps"] = costs["draft_loop"] / (
                 k * costs["drafter_decode"]
             )
