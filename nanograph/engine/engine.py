@@ -40,7 +40,7 @@ from nanograph.engine.config import EngineConfig
 from nanograph.engine.kv_cache import KVCache, bytes_per_token
 from nanograph.engine.memory import MemoryReport
 from nanograph.engine.prefix_cache import PrefixCache
-from nanograph.engine.request import UNRESOLVED, Request, Status
+from nanograph.engine.request import UNRESOLVED, Request, Status, TokenInFlight
 from nanograph.engine.sampler import Sampler
 from nanograph.engine.sampling_params import SamplingParams
 from nanograph.engine.scheduler import Scheduler
@@ -472,7 +472,7 @@ class Engine:
         launched = _InFlight(sampled, [len(r.output_ids) for r in sampled], tokens)
         for row, request in enumerate(sampled):
             request.output_ids.append(UNRESOLVED)
-            request.future = (launched, row)
+            request.future = TokenInFlight(launched, row)
         return failed, launched
 
     def _speculative_step(self) -> list[Request]:
@@ -545,7 +545,7 @@ class Engine:
         in_flight = self._in_flight
         # a request whose last new token is still on the device takes it from the step in flight
         future = [
-            r.future[1] if r.future is not None and r.future[0] is in_flight
+            r.future.row if r.future is not None and r.future.step is in_flight
             and r.num_computed + n == r.num_tokens else None
             for r, n in zip(requests, num_new)
         ]  # fmt: skip
@@ -589,7 +589,7 @@ class Engine:
         finished = []
         now = time.perf_counter()
         for request, index, token in zip(step.requests, step.indices, tokens):
-            if request.future is not None and request.future[0] is step:
+            if request.future is not None and request.future.step is step:
                 request.future = None
             if request.status is Status.FINISHED:
                 continue  # finished by an earlier token; this one was computed in vain

@@ -9,8 +9,8 @@ tree (``prefix_node`` is the node the request locks); the rest are the request's
 
 With the overlap schedule a sampled token is known on the device before the host reads it:
 its place in ``output_ids`` holds ``UNRESOLVED`` until the host reads the step that sampled it,
-and ``future`` names that step and the token's row in it, so the next forward can take the
-token from the device. When step t+1 is launched only the last token can be unresolved; while
+and ``future`` (a ``TokenInFlight``) names that step and the token's row in it, so the next
+forward can take the token from the device. When step t+1 is launched only the last token can be unresolved; while
 steps t and t+1 are both in flight a request can have two (the host reads step t next).
 """
 
@@ -19,8 +19,12 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from nanograph.engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from nanograph.engine.engine import _InFlight
 
 UNRESOLVED = -1  # an output token sampled on the device, not read by the host yet
 
@@ -29,6 +33,15 @@ class Status(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
     FINISHED = "finished"
+
+
+@dataclass(frozen=True)
+class TokenInFlight:
+    """A request's last sampled token while it is still on the device: row ``row`` of the
+    tokens of the launched step ``step``."""
+
+    step: _InFlight
+    row: int
 
 
 @dataclass(eq=False)  # identity: the scheduler looks requests up in its lists every step
@@ -47,7 +60,7 @@ class Request:
     first_token_time: float | None = None
     finish_time: float | None = None
     num_preemptions: int = 0
-    future: tuple[object, int] | None = None  # (step, row) of the last sampled token
+    future: TokenInFlight | None = None  # the last sampled token, while on the device
     prefix_node: object | None = None  # the prefix cache's node this request locks
     num_shared_pages: int = 0  # pages[:num_shared_pages] are the prefix cache's
     num_cached_tokens: int = 0  # prompt tokens taken from the prefix cache at admission
