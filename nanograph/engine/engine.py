@@ -397,8 +397,8 @@ class Engine:
         )
         if bad is not None:
             return f"token id {bad} is outside the vocabulary (0..{vocab - 1})"
-        pages = self.kv_cache.pages_needed(min(n + request.params.max_tokens, self.max_model_len))
-        if pages > self.kv_cache.allocator.num_usable:
+        if not self.scheduler.fits_alone(request):
+            pages = self.scheduler.life_pages(request)
             return (
                 f"the request needs {pages * self.config.page_size} KV slots but the pool holds "
                 f"{self.kv_cache.capacity_tokens}: lower max_tokens or give the KV pool more memory"
@@ -443,24 +443,23 @@ class Engine:
 
     def _launch(self) -> tuple[list[Request], _InFlight | None]:
         """Schedules and launches a forward and its sampling, without reading any token."""
-        step, failed = self.scheduler.schedule()
-        for request in failed:
-            request.finish("error", "the KV pool cannot hold this request even alone")
+        step = self.scheduler.schedule()
         if not step.requests:
-            return failed, None
-        return self._launch_forward(step.requests, step.num_new, failed)
+            return [], None
+        return self._launch_forward(step.requests, step.num_new)
 
     def _launch_forward(
-        self, requests: list[Request], num_new: list[int], failed: list[Request]
+        self, requests: list[Request], num_new: list[int]
     ) -> tuple[list[Request], _InFlight | None]:
-        """Launches the forward of scheduled requests and its sampling; appends to ``failed``
-        the requests that failed."""
+        """Launches the forward of scheduled requests and its sampling; returns the requests
+        that failed and the launched step."""
+        failed: list[Request] = []
         samples = [n == r.num_pending for r, n in zip(requests, num_new)]
         try:
             tokens = self._forward_and_sample(requests, num_new, samples)
         except Exception as e:  # nothing of this step was applied to its requests yet
             kept, tokens, errored = self._retry_alone(requests, num_new, samples, e)
-            failed += errored
+            failed = errored
             if not kept:
                 return failed, None
             requests, num_new, samples = (
@@ -479,9 +478,7 @@ class Engine:
         """A step with speculative decoding, serial (``engine/speculative.py`` says why):
         requests with room for drafts are verified, the others (prefill chunks, requests at
         their last token) run one plain forward; both are read before the step returns."""
-        step, finished = self.scheduler.schedule()
-        for request in finished:
-            request.finish("error", "the KV pool cannot hold this request even alone")
+        step, finished = self.scheduler.schedule(), []
         drafter = self.speculative.drafter
         if drafter is not None:  # preempted or finished requests give their draft pages back
             drafter.keep_only(self.scheduler.running)
@@ -489,7 +486,7 @@ class Engine:
         plain = [i for i, n in enumerate(step.num_drafts) if n == 0]
         if plain:
             failed, launched = self._launch_forward(
-                [step.requests[i] for i in plain], [step.num_new[i] for i in plain], []
+                [step.requests[i] for i in plain], [step.num_new[i] for i in plain]
             )
             finished += failed + (self._resolve(launched) if launched is not None else [])
         if verify:
@@ -506,7 +503,7 @@ class Engine:
         except Exception as e:
             logger.warning("a speculative step of %d requests raised %r: decoding them plainly",
                            len(requests), e, exc_info=e)  # fmt: skip
-            failed, launched = self._launch_forward(requests, [1] * len(requests), [])
+            failed, launched = self._launch_forward(requests, [1] * len(requests))
             return failed + (self._resolve(launched) if launched is not None else [])
         finished = []
         now = time.perf_counter()

@@ -7,11 +7,12 @@ Preemption frees the pages and sets ``num_computed = 0``: recompute rebuilds the
 With prefix caching the first ``num_shared_pages`` of ``pages`` belong to the prefix cache's
 tree (``prefix_node`` is the node the request locks); the rest are the request's own.
 
-With the overlap schedule a sampled token is known on the device before the host reads it:
-its place in ``output_ids`` holds ``UNRESOLVED`` until the host reads the step that sampled it,
-and ``future`` (a ``TokenInFlight``) names that step and the token's row in it, so the next
-forward can take the token from the device. When step t+1 is launched only the last token can be unresolved; while
-steps t and t+1 are both in flight a request can have two (the host reads step t next).
+With the overlap schedule a sampled token is known on the device before the host reads it: its
+place in ``output_ids`` holds ``UNRESOLVED`` until the host reads the step that sampled it, and
+``future`` (a ``TokenInFlight``) names that step and the token's row in it, so the next forward
+can take the token from the device. When step t+1 is launched only the last token can be
+unresolved; while steps t and t+1 are both in flight a request can have two (the host reads step
+t next).
 """
 
 from __future__ import annotations

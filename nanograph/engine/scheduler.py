@@ -6,8 +6,9 @@ Each step builds one forward under a token budget (``chunked_prefill_size``):
 2. waiting requests are admitted while the budget, ``max_num_seqs`` and the KV pool allow.
 When the pool cannot give a running request its next page, the most recently admitted running
 request is preempted (pages freed, ``num_computed = 0``) and put back at the head of the
-queue; it recomputes later and produces the same tokens. A request that cannot fit even alone
-fails with an error instead of stalling the batch.
+queue; it recomputes later and produces the same tokens. A request that could not fit even
+alone never gets here: the engine refuses it at admission with ``fits_alone``, the one
+admission check, so none stalls the batch.
 
 With a prefix cache (``prefix_cache.py``), an admitted request first takes the longest cached
 prefix of its tokens, so admission and the token budget count only the tokens still to compute;
@@ -21,7 +22,7 @@ does not: its KV is not trusted). Every page goes back through ``release``.
 With speculative decoding (``num_draft_tokens`` = k > 0), a running request that decodes (one
 pending token) also gets room for up to k draft tokens to verify: ``num_drafts[i]`` of them,
 counted in the token budget and in its pages, never past its ``max_tokens`` or the context
-(``draft_limit``), so a request's pages never exceed what ``_fits_alone`` checked.
+(``draft_limit``), so a request's pages never exceed what ``fits_alone`` checked.
 """
 
 from __future__ import annotations
@@ -122,18 +123,22 @@ class Scheduler:
         self.running.remove(request)
         self.waiting.appendleft(request)
 
-    def _fits_alone(self, request: Request) -> bool:
-        """Whether the request's whole life (capped at the context length) fits the pool."""
+    def life_pages(self, request: Request) -> int:
+        """Pages the request's whole life needs (its prompt and max_tokens, capped at the
+        context length)."""
         total = min(len(request.prompt_ids) + request.params.max_tokens, self.max_model_len)
-        return self.kv.pages_needed(total) <= self.kv.allocator.num_usable
+        return self.kv.pages_needed(total)
 
-    def schedule(self) -> tuple[ScheduledStep, list[Request]]:
-        """Returns the step to run and the requests that failed while scheduling."""
+    def fits_alone(self, request: Request) -> bool:
+        """Whether the request's whole life fits the pool: the admission check."""
+        return self.life_pages(request) <= self.kv.allocator.num_usable
+
+    def schedule(self) -> ScheduledStep:
+        """The step to run."""
         budget = self.chunk
         chosen: list[Request] = []
         num_new: list[int] = []
         num_drafts: list[int] = []
-        failed: list[Request] = []
         if self.cache is not None:
             ps = self.kv.page_size
             for request in self.running:
@@ -165,10 +170,6 @@ class Scheduler:
             request = self.waiting[0]
             if request.done_sampling(self.max_model_len):
                 break  # preempted with its last token in flight: it finishes when that is read
-            if not self._fits_alone(request):
-                self.waiting.popleft()
-                failed.append(request)
-                continue
             queried = self.cache.acquire(request) if self.cache is not None else 0
             if self.cache is not None and self._next_page_in_progress(request):
                 self.release(request, keep=False)  # the match is taken again next step
@@ -193,7 +194,7 @@ class Scheduler:
             num_drafts.append(0)  # drafts start once it decodes
             budget -= n
         self.waiting.extendleft(reversed(deferred))
-        return ScheduledStep(chosen, num_new, num_drafts), failed
+        return ScheduledStep(chosen, num_new, num_drafts)
 
     def _next_page_in_progress(self, request: Request) -> bool:
         """Whether a running request is prefilling the very page of prompt this one would
