@@ -1,4 +1,5 @@
-"""Rotary position embedding tables, with the scaling variants our model configs use.
+"""Rotary position embedding tables, with the scaling variants our model configs use
+(``RopeScaling``, which model configs hold: it lives here, below ``models/``).
 
 Invariant: ``cos_sin_cache`` is float32 ``[max_positions, head_dim]`` with cos in the first half
 of the last dim and sin in the second (NeoX / Hugging Face ``rotate_half`` pairing (i, i + D/2)).
@@ -8,10 +9,61 @@ It is built once per model and indexed by position inside kernels, so it is grap
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from nanograph.models.config import RopeScaling
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """RoPE frequency scaling. ``kind`` is one of: none, linear, llama3, yarn, dynamic."""
+
+    kind: str = "none"
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    truncate: bool = True  # yarn: round the correction range to whole dims (gpt-oss: False)
+
+    @staticmethod
+    def from_hf(d: dict[str, Any] | None) -> RopeScaling:
+        if not d:
+            return RopeScaling()
+        kind = d.get("rope_type", d.get("type", "none")) or "none"
+        if kind == "default":
+            return RopeScaling()
+        return RopeScaling(
+            kind=kind,
+            factor=float(d.get("factor", 1.0)),
+            low_freq_factor=float(d.get("low_freq_factor", 1.0)),
+            high_freq_factor=float(d.get("high_freq_factor", 4.0)),
+            original_max_position_embeddings=int(d.get("original_max_position_embeddings", 8192)),
+            beta_fast=float(d.get("beta_fast", 32.0)),
+            beta_slow=float(d.get("beta_slow", 1.0)),
+            truncate=bool(d.get("truncate", True)),
+        )
+
+    def to_hf(self) -> dict[str, Any] | None:
+        if self.kind == "none":
+            return None
+        d: dict[str, Any] = {"rope_type": self.kind, "factor": self.factor}
+        if self.kind == "llama3":
+            d.update(
+                low_freq_factor=self.low_freq_factor,
+                high_freq_factor=self.high_freq_factor,
+                original_max_position_embeddings=self.original_max_position_embeddings,
+            )
+        if self.kind == "yarn":
+            d.update(
+                beta_fast=self.beta_fast,
+                beta_slow=self.beta_slow,
+                original_max_position_embeddings=self.original_max_position_embeddings,
+                truncate=self.truncate,
+            )
+        return d
 
 
 def inverse_frequencies(
