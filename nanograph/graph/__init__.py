@@ -34,15 +34,9 @@ graph, then calls `graph.replay()`. See docs/graph.md for the design.
 
 from __future__ import annotations
 
-from nanograph.graph.base import (
-    BACKEND_NAMES,
-    Backend,
-    Graph,
-    GraphCaptureError,
-    GraphStats,
-    get_backend,
-)
+from nanograph.graph.base import BACKEND_NAMES, Backend, Graph, GraphCaptureError, GraphStats
 from nanograph.graph.breaks import eager_on_graph, split_op
+from nanograph.graph.factory import get_backend
 from nanograph.graph.memory import GraphPool, new_pool, weak_alias
 
 __all__ = [

@@ -30,9 +30,10 @@ from typing import Any
 
 import torch
 
-from nanograph.graph.base import Backend, Graph, GraphStats, require_cuda, warm_up
+from nanograph.graph.base import Backend, Graph, GraphStats
 from nanograph.graph.breaks import break_handler, break_name, eager_on_graph
-from nanograph.graph.capture import SegmentRecorder, capture_segments
+from nanograph.graph.capture import SegmentRecorder, capture_segments, warm_up
+from nanograph.graph.factory import require_cuda
 from nanograph.graph.memory import AddressRanges, GraphPool, new_pool, weak_alias
 from nanograph.graph.structure import OutputCopy, map_tensors
 

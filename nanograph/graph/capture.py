@@ -17,16 +17,72 @@ Invariants:
 
 from __future__ import annotations
 
+import gc
+import os
 import time
+import traceback
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 
-from nanograph.graph.base import GraphCaptureError, capture_error, paused_gc
+from nanograph.graph.base import GraphCaptureError
 from nanograph.graph.breaks import BreakHandler, break_handler
 from nanograph.graph.memory import GraphPool, replace_capture_stream
+
+
+def warm_up(fn: Callable[[], Any], stream: torch.cuda.Stream, times: int) -> None:
+    """Run fn eagerly on the capture stream, so lazy initialisation (cuBLAS workspaces, autotune,
+    caches) happens before capture and on the stream the graphs will be captured on."""
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.no_grad(), torch.cuda.stream(stream):
+        for _ in range(times):
+            fn()
+    stream.synchronize()
+
+
+@contextmanager
+def paused_gc() -> Iterator[None]:
+    """No Python GC during capture: collections there are slow and can free graph inputs."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_STDLIB_DIR = os.path.dirname(os.__file__) + os.sep  # contextlib, functools, ...
+_GRAPH_DIR = os.path.dirname(__file__) + os.sep
+
+
+def _is_internal(filename: str) -> bool:
+    if filename.startswith((_TORCH_DIR, _GRAPH_DIR)):
+        return True
+    return filename.startswith(_STDLIB_DIR) and "site-packages" not in filename
+
+
+def call_site(exc: BaseException) -> str:
+    """The innermost frame of `exc` outside torch, the stdlib and nanograph.graph."""
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+        if not _is_internal(frame.filename):
+            return f"{frame.filename}:{frame.lineno} in {frame.name}: `{frame.line}`"
+    return "an unknown call site"
+
+
+def capture_error(backend: str, exc: BaseException, hint: str) -> GraphCaptureError:
+    """Wrap an exception raised while a CUDA graph was capturing into an actionable error."""
+    detail = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return GraphCaptureError(
+        f"{backend}: capture failed at {call_site(exc)}: {type(exc).__name__}: {detail}\n"
+        "Operations that sync with the host or have data-dependent shapes (.item(), .tolist(), "
+        ".cpu(), nonzero, boolean-mask indexing, printing a tensor) cannot run inside a CUDA "
+        f"graph. {hint} The capture was cleaned up; the pool and the process remain usable."
+    )
 
 
 def _is_capturing(stream: torch.cuda.Stream) -> bool:

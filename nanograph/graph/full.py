@@ -11,8 +11,9 @@ from typing import Any
 
 import torch
 
-from nanograph.graph.base import Backend, Graph, GraphStats, require_cuda, warm_up
-from nanograph.graph.capture import SegmentRecorder, capture_segments
+from nanograph.graph.base import Backend, Graph, GraphStats
+from nanograph.graph.capture import SegmentRecorder, capture_segments, warm_up
+from nanograph.graph.factory import require_cuda
 from nanograph.graph.memory import GraphPool, new_pool
 
 _HINT = (

@@ -37,17 +37,10 @@ from typing import Any
 import torch
 from torch.fx.passes.split_module import split_module
 
-from nanograph.graph.base import (
-    Backend,
-    Graph,
-    GraphCaptureError,
-    GraphStats,
-    capture_error,
-    paused_gc,
-    require_cuda,
-)
+from nanograph.graph.base import Backend, Graph, GraphCaptureError, GraphStats
 from nanograph.graph.breaks import SPLIT_IMPLS, SPLIT_OPS, use_capture_stub
-from nanograph.graph.capture import SegmentRecorder
+from nanograph.graph.capture import SegmentRecorder, capture_error, paused_gc
+from nanograph.graph.factory import require_cuda
 from nanograph.graph.memory import GraphPool, new_pool, weak_alias
 from nanograph.graph.structure import flatten, map_tensors
 
