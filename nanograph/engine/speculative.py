@@ -85,7 +85,7 @@ class SpeculativeDecoder:
         proposal = self.propose(requests, limits)
         drafts = proposal.drafts
         batch = ForwardBatch.build(
-            [[r.token_ids[-1], *d] for r, d in zip(requests, drafts)],
+            [r.pending_tokens(1) + d for r, d in zip(requests, drafts)],
             [r.num_computed for r in requests],
             [r.pages for r in requests],
             self.page_size,
