@@ -8,6 +8,9 @@ Invariants:
 - A model may pack several Hugging Face tensors into one parameter (q/k/v, gate/up, experts) or
   hold one transposed (gpt-oss experts): it says so through ``HFWeightTargets``. Any other
   module is matched by parameter name.
+- Tensor parallelism: a model that holds one rank's shard cuts each checkpoint tensor to its
+  part (``hf_weight_shard``) before the shape check and the copy, so only the shard reaches the
+  device; a model of one rank returns the tensor unchanged.
 - Tied embeddings: a tied model has no separate ``lm_head`` weight (shared parameter or none at
   all). A checkpoint's ``lm_head.weight`` that has no place in a model with an embedding is the
   tied copy (transformers' ``state_dict()`` lists it) and is skipped; every other name without
@@ -46,16 +49,21 @@ class HFWeightTargets(Protocol):
         """Every Hugging Face tensor name the model needs."""
         ...
 
+    def hf_weight_shard(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        """The part of a full checkpoint tensor this model (a tensor-parallel rank) keeps."""
+        ...
+
 
 Resolver = Callable[[str], tuple[nn.Parameter, WeightIndex]]
+Shard = Callable[[str, torch.Tensor], torch.Tensor]
 
 
-def _targets(model: nn.Module) -> tuple[Resolver, list[str]]:
+def _targets(model: nn.Module) -> tuple[Resolver, list[str], Shard]:
     if isinstance(model, HFWeightTargets):
-        return model.hf_weight_target, model.hf_weight_names()
+        return model.hf_weight_target, model.hf_weight_names(), model.hf_weight_shard
     # named_parameters drops aliases, so a head tied to the embedding appears once
     params = dict(model.named_parameters())
-    return (lambda name: (params[name], None)), list(params)
+    return (lambda name: (params[name], None)), list(params), (lambda name, tensor: tensor)
 
 
 def load_weights(
@@ -65,7 +73,7 @@ def load_weights(
 
     Shows a tqdm bar on a terminal when ``progress`` is true.
     """
-    resolve, expected = _targets(model)
+    resolve, expected, shard = _targets(model)
     items = progress_bar(
         weights, desc="Loading weights", show=progress, total=len(expected), unit="tensor"
     )
@@ -83,6 +91,7 @@ def load_weights(
                     "not match the config (architecture, tied embeddings, bias, q/k norm)"
                 ) from None
             target = weight_view(param, index)
+            tensor = shard(name, tensor)
             if target.shape != tensor.shape:
                 raise ModelLoadError(
                     f"checkpoint tensor {name!r} has shape {tuple(tensor.shape)} but the model "
