@@ -14,6 +14,7 @@ Invariants:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +42,9 @@ class TensorParallel:
     store: Any = None
     # set by the launcher's watchdog on rank 0 when a worker process died: "rank r: error"
     peer_failure: str | None = None
+    # rank 0 of a spawned group: looks at the worker processes for one that died (its rank,
+    # exit code and error), waiting briefly for a dying one to exit
+    find_failure: Callable[[], str | None] | None = None
     # set when a step failed on rank 0 after the workers started it: collectives may be
     # half-done, so no further step can run
     broken: str | None = None
@@ -72,6 +76,8 @@ class TensorParallel:
 
     def lost(self, error: BaseException) -> TensorParallelError:
         """The error to raise when a collective with the other ranks failed."""
+        if self.peer_failure is None and self.find_failure is not None:
+            self.peer_failure = self.find_failure()
         cause = self.peer_failure or f"{type(error).__name__}: {error}"
         return TensorParallelError(
             f"rank {self.rank} lost the other tensor-parallel ranks: {cause}. The engine "

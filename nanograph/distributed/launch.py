@@ -166,6 +166,7 @@ def _join(
     )  # fmt: skip
     if rank == 0:
         launch = _launches[id(tp)] = _Launch(store, workers)
+        tp.find_failure = lambda: _dead_worker(launch)
         if workers:
             threading.Thread(
                 target=_watch, args=(tp, launch), name="nanograph-tp-watchdog", daemon=True
@@ -227,15 +228,28 @@ def report_error(tp: TensorParallel, error: BaseException) -> None:
         pass
 
 
+def _dead_worker(launch: _Launch, wait_s: float = 1.0) -> str | None:
+    """The first worker that exited, with its exit code and error; waits up to ``wait_s`` for
+    one (a collective fails as soon as a peer's socket closes, a moment before it is reaped)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        for rank, proc in launch.workers.items():
+            if proc.poll() is not None:
+                error = _reported_error(launch.store, rank) or "see its output above"
+                return f"rank {rank} exited (exit code {proc.returncode}): {error}"
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(POLL_S)
+
+
 def _watch(tp: TensorParallel, launch: _Launch) -> None:
     """Rank 0: notices a worker that exits while the engine runs, and names its error."""
     while not launch.stopping:
-        for rank, proc in launch.workers.items():
-            if proc.poll() is not None and not launch.stopping:
-                error = _reported_error(launch.store, rank) or "see its output above"
-                tp.peer_failure = f"rank {rank} exited (exit code {proc.returncode}): {error}"
-                logger.error("tensor parallel: %s", tp.peer_failure)
-                return
+        failure = _dead_worker(launch, wait_s=0.0)
+        if failure is not None and not launch.stopping:
+            tp.peer_failure = tp.peer_failure or failure
+            logger.error("tensor parallel: %s", failure)
+            return
         time.sleep(POLL_S * 4)
 
 
@@ -262,12 +276,10 @@ def shutdown(tp: TensorParallel) -> None:
             logger.debug("tensor parallel: stop message not delivered: %r", e)
     for proc in launch.workers.values():
         _stop_process(proc, wait_s=EXIT_WAIT_S)
-    # after a failure the groups may hold collectives that never complete: destroying them
-    # could wait on a dead peer; the process keeps them until it exits
-    close_groups(tp, destroy=tp.peer_failure is None and tp.broken is None)
+    close_groups(tp)  # the peers are gone: nothing can wait on them
 
 
-def close_groups(tp: TensorParallel, destroy: bool = True) -> None:
+def close_groups(tp: TensorParallel) -> None:
     unregister_group(tp.group_name)
-    if destroy and dist.is_initialized():
+    if dist.is_initialized():
         dist.destroy_process_group()

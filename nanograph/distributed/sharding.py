@@ -19,9 +19,12 @@ Invariants:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
-from nanograph.models.config import ModelConfig
+if TYPE_CHECKING:  # models import this module: no import of models at run time
+    from nanograph.models.config import ModelConfig
 
 
 def vocab_rows(vocab_size: int, size: int) -> int:

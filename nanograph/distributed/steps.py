@@ -46,8 +46,9 @@ def run_step(
         if needs is not None:
             dist.broadcast(needs, src=0, group=tp.device_group)
     except RuntimeError as e:
-        tp.broken = str(e)
-        raise tp.lost(e) from e
+        error = tp.lost(e)
+        tp.broken = str(error)
+        raise error from e
     try:
         return forward(batch, in_flight)
     except Exception as e:
