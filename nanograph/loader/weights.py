@@ -9,7 +9,7 @@ Invariants:
   hold one transposed (gpt-oss experts): it says so through ``HFWeightTargets``. Any other
   module is matched by parameter name.
 - Tensor parallelism: a model that holds one rank's shard cuts each checkpoint tensor to its
-  part (``hf_weight_shard``) before the shape check and the copy, so only the shard reaches the
+  part (``HFWeightShards.hf_weight_shard``) before the shape check and the copy, so only the shard reaches the
   device; a model of one rank returns the tensor unchanged.
 - Tied embeddings: a tied model has no separate ``lm_head`` weight (shared parameter or none at
   all). A checkpoint's ``lm_head.weight`` that has no place in a model with an embedding is the
@@ -49,21 +49,30 @@ class HFWeightTargets(Protocol):
         """Every Hugging Face tensor name the model needs."""
         ...
 
+
+
+@runtime_checkable
+class HFWeightShards(Protocol):
+    """A model that holds one tensor-parallel rank's shard of the checkpoint."""
+
     def hf_weight_shard(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
-        """The part of a full checkpoint tensor this model (a tensor-parallel rank) keeps."""
+        """The part of the full checkpoint tensor ``name`` this model keeps."""
         ...
 
 
 Resolver = Callable[[str], tuple[nn.Parameter, WeightIndex]]
-Shard = Callable[[str, torch.Tensor], torch.Tensor]
 
 
-def _targets(model: nn.Module) -> tuple[Resolver, list[str], Shard]:
+def _targets(model: nn.Module) -> tuple[Resolver, list[str]]:
     if isinstance(model, HFWeightTargets):
-        return model.hf_weight_target, model.hf_weight_names(), model.hf_weight_shard
+        return model.hf_weight_target, model.hf_weight_names()
     # named_parameters drops aliases, so a head tied to the embedding appears once
     params = dict(model.named_parameters())
-    return (lambda name: (params[name], None)), list(params), (lambda name, tensor: tensor)
+    return (lambda name: (params[name], None)), list(params)
+
+
+def _whole(name: str, tensor: torch.Tensor) -> torch.Tensor:
+    return tensor
 
 
 def load_weights(
@@ -73,7 +82,8 @@ def load_weights(
 
     Shows a tqdm bar on a terminal when ``progress`` is true.
     """
-    resolve, expected, shard = _targets(model)
+    resolve, expected = _targets(model)
+    shard = model.hf_weight_shard if isinstance(model, HFWeightShards) else _whole
     items = progress_bar(
         weights, desc="Loading weights", show=progress, total=len(expected), unit="tensor"
     )
