@@ -8,9 +8,9 @@ Invariants:
 - A model may pack several Hugging Face tensors into one parameter (q/k/v, gate/up, experts) or
   hold one transposed (gpt-oss experts): it says so through ``HFWeightTargets``. Any other
   module is matched by parameter name.
-- Tensor parallelism: a model that holds one rank's shard cuts each checkpoint tensor to its
-  part (``HFWeightShards.hf_weight_shard``) before the shape check and the copy, so only the shard reaches the
-  device; a model of one rank returns the tensor unchanged.
+- Tensor parallelism: a model that holds one rank's shard (``HFWeightShards``) cuts each
+  checkpoint tensor to its part before the shape check and the copy, so only the shard reaches
+  the device; a model of one rank returns the tensor unchanged.
 - Tied embeddings: a tied model has no separate ``lm_head`` weight (shared parameter or none at
   all). A checkpoint's ``lm_head.weight`` that has no place in a model with an embedding is the
   tied copy (transformers' ``state_dict()`` lists it) and is skipped; every other name without
