@@ -50,7 +50,6 @@ class HFWeightTargets(Protocol):
         ...
 
 
-
 @runtime_checkable
 class HFWeightShards(Protocol):
     """A model that holds one tensor-parallel rank's shard of the checkpoint."""
