@@ -97,6 +97,8 @@ class _InFlight:
 class Engine:
     def __init__(self, config: EngineConfig) -> None:
         self.tp = launch.start(config)  # one rank of size 1 unless tensor_parallel_size > 1
+        if not self.tp.is_driver:  # rank 0 shows the progress bars and the memory of all ranks
+            config = config.replace(progress=False)
         with launch.failure_reported(self.tp):
             self._start(config)
         if not self.tp.is_driver:
