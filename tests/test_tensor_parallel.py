@@ -145,7 +145,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _launch_ranks(models: list[Path], out: Path) -> list[subprocess.CompletedProcess]:
+def _launch_ranks(
+    models: list[Path], out: Path, script: str = "tp_rank.py"
+) -> list[subprocess.CompletedProcess]:
+    """Runs ``tests/SCRIPT MODEL OUT`` once per model, as env:// ranks 0, 1, ..."""
     port = _free_port()
     root = Path(__file__).resolve().parents[1]
     procs = []
@@ -157,7 +160,7 @@ def _launch_ranks(models: list[Path], out: Path) -> list[subprocess.CompletedPro
         )  # fmt: skip
         procs.append(
             subprocess.Popen(
-                [sys.executable, str(root / "tests" / "tp_rank.py"), str(model), str(out)],
+                [sys.executable, str(root / "tests" / script), str(model), str(out)],
                 env=env,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
@@ -174,6 +177,23 @@ def _launch_ranks(models: list[Path], out: Path) -> list[subprocess.CompletedPro
             raise AssertionError("a rank hung") from None
         done.append(subprocess.CompletedProcess(proc.args, proc.returncode, stdout))
     return done
+
+
+def test_agreements_across_ranks(tmp_path):
+    """A capture failure on rank 1 alone is an error on both ranks, naming rank 1; page counts
+    agree on the smallest; different ladders are refused on both ranks."""
+    ranks = _launch_ranks([tmp_path, tmp_path], tmp_path / "unused", script="tp_agree.py")
+    assert [r.returncode for r in ranks] == [0, 0], [r.stdout[-2000:] for r in ranks]
+    for r in ranks:
+        assert (
+            "failure: decode capture of bs=8 failed on rank 1: MemoryError: out of memory in "
+            "capture" in r.stdout
+        )
+        assert "none: None" in r.stdout and "min: 90" in r.stdout
+        assert (
+            "equal: graph shapes differ between ranks: rank 0 has (1, 2, 4), rank 1 has (1, 2)"
+            in r.stdout
+        )
 
 
 def test_env_rendezvous_two_processes(tiny_model_dir, tmp_path):
