@@ -199,10 +199,10 @@ case $stage in
     # qwen3-8b (dummy) decode at batch 1 and 32 (aim: TP=2 >= 1.6x TP=1 at batch 1) and
     # prefill at 2048 / 8192 tokens (aim: >= 1.7x at 8192), TP=1 and TP=2 in one run each
     nvidia-smi topo -m | tee "$out/tp_topology.txt"
-    timeout 180 python3 -m pytest -q -s -p no:cacheprovider --durations=10 -rfE \
+    timeout 150 python3 -m pytest -q -s -p no:cacheprovider --durations=10 -rfE \
       tests/gpu/test_tensor_parallel_gpu.py > "$out/tp_tests.log" 2>&1
     grep -E "TP=2|replays|passed|failed|Error" "$out/tp_tests.log" | tail -30
-    timeout 130 python3 -m nanograph bench decode --models qwen3-8b --arms full,full:tp2 \
+    timeout 150 python3 -m nanograph bench decode --models qwen3-8b --arms full,full:tp2 \
       --batches 1,32 --repeats 3 --out "$out/decode_tp.json" 2>&1 | grep -v "^INFO" \
       | tee "$out/decode_tp.log"
     timeout 170 python3 -m nanograph bench prefill --models qwen3-8b --lengths 2048,8192 \

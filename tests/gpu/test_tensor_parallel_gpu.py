@@ -23,8 +23,8 @@ def run(path, backend: str, tp: int) -> tuple[list[list[int]], dict]:
     params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
     with LLM(
         str(path), dtype="float32", mem_fraction=0.3, progress=False, tensor_parallel_size=tp,
-        decode_cuda_graph=backend, prefill_cuda_graph=backend, cuda_graph_bs=(1, 2, 4),
-        prefill_graph_tokens=(16, 64, 128, 256), max_num_seqs=4, distributed_timeout_s=120,
+        decode_cuda_graph=backend, prefill_cuda_graph=backend, cuda_graph_bs=(1, 4),
+        prefill_graph_tokens=(64, 256), max_num_seqs=4, distributed_timeout_s=120,
     ) as llm:  # fmt: skip
         outs = llm.generate(prompts(), params)
         return [o.token_ids for o in outs], llm.engine.runner.forward_counts()
