@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import pickle
+import signal
 import sys
 from typing import TYPE_CHECKING, NoReturn
 
@@ -48,6 +49,9 @@ def main() -> None:
     import os
 
     logging.basicConfig(level=logging.INFO, format=f"[rank {os.environ.get('RANK')}] %(message)s")
+    # Ctrl-C reaches the whole process group: rank 0 decides (it stops the workers, or its exit
+    # ends their next receive), so a worker does not die of it mid-collective
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     config = pickle.load(sys.stdin.buffer)
     from nanograph.engine.engine import Engine
 
