@@ -230,3 +230,28 @@ def test_worker_that_dies_fails_the_engine(tiny_model_dir):
     assert all(o.finish_reason == "error" for o in outs)
     assert "rank 1" in outs[0].error and "restart the engine" in outs[0].error
     llm.close()
+
+
+def test_serve_with_two_ranks(tiny_model_dir):
+    """``nanograph serve --tensor-parallel-size 2``: one command, streamed tokens equal TP=1
+    offline, and SIGTERM stops rank 0 and its worker cleanly."""
+    pytest.importorskip("fastapi")
+    import httpx
+    from serving import ServerProcess
+
+    path = tiny_model_dir("qwen3")
+    batch = prompts(1, seed=5)
+    expected = tokens(path, batch)[0][0]
+    server = ServerProcess(
+        "--model", str(path), "--tensor-parallel-size", "2", "--kv-cache-bytes", str(4 * 2**20),
+        "--page-size", "4", "--distributed-timeout-s", str(TIMEOUT), "--quiet",
+    )  # fmt: skip
+    try:
+        body = {"prompt": batch[0], "max_tokens": GREEDY.max_tokens, "temperature": 0,
+                "ignore_eos": True, "stream": True, "return_token_ids": True}  # fmt: skip
+        r = httpx.post(f"{server.base}/v1/completions", json=body, timeout=TIMEOUT)
+        events = [line[6:] for line in r.text.splitlines() if line.startswith("data: ")]
+        choices = [json.loads(e)["choices"][0] for e in events[:-1]]
+        assert [t for c in choices for t in c.get("token_ids", [])] == expected
+    finally:
+        assert server.stop(timeout=TIMEOUT) == 0, server.output()[-3000:]
