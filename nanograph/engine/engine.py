@@ -147,6 +147,7 @@ class Engine:
         self.load_seconds = time.perf_counter() - start
         # every rank's memory report, for rank 0's start-up table (rank 0's own: memory_report)
         self.rank_memory = self.tp.all_gather_objects(self.memory)
+        self.rank_memory[self.tp.rank] = self.memory  # this rank's: the one that stays current
         if config.progress and self.tp.is_driver:
             self.memory_report()
             logger.info("%s", "\n".join(m.table() for m in self.rank_memory))
