@@ -198,6 +198,9 @@ case $stage in
     # tc_piecewise with NCCL inside the graphs, 1,000 replays without memory growth; then
     # qwen3-8b (dummy) decode at batch 1 and 32 (aim: TP=2 >= 1.6x TP=1 at batch 1) and
     # prefill at 2048 / 8192 tokens (aim: >= 1.7x at 8192), TP=1 and TP=2 in one run each
+    # NVLink multicast stays off (the device's rule; the spawned ranks inherit this environment)
+    export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+    python3 -c 'import torch; print("GPUs:", torch.cuda.device_count(), "NCCL", torch.cuda.nccl.version())'
     nvidia-smi topo -m | tee "$out/tp_topology.txt"
     timeout 150 python3 -m pytest -q -s -p no:cacheprovider --durations=10 -rfE \
       tests/gpu/test_tensor_parallel_gpu.py > "$out/tp_tests.log" 2>&1
