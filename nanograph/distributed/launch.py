@@ -81,6 +81,11 @@ def start(config: EngineConfig) -> TensorParallel:
         )
     if "RANK" in os.environ:  # torchrun, or env:// variables set by hand, or our own worker
         return _join(config, int(os.environ["RANK"]), dict(os.environ), workers={})
+    if config.torch_device.type == "cuda" and size > torch.cuda.device_count():
+        raise ValueError(
+            f"tensor_parallel_size={size} needs {size} GPUs but {torch.cuda.device_count()} are "
+            "visible; lower it, or start ranks on several machines (env:// or torchrun)"
+        )
     store = dist.TCPStore("127.0.0.1", 0, size, True, _timeout(config), wait_for_workers=False)
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port))
     workers = {rank: _spawn(config, rank, env) for rank in range(1, size)}
