@@ -74,11 +74,15 @@ class TensorParallel:
             raise self.lost(e) from e
         return out
 
-    def lost(self, error: BaseException) -> TensorParallelError:
-        """The error to raise when a collective with the other ranks failed."""
+    def failed_peer(self) -> str | None:
+        """How another rank died ("rank r exited (exit code c): error"), or None if none did."""
         if self.peer_failure is None and self.find_failure is not None:
             self.peer_failure = self.find_failure()
-        cause = self.peer_failure or f"{type(error).__name__}: {error}"
+        return self.peer_failure
+
+    def lost(self, error: BaseException) -> TensorParallelError:
+        """The error to raise when a collective with the other ranks failed."""
+        cause = self.failed_peer() or f"{type(error).__name__}: {error}"
         return TensorParallelError(
             f"rank {self.rank} lost the other tensor-parallel ranks: {cause}. The engine "
             "cannot continue; restart it (see the failing rank's log above)"

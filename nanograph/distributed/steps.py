@@ -52,8 +52,14 @@ def run_step(
     try:
         return forward(batch, in_flight)
     except Exception as e:
-        tp.broken = f"rank 0 failed during a step: {type(e).__name__}: {e}"
-        raise TensorParallelError(f"{tp.broken}; restart the engine") from e
+        if tp.failed_peer() is not None:  # a collective failed because a worker died
+            error = tp.lost(e)
+        else:
+            error = TensorParallelError(
+                f"rank 0 failed during a step: {type(e).__name__}: {e}; restart the engine"
+            )
+        tp.broken = str(error)
+        raise error from e
 
 
 def send_stop(tp: TensorParallel) -> None:
