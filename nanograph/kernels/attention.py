@@ -19,8 +19,9 @@ Invariants:
 - Work split: a program owns BLOCK_Q query tokens x the whole GQA group of one kv head (the
   group, padded to a power of two, is packed into the M dim of the tile so K/V are loaded once
   per group) and one of ``num_splits`` slices of the key range (flash-decoding: how one long
-  sequence still fills the GPU). ``num_splits`` is a runtime value (the grid's third dim, not
-  a compiled variant: one kernel serves every split count); a tile uses
+  sequence still fills the GPU). ``num_splits`` is a runtime value (the grid's third dim: one
+  kernel serves every split count > 1, and one-slice launches compile without the merge); a
+  tile uses
   only as many slices as its key range fills with MIN_SPLIT_BLOCKS key blocks each, so a short
   range takes one slice and writes its output directly. A split tile writes a normalized partial
   output plus its log-sum-exp; the last of its slices to finish (an atomic counter per tile)
@@ -217,6 +218,7 @@ def _paged_attention_kernel(
     PAGE_SIZE: tl.constexpr,
     Q_BLOCKS_PER_REQUEST: tl.constexpr,  # 0: flat layout
     SPLITS_CAP: tl.constexpr,  # a power of two >= num_splits (the merge's lse vector)
+    MAY_SPLIT: tl.constexpr,  # num_splits > 1: only then is the merge compiled in
     MIN_SPLIT_BLOCKS: tl.constexpr,
     PREFETCH_PAGES: tl.constexpr,
     MERGE_ROWS: tl.constexpr,
@@ -309,7 +311,9 @@ def _paged_attention_kernel(
         PREFETCH_PAGES,
     )  # fmt: skip
 
-    if active_splits > 1:
+    # One-slice launches (every extend tile) leave the merge out: unrolled over BLOCK_M rows it
+    # multiplied their compile time (minutes for the GPU tests' extend shapes) for nothing.
+    if MAY_SPLIT and active_splits > 1:
         # Write this slice's normalized partial (an empty slice writes lse = -inf), then
         # count it in; the barrier orders every thread's stores before the atomic.
         row = (token * NUM_Q_HEADS + q_head) * num_splits + split
@@ -532,8 +536,9 @@ def tile_variants(
 
 
 def compiled_variant(tiles: AttentionTiles) -> AttentionTiles:
-    """What a launch configuration compiles to: the split count is a runtime value."""
-    return dataclasses.replace(tiles, num_splits=1)
+    """What a launch configuration compiles to: the split count is a runtime value, and only
+    whether a launch may split at all (the merge code) is compiled in."""
+    return dataclasses.replace(tiles, num_splits=min(tiles.num_splits, 2))
 
 
 _FORCED_TILES: contextvars.ContextVar[AttentionTiles | None] = contextvars.ContextVar(
@@ -648,6 +653,7 @@ def paged_attention(
             PAGE_SIZE=page_size,
             Q_BLOCKS_PER_REQUEST=q_blocks_per_request,
             SPLITS_CAP=max(MAX_SPLITS, tiles.num_splits),
+            MAY_SPLIT=tiles.num_splits > 1,
             MIN_SPLIT_BLOCKS=tiles.min_split_blocks,
             PREFETCH_PAGES=tiles.prefetch_pages,
             MERGE_ROWS=min(tiles.block_q * tiles.group_pad, 16),
