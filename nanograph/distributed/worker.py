@@ -12,6 +12,7 @@ a dead rank 0 makes the next gloo receive raise.
 from __future__ import annotations
 
 import logging
+import os
 import pickle
 import signal
 import sys
@@ -46,8 +47,6 @@ def fail(rank: int, error: BaseException, tp=None) -> NoReturn:
 
 
 def main() -> None:
-    import os
-
     logging.basicConfig(level=logging.INFO, format=f"[rank {os.environ.get('RANK')}] %(message)s")
     # Ctrl-C reaches the whole process group: rank 0 decides (it stops the workers, or its exit
     # ends their next receive), so a worker does not die of it mid-collective
@@ -55,10 +54,21 @@ def main() -> None:
     config = pickle.load(sys.stdin.buffer)
     from nanograph.engine.engine import Engine
 
+    code = 1  # Engine returns only by raising here: serve_steps ends the process
     try:
-        Engine(config)  # joins the group (RANK is set), loads its shard, then serve_steps
-    except Exception as e:  # serve_steps' own exit (SystemExit) passes through
-        fail(int(os.environ["RANK"]), e)
+        try:
+            Engine(config)  # joins the group (RANK is set), loads its shard, then serve_steps
+        except Exception as e:
+            fail(int(os.environ["RANK"]), e)
+    except SystemExit as done:  # serve_steps' or fail's exit: the process has nothing left
+        code = done.code if isinstance(done.code, int) else 1
+    # Leave without interpreter teardown: a worker whose work was done once printed "terminate
+    # called without an active exception" at exit (a C++ thread of torch.distributed destroyed
+    # while joinable; seen in 2 of ~10 CPU bench runs). Flush what it printed first.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":
