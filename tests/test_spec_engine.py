@@ -207,6 +207,7 @@ def test_only_accepted_tokens_enter_the_prefix_cache(tiny_model_dir, tiny):
         (dict(speculative_draft_model_path="x"), "add speculative_algorithm='draft_model'"),
         (dict(speculative_algorithm="ngram", speculative_num_draft_tokens=0), "1..16"),
         (dict(speculative_algorithm="ngram", speculative_num_draft_tokens=17), "1..16"),
+        (dict(speculative_algorithm="ngram", tensor_parallel_size=2), "one rank"),
     ],
 )
 def test_bad_speculative_settings(kwargs, message):

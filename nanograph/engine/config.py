@@ -76,6 +76,11 @@ class EngineConfig:
     speculative_draft_model_path: str | None = None
     # graph backend of the draft model's runners; auto = as decode_cuda_graph resolves
     speculative_draft_cuda_graph: str = "auto"
+    # ranks the model is sharded over (one GPU each; gloo processes on CPU); 1 = no sharding
+    tensor_parallel_size: int = 1
+    # the longest any rank waits for the others (start-up, each collective) before it fails
+    # with an error naming the rank; start-up of a large checkpoint must fit in it
+    distributed_timeout_s: float = 300.0
 
     def __post_init__(self) -> None:
         if self.load_format not in ("auto", "gguf", "hf", "dummy"):
@@ -94,7 +99,8 @@ class EngineConfig:
             raise ValueError(f"mem_fraction must be in (0, 1], got {self.mem_fraction}")
         for name in (
             "page_size", "chunked_prefill_size", "max_num_seqs", "kv_cache_bytes",
-            "cuda_graph_max_bs", "prefill_graph_slots",
+            "cuda_graph_max_bs", "prefill_graph_slots", "tensor_parallel_size",
+            "distributed_timeout_s",
         ):  # fmt: skip
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
@@ -142,6 +148,12 @@ class EngineConfig:
                 "debug_cuda_graph checks CUDA-graph capture, but the engine runs on "
                 f"{self.torch_device}, where nothing is captured: drop the flag"
             )
+        if self.tensor_parallel_size > 1 and self.device.startswith("cuda:"):
+            raise ValueError(
+                f"device={self.device!r} names one GPU, but tensor_parallel_size="
+                f"{self.tensor_parallel_size} puts rank r on GPU r (set CUDA_VISIBLE_DEVICES to "
+                "choose GPUs); use device 'cuda' or 'auto'"
+            )
         # explicit ladders: sorted, deduplicated, positive and within what a forward can hold
         self._ladder("cuda_graph_bs", "max_num_seqs", "requests decode at once")
         self._ladder("prefill_graph_tokens", "chunked_prefill_size", "tokens go into one forward")
@@ -157,6 +169,11 @@ class EngineConfig:
             raise ValueError(
                 f"speculative_num_draft_tokens must be in 1..{MAX_DRAFT_TOKENS}, got "
                 f"{self.speculative_num_draft_tokens}"
+            )
+        if algorithm is not None and self.tensor_parallel_size > 1:
+            raise ValueError(
+                "speculative decoding runs on one rank: drop speculative_algorithm or use "
+                "tensor_parallel_size=1 (the draft and verify steps are not sent to other ranks)"
             )
         path = self.speculative_draft_model_path
         if algorithm == "draft_model" and not path:

@@ -47,6 +47,16 @@ class LLM:
             )
         self.engine = Engine(EngineConfig(model=model, **engine_args))
 
+    def close(self) -> None:
+        """Stops the engine's other tensor-parallel ranks (a no-op with one rank); also at exit."""
+        self.engine.close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     @property
     def tokenizer(self):
         return self.engine.tokenizer

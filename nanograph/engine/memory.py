@@ -3,7 +3,9 @@
 Invariant: every figure is measured (parameter bytes, tensor bytes, graph-pool bytes from the
 allocator, the allocator's peak during an eager forward), never estimated. The prefix-cache
 figures are the only ones that change while the engine runs: ``Engine.memory_report()``
-refreshes them (``PrefixCacheStats.as_dict()`` plus the bytes of the cached pages).
+refreshes them (``PrefixCacheStats.as_dict()`` plus the bytes of the cached pages). With
+tensor parallelism each rank measures its own report (its shards, its pools); rank 0 shows them
+all at start-up (``Engine.rank_memory``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ class MemoryReport:
     graph_reserve: int = 0  # what the KV sizing kept free for graphs (measured before capture)
     device_total: int = 0
     prefix_cache: dict = field(default_factory=dict)  # empty when prefix caching is off
+    rank: int = 0  # tensor-parallel rank this report is of, and the number of ranks
+    ranks: int = 1
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -41,4 +45,5 @@ class MemoryReport:
                 f"({c['cached_pages']} pages, {c['evictable_pages']} evictable; hit rate "
                 f"{c['hit_rate']:.1%} of {c['queried_tokens']} tokens)"
             )
-        return "memory\n" + "\n".join("  " + line for line in lines)
+        title = "memory" if self.ranks == 1 else f"memory of rank {self.rank} (of {self.ranks})"
+        return title + "\n" + "\n".join("  " + line for line in lines)
