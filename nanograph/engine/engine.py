@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from nanograph.attention import get_attention_backend
-from nanograph.engine.config import EngineConfig
+from nanograph.engine.config import EngineConfig, parse_graph_memory
 from nanograph.engine.kv_cache import KVCache, bytes_per_token
 from nanograph.engine.memory import MemoryReport
 from nanograph.engine.prefix_cache import PrefixCache
@@ -44,7 +44,9 @@ from nanograph.engine.scheduler import Scheduler
 from nanograph.graph import get_backend
 from nanograph.models import build_model, get_moe_backend
 from nanograph.runners.forward_batch import ForwardBatch
+from nanograph.runners.graph_budget import GraphBudget
 from nanograph.runners.graph_runner import GraphRunner
+from nanograph.runners.live_capture import LiveCapture
 from nanograph.runners.model_runner import ModelRunner
 from nanograph.runners.shapes import (
     ShapeKey,
@@ -62,6 +64,13 @@ logger = logging.getLogger("nanograph")
 # KV sizing keeps the largest shape's measured pool bytes times this free for all shapes:
 # smaller shapes reuse the largest one's memory, plus what each shape keeps alive.
 GRAPH_RESERVE_MARGIN = 1.25
+# Background/lazy capture without --cuda-graph-memory: the budget is estimated, not measured
+# (measuring means capturing the largest shapes before serving, which is what they avoid). A
+# pool holds about the activations of its largest shape, which scale with its tokens from the
+# measured eager peak; decode shapes also hold split-attention partials that the prefill peak
+# does not show, hence the wider margin. The budget is enforced on measured pool sizes, so an
+# estimate that is too low costs evictions, never an out-of-memory error.
+LIVE_BUDGET_MARGIN = 2.0
 
 
 class _InFlight:
@@ -133,13 +142,31 @@ class Engine:
         self.load_seconds = time.perf_counter() - start
         if config.progress:
             logger.info("%s", self.memory_report().table())
+        if self.live_capture is not None:
+            self.live_capture.start()  # serving may begin now; graphs arrive as captured
+
+    def wait_for_graphs(self, timeout: float) -> bool:
+        """Background capture: blocks until the capture thread has nothing left to capture;
+        True at once for the other modes. For tests and benchmarks."""
+        return self.live_capture is None or self.live_capture.wait(timeout)
+
+    def close(self) -> None:
+        """Stops the background capture thread (after the capture in progress)."""
+        if self.live_capture is not None:
+            self.live_capture.close()
 
     @property
     def weights_bytes(self) -> int:
         return self.memory.weights
 
     def memory_report(self) -> MemoryReport:
-        """The start-up memory report with the prefix cache's figures as of now."""
+        """The start-up memory report with the prefix cache's figures as of now, and with
+        background/lazy capture the graph pools, histograms and ladders as of now."""
+        if self.live_capture is not None:
+            self.memory.graph_capture = self.live_capture.stats()
+            self.memory.graph_pools = {
+                path: live.pool_bytes for path, live in self.live_capture.runners.items()
+            }
         if self.prefix_cache is not None:
             stats = self.prefix_cache.stats()
             page_bytes = self.kv_cache.nbytes // self.kv_cache.num_pages
@@ -210,36 +237,76 @@ class Engine:
 
     def _build_kv_cache_and_runners(self) -> tuple[KVCache, ModelRunner]:
         """Measures graph and activation memory first, then sizes the KV pool from what is
-        left, then captures: capture never competes with a KV pool sized without it."""
+        left, then captures: capture never competes with a KV pool sized without it. With
+        background/lazy capture the graph budget is planned here and capture comes later."""
         backends = self.graph_backends
+        mode = self.config.capture_mode
+        self.live_capture: LiveCapture | None = None
         if self.device.type == "cuda":
             # a two-page pool is enough to measure: measurement batches read the scratch page
             scratch = KVCache(self.model_config, 2, self.config.page_size, self.dtype, self.device)
             self.memory.activation_peak = self._measure_activation_peak(scratch)
-            for path, backend in backends.items():
-                largest = max(self._shapes(path))
-                # tc_piecewise would compile the probe shape a second time (seconds per shape);
-                # a breakable capture holds the same activations (measured: a larger pool)
-                probe_backend = "breakable" if backend == "tc_piecewise" else backend
-                probe = self._graph_runner(path, probe_backend, scratch, [largest])
-                probe.capture(progress=False)
-                # smaller shapes reuse the largest one's pool; keep a margin for their outputs
-                self.memory.graph_reserve += int(probe.pool_bytes() * GRAPH_RESERVE_MARGIN)
-                probe.release()
-                del probe
+            if mode == "startup":
+                self._measure_graph_reserve(scratch)
+            elif backends:
+                self.memory.graph_reserve = self._graph_budget()
+                # a capture's warm-up forwards run eagerly beside the serving thread's
+                self.memory.capture_warmup_reserve = self.memory.activation_peak
             del scratch
             gc.collect()
             torch.cuda.empty_cache()
         kv = KVCache(self.model_config, self._num_pages(), self.config.page_size, self.dtype,
                      self.device)  # fmt: skip
         self.memory.kv_pool = kv.nbytes
-        runners = {}
-        for path, backend in backends.items():
-            runners[path] = self._graph_runner(path, backend, kv, self._shapes(path))
-            runners[path].capture(progress=self.config.progress)
-            self.memory.graph_pools[path] = runners[path].pool_bytes()
+        runners = {
+            path: self._graph_runner(path, backend, kv, self._shapes(path))
+            for path, backend in backends.items()
+        }
+        if mode == "startup":
+            for path, runner in runners.items():
+                runner.capture(progress=self.config.progress)
+                self.memory.graph_pools[path] = runner.pool_bytes()
+        elif runners:
+            budget = GraphBudget(
+                self.memory.graph_reserve,
+                {path: self._estimated_bytes_per_token() for path in runners},
+            )
+            self.live_capture = LiveCapture(
+                runners, mode, self.config.cuda_graph_ladder, budget, self.device
+            )
         runner = ModelRunner(self.model, self.attention, kv.k, kv.v, self.device, runners)
         return kv, runner
+
+    def _measure_graph_reserve(self, scratch: KVCache) -> None:
+        """Start-up capture: captures each path's largest shape on the scratch pool and keeps
+        its pool size (with a margin) free for the graphs."""
+        for path, backend in self.graph_backends.items():
+            largest = max(self._shapes(path))
+            # tc_piecewise would compile the probe shape a second time (seconds per shape);
+            # a breakable capture holds the same activations (measured: a larger pool)
+            probe_backend = "breakable" if backend == "tc_piecewise" else backend
+            probe = self._graph_runner(path, probe_backend, scratch, [largest])
+            probe.capture(progress=False)
+            # smaller shapes reuse the largest one's pool; keep a margin for their outputs
+            self.memory.graph_reserve += int(probe.pool_bytes() * GRAPH_RESERVE_MARGIN)
+            probe.release()
+            del probe
+
+    def _estimated_bytes_per_token(self) -> float:
+        """Graph pool bytes per token of a pool's largest shape, from the eager peak."""
+        measured_tokens = min(self.config.chunked_prefill_size, self.max_model_len - 1)
+        return LIVE_BUDGET_MARGIN * self.memory.activation_peak / measured_tokens
+
+    def _graph_budget(self) -> int:
+        """Bytes of the graph-memory budget: --cuda-graph-memory, or the estimate."""
+        if self.config.cuda_graph_memory is not None:
+            kind, amount = parse_graph_memory(self.config.cuda_graph_memory)
+            if kind == "bytes":
+                return int(amount)
+            free, _ = torch.cuda.mem_get_info(self.device)
+            return int(amount * free)
+        largest = sum(max(self._shapes(path)).num_tokens for path in self.graph_backends)
+        return int(self._estimated_bytes_per_token() * largest)
 
     def _measure_activation_peak(self, scratch: KVCache) -> int:
         """Allocator peak of one eager forward at chunked_prefill_size tokens, above baseline."""
@@ -266,6 +333,7 @@ class Engine:
             self.memory.device_total = total
             budget = int(total * cfg.mem_fraction) - torch.cuda.memory_allocated(self.device)
             budget -= self.memory.graph_reserve + self.memory.activation_peak
+            budget -= self.memory.capture_warmup_reserve
         else:
             budget = cfg.kv_cache_bytes
         # never more than every sequence slot at full length could use

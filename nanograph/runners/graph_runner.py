@@ -11,6 +11,8 @@ Invariants:
   A failed capture never fails start-up: the shape stays eager, with one warning for all.
 - Capture runs inside the same ``forward_context`` as replay (per shape, built once), so breaks
   and split ops see the static metadata both times.
+- With background or lazy capture (``live``, see live_runner.py) ``forward`` hands the batch to
+  the live runner, which decides which ready graph serves it; ``capture`` is then not called.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -29,6 +32,9 @@ from nanograph.progress import progress_bar
 from nanograph.runners.forward_batch import ForwardBatch
 from nanograph.runners.shapes import ShapeKey, choose_shape
 from nanograph.runners.static_inputs import StaticInputs
+
+if TYPE_CHECKING:
+    from nanograph.runners.live_runner import LiveRunner
 
 logger = logging.getLogger("nanograph")
 
@@ -75,6 +81,7 @@ class GraphRunner:
         self._captured: list[ShapeKey] = []  # sorted, for dispatch
         self.replays = 0
         self.fallbacks = 0
+        self.live: LiveRunner | None = None  # set by LiveRunner: background or lazy capture
 
     def max_query_len(self, shape: ShapeKey) -> int:
         return 1 if self.path == "decode" else shape.num_tokens
@@ -179,10 +186,18 @@ class GraphRunner:
     ) -> torch.Tensor | None:
         """Final hidden states of the batch's real rows, or None if no graph can take it.
         ``in_flight``: the sampled tokens of the step still running, for ``future_rows``."""
+        if self.live is not None:
+            return self.live.forward(batch, in_flight)
         shape = self.dispatch(batch)
         if shape is None:
             self.fallbacks += 1
             return None
+        return self.replay(shape, batch, in_flight)
+
+    def replay(
+        self, shape: ShapeKey, batch: ForwardBatch, in_flight: torch.Tensor | None
+    ) -> torch.Tensor:
+        """Pads ``batch`` into the captured ``shape`` and replays its graph."""
         self.static.copy_from(batch, shape)
         batch.fill_future(self.static.input_ids, in_flight)
         with forward_context(self.contexts[shape]):

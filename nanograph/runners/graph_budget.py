@@ -1,0 +1,143 @@
+"""Graph-memory budget: least-recently-replayed bookkeeping over every runner's captured shapes.
+
+The memory model follows how graph memory is actually held. Each runner captures all its shapes
+into one shared pool (smaller shapes reuse the memory of larger ones), so a runner's pool costs
+``bytes_per_token`` x its largest captured token count, plus ``shape_bytes`` per shape for what
+each keeps on its own. Both are calibrated from the allocator after every capture
+(``calibrate``). The consequence for eviction:
+
+- Dropping a graph that is not its pool's largest frees blocks *inside* the pool; the next
+  capture reuses them, which is what the model counts. No memory goes back to the driver.
+- Dropping a runner's largest graph only shrinks the pool if the pool is rebuilt: every graph of
+  that runner is released, the pool's memory goes back to the driver, and the survivors are
+  captured again into a fresh pool, largest first. ``admit`` says when that is needed.
+
+A per-shape pool would make every eviction free memory at once, but a ladder's pools would then
+cost the *sum* of its shapes (~8x the shared pool for a geometric prefill ladder, ~18x for the
+default decode ladder): under a budget that is worse than an occasional rebuild.
+
+Invariants: a key is (path, shape); ``touch`` only reorders (a replay never changes what is
+charged); ``admit`` never proposes a victim that is not captured, and proposes nothing when the
+new shape alone exceeds the limit (it then stays eager). Thread-safe: replays touch from the
+serving thread while the capture thread admits.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from nanograph.runners.shapes import ShapeKey
+
+Key = tuple[str, ShapeKey]  # (runner path, shape)
+
+
+@dataclass(frozen=True)
+class Admission:
+    """What capturing a new shape takes: graphs to drop first, and the paths whose pools must
+    be rebuilt (their largest graph is among the victims)."""
+
+    victims: tuple[Key, ...] = ()
+    rebuild: frozenset[str] = field(default_factory=frozenset)
+
+
+class GraphBudget:
+    def __init__(
+        self,
+        limit: int | None,
+        bytes_per_token: dict[str, float],
+        shape_bytes: float = 0.0,
+    ) -> None:
+        self.limit = limit
+        self.bytes_per_token = dict(bytes_per_token)
+        self.shape_bytes = shape_bytes
+        self._captured: OrderedDict[Key, None] = OrderedDict()  # least recently replayed first
+        self._lock = threading.Lock()
+        self.evictions = 0
+        self.rebuilds = 0
+
+    def predicted(self, keys: Iterable[Key]) -> float:
+        """Bytes the pools would hold with exactly ``keys`` captured (largest first)."""
+        largest: dict[str, int] = {}
+        count: dict[str, int] = {}
+        for path, shape in keys:
+            largest[path] = max(largest.get(path, 0), shape.num_tokens)
+            count[path] = count.get(path, 0) + 1
+        return sum(
+            self.bytes_per_token.get(path, 0.0) * tokens + self.shape_bytes * count[path]
+            for path, tokens in largest.items()
+        )
+
+    @property
+    def used(self) -> float:
+        with self._lock:
+            return self.predicted(self._captured)
+
+    def captured(self) -> list[Key]:
+        """Captured keys, least recently replayed first."""
+        with self._lock:
+            return list(self._captured)
+
+    def add(self, key: Key) -> None:
+        with self._lock:
+            self._captured[key] = None
+            self._captured.move_to_end(key)
+
+    def touch(self, key: Key) -> None:
+        with self._lock:
+            if key in self._captured:
+                self._captured.move_to_end(key)
+
+    def remove(self, key: Key) -> None:
+        with self._lock:
+            self._captured.pop(key, None)
+
+    def admit(self, key: Key) -> Admission | None:
+        """How to make room for ``key``: None if it alone exceeds the limit (keep it eager);
+        else the least recently replayed victims to drop until the prediction fits."""
+        with self._lock:
+            if self.limit is None or key in self._captured:
+                return Admission()
+            if self.predicted([key]) > self.limit:
+                return None
+            return self._make_room([k for k in self._captured], key)
+
+    def shrink(self, protect: Key) -> Admission:
+        """After a capture measured more than predicted: the least recently replayed victims
+        (never ``protect``, the shape just captured) to drop until the prediction fits."""
+        with self._lock:
+            if self.limit is None:
+                return Admission()
+            return self._make_room([k for k in self._captured if k != protect], protect)
+
+    def _make_room(self, keep: list[Key], key: Key) -> Admission:
+        victims: list[Key] = []
+        while keep and self.predicted([*keep, key]) > self.limit:
+            victims.append(keep.pop(0))
+        survivors = [*keep, key]
+        rebuild = frozenset(
+            path for path, shape in victims
+            if shape.num_tokens > max((s.num_tokens for p, s in survivors if p == path), default=0)
+        )  # fmt: skip
+        return Admission(tuple(victims), rebuild)
+
+    def calibrate(self, path: str, pool_bytes: int) -> None:
+        """Fits ``bytes_per_token`` of ``path`` to its pool's measured size now."""
+        with self._lock:
+            shapes = [s for p, s in self._captured if p == path]
+            if not shapes:
+                return
+            own = self.shape_bytes * len(shapes)
+            largest = max(s.num_tokens for s in shapes)
+            self.bytes_per_token[path] = max(pool_bytes - own, 0) / largest
+
+    def as_dict(self) -> dict:
+        return {
+            "limit": self.limit,
+            "predicted": int(self.used),
+            "bytes_per_token": dict(self.bytes_per_token),
+            "evictions": self.evictions,
+            "rebuilds": self.rebuilds,
+        }
