@@ -412,3 +412,48 @@ def test_capture_flags_reach_the_config_from_the_command_line():
     args = build_parser().parse_args(["generate", "--prompt", "hi", "--cuda-graph-capture", "lazy"])
     with pytest.raises(ValueError, match="where nothing is captured"):
         engine_config_from(args)
+
+
+def test_histogram_and_ladder_reach_the_memory_report_and_metrics(llm):
+    pytest.importorskip("prometheus_client")
+    from types import SimpleNamespace
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from nanograph.engine.front import FrontStats
+    from nanograph.engine.memory import MemoryReport
+    from nanograph.serve.metrics import ServerMetrics
+
+    live, runners = live_runners(llm, "lazy")
+    serve(llm, live, runners)
+    stats = live.stats()
+    decode = stats["paths"]["decode"]
+    assert decode["histogram"] and set(decode["ready"]) <= set(decode["ladder"])
+    table = MemoryReport(graph_capture=stats).table()
+    assert "decode ladder (default): 1x1 2x2 4x4 8x8" in table
+    assert (
+        "decode observed sizes (size: batches): "
+        + ", ".join(f"{n}: {c}" for n, c in decode["histogram"].items())
+        in table
+    )
+
+    front = SimpleNamespace(stats=FrontStats(graph_capture=stats))
+    families = {
+        f.name: f for f in text_string_to_metric_families(ServerMetrics(front).render().decode())
+    }
+    buckets = {
+        s.labels["le"]: s.value
+        for s in families["nanograph_batch_size"].samples
+        if s.name.endswith("_bucket") and s.labels["path"] == "decode"
+    }
+    histogram = decode["histogram"]
+    assert buckets["4"] == sum(c for n, c in histogram.items() if n <= 4)
+    assert buckets["+Inf"] == sum(histogram.values())
+    ready = {
+        s.labels["state"]: s.value
+        for s in families["nanograph_graph_shapes"].samples
+        if s.labels["path"] == "decode"
+    }
+    assert ready["ready"] == len(decode["ready"])
+    ladder = {s.labels["shape"] for s in families["nanograph_graph_ladder"].samples}
+    assert {"1x1", "8x8", "64x2"} <= ladder

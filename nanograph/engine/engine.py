@@ -150,6 +150,10 @@ class Engine:
         True at once for the other modes. For tests and benchmarks."""
         return self.live_capture is None or self.live_capture.wait(timeout)
 
+    def graph_capture_stats(self) -> dict:
+        """Background/lazy capture: ``LiveCapture.stats()``; empty with start-up capture."""
+        return self.live_capture.stats() if self.live_capture is not None else {}
+
     def close(self) -> None:
         """Stops the background capture thread (after the capture in progress)."""
         if self.live_capture is not None:

@@ -175,6 +175,7 @@ class LiveRunner:
             histogram = dict(sorted(self.histogram.items()))
         return {
             "ladder_mode": self.ladder_mode,
+            "configured": [s.num_tokens for s in self.runner.shapes],
             "ladder": [str(s) for s in self.ladder],
             "ready": [str(s) for s in self.states.ready()],
             "states": self.states.counts(),
