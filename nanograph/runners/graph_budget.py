@@ -17,8 +17,9 @@ cost the *sum* of its shapes (~8x the shared pool for a geometric prefill ladder
 default decode ladder): under a budget that is worse than an occasional rebuild.
 
 Invariants: a key is (path, shape); ``touch`` only reorders (a replay never changes what is
-charged); ``admit`` never proposes a victim that is not captured, and proposes nothing when the
-new shape alone exceeds the limit (it then stays eager). Thread-safe: replays touch from the
+charged); ``admit`` never proposes a victim that is not captured, nor one whose eviction would
+not lower the prediction, and proposes nothing when the new shape alone exceeds the limit (it
+then stays eager). Thread-safe: replays touch from the
 serving thread while the capture thread admits.
 """
 
@@ -113,9 +114,19 @@ class GraphBudget:
             return self._make_room([k for k in self._captured if k != protect], protect)
 
     def _make_room(self, keep: list[Key], key: Key) -> Admission:
+        """Victims in least-recently-replayed order, skipping graphs whose eviction would not
+        lower the prediction (a shared pool's smaller graphs, when shapes own no bytes)."""
         victims: list[Key] = []
-        while keep and self.predicted([*keep, key]) > self.limit:
-            victims.append(keep.pop(0))
+        while self.predicted([*keep, key]) > self.limit:
+            now = self.predicted([*keep, key])
+            victim = next(
+                (k for k in keep if self.predicted([*(x for x in keep if x != k), key]) < now),
+                None,
+            )
+            if victim is None:
+                break
+            keep.remove(victim)
+            victims.append(victim)
         survivors = [*keep, key]
         rebuild = frozenset(
             path for path, shape in victims
