@@ -133,11 +133,15 @@ def test_budget_rebuilds_a_pool_whose_largest_graph_goes_and_refuses_what_never_
 def test_budget_calibrates_from_the_measured_pool_and_shrinks_around_the_new_shape():
     budget = GraphBudget(limit=1000, bytes_per_token={"decode": 1.0})
     budget.add(key("decode", 8))
+    budget.calibrate("decode", 600)  # the first capture into a pool measures its floor
+    assert budget.floor["decode"] == 600 and budget.bytes_per_token["decode"] == 1.0
+    assert budget.predicted([key("decode", 4)]) == 600  # small shapes cost whole segments
     budget.add(key("decode", 16))
-    budget.calibrate("decode", 1600)  # measured: 100 bytes per token of the largest
+    budget.calibrate("decode", 1600)  # outgrew the floor: 100 bytes per token of the largest
     assert budget.bytes_per_token["decode"] == 100.0
+    budget.calibrate("decode", 500)  # never lowered: predictions err on the large side
+    assert budget.bytes_per_token["decode"] == 100.0 and budget.floor["decode"] == 600
     budget.add(key("decode", 4))
-    budget.calibrate("decode", 1600)
     excess = budget.shrink(protect=key("decode", 4))
     # 8 is least recent, but the pool's size is set by 16: evicting 8 alone would free nothing
     assert excess.victims == (key("decode", 16),)

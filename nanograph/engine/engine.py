@@ -71,6 +71,9 @@ GRAPH_RESERVE_MARGIN = 1.25
 # does not show, hence the wider margin. The budget is enforced on measured pool sizes, so an
 # estimate that is too low costs evictions, never an out-of-memory error.
 LIVE_BUDGET_MARGIN = 2.0
+# ... and never less than this per runner: the allocator reserves a pool in 2 and 20 MiB
+# segments, so even a small model's pool holds a few whole segments.
+LIVE_POOL_FLOOR = 64 * 2**20
 
 
 class _InFlight:
@@ -309,8 +312,11 @@ class Engine:
                 return int(amount)
             free, _ = torch.cuda.mem_get_info(self.device)
             return int(amount * free)
-        largest = sum(max(self._shapes(path)).num_tokens for path in self.graph_backends)
-        return int(self._estimated_bytes_per_token() * largest)
+        per_token = self._estimated_bytes_per_token()
+        return sum(
+            max(int(per_token * max(self._shapes(path)).num_tokens), LIVE_POOL_FLOOR)
+            for path in self.graph_backends
+        )
 
     def _measure_activation_peak(self, scratch: KVCache) -> int:
         """Allocator peak of one eager forward at chunked_prefill_size tokens, above baseline."""

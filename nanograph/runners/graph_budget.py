@@ -2,9 +2,12 @@
 
 The memory model follows how graph memory is actually held. Each runner captures all its shapes
 into one shared pool (smaller shapes reuse the memory of larger ones), so a runner's pool costs
-``bytes_per_token`` x its largest captured token count, plus ``shape_bytes`` per shape for what
-each keeps on its own. Both are calibrated from the allocator after every capture
-(``calibrate``). The consequence for eviction:
+``bytes_per_token`` x its largest captured token count, but never less than its ``floor`` (the
+allocator reserves pools in 2 and 20 MiB segments, so a pool holding only small shapes still
+costs whole segments), plus ``shape_bytes`` per shape for what each keeps on its own.
+``calibrate`` fits them to the allocator after every capture: the first capture into a pool
+measures its floor, and a pool that outgrows the prediction raises ``bytes_per_token``; neither
+is ever lowered, so a prediction errs on the large side. The consequence for eviction:
 
 - Dropping a graph that is not its pool's largest frees blocks *inside* the pool; the next
   capture reuses them, which is what the model counts. No memory goes back to the driver.
@@ -54,6 +57,7 @@ class GraphBudget:
         self.limit = limit
         self.bytes_per_token = dict(bytes_per_token)
         self.shape_bytes = shape_bytes
+        self.floor: dict[str, float] = {}  # per path: the smallest pool measured
         self._captured: OrderedDict[Key, None] = OrderedDict()  # least recently replayed first
         self._lock = threading.Lock()
         self.evictions = 0
@@ -67,7 +71,8 @@ class GraphBudget:
             largest[path] = max(largest.get(path, 0), shape.num_tokens)
             count[path] = count.get(path, 0) + 1
         return sum(
-            self.bytes_per_token.get(path, 0.0) * tokens + self.shape_bytes * count[path]
+            max(self.floor.get(path, 0.0), self.bytes_per_token.get(path, 0.0) * tokens)
+            + self.shape_bytes * count[path]
             for path, tokens in largest.items()
         )
 
@@ -135,20 +140,26 @@ class GraphBudget:
         return Admission(tuple(victims), rebuild)
 
     def calibrate(self, path: str, pool_bytes: int) -> None:
-        """Fits ``bytes_per_token`` of ``path`` to its pool's measured size now."""
+        """Fits the model of ``path`` to its pool's measured size now (see module docstring)."""
         with self._lock:
             shapes = [s for p, s in self._captured if p == path]
             if not shapes:
                 return
-            own = self.shape_bytes * len(shapes)
+            pool = max(pool_bytes - self.shape_bytes * len(shapes), 0)
             largest = max(s.num_tokens for s in shapes)
-            self.bytes_per_token[path] = max(pool_bytes - own, 0) / largest
+            per_token = self.bytes_per_token.get(path, 0.0)
+            predicted = max(self.floor.get(path, 0.0), per_token * largest)
+            if path not in self.floor:
+                self.floor[path] = pool
+            elif pool > predicted:
+                self.bytes_per_token[path] = pool / largest
 
     def as_dict(self) -> dict:
         return {
             "limit": self.limit,
             "predicted": int(self.used),
             "bytes_per_token": dict(self.bytes_per_token),
+            "floor": dict(self.floor),
             "evictions": self.evictions,
             "rebuilds": self.rebuilds,
         }

@@ -10,9 +10,10 @@ expected cost of serving that histogram:
   ``max_padding_ratio`` x its tokens, which dispatch refuses) runs eagerly and costs
   ``eager_cost`` (the launch overhead a graph saves);
 - the ladder must fit the graph memory budget. One pool per runner is shared by every shape, so
-  its size is set by the largest bucket (``bytes_per_token`` x ceiling) plus what each shape
-  keeps on its own (``shape_bytes``); a tiny price per byte breaks ties, so a bucket no batch
-  uses is never chosen: a workload that never exceeds batch 16 does not pay for batch 256.
+  its size is set by the largest bucket (``bytes_per_token`` x ceiling, at least ``floor_bytes``)
+  plus what each shape keeps on its own (``shape_bytes``); a tiny price per byte breaks ties,
+  so a bucket no batch uses is never chosen: a workload that never exceeds batch 16 does not
+  pay for batch 256.
 
 Invariants: the result is a sorted subset of ``candidates``; an empty histogram gives an empty
 ladder; the function is pure (CPU-tested on hand-computable histograms).
@@ -40,10 +41,12 @@ class LadderCosts:
     eager_cost: float = 1.0  # per forward that runs eagerly
     bytes_per_token: float = 0.0  # graph pool bytes per token of the largest bucket
     shape_bytes: float = 0.0  # graph memory each captured shape keeps on its own
+    floor_bytes: float = 0.0  # what the pool costs however small its shapes
     max_padding_ratio: float | None = None  # prefill: dispatch's 2x rule
 
     def memory(self, ceiling: int, num_shapes: int) -> float:
-        return self.bytes_per_token * ceiling + self.shape_bytes * num_shapes
+        pool = max(self.floor_bytes, self.bytes_per_token * ceiling)
+        return pool + self.shape_bytes * num_shapes
 
 
 def plan_ladder(

@@ -136,6 +136,7 @@ class LiveRunner:
             pad_cost=self.costs.pad_cost,
             bytes_per_token=budget.bytes_per_token.get(self.path, 0.0),
             shape_bytes=budget.shape_bytes,
+            floor_bytes=budget.floor.get(self.path, 0.0),
             max_padding_ratio=self.costs.max_padding_ratio,
         )
         by_tokens = {s.num_tokens: s for s in self.runner.shapes}
