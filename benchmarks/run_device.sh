@@ -17,7 +17,8 @@
 #   against `nanograph serve`: arms, request-rate sweeps and the offline comparisons; needs the
 #   wheels of benchmarks/serve_wheels.txt in $SERVE_WHEELS, default .whl, carried),
 #   fair-peer (prefill against the transformers peer with logits_to_keep=1 and its recorded
-#   attention, and the decode roofline from this device's measured copy bandwidth).
+#   attention, and the decode roofline from this device's measured copy bandwidth), capture
+#   (serve while capturing: its GPU tests, then the capture modes side by side on 0.6b and 8b).
 # Run from the repo root; logs and JSON land in OUTDIR (copy them to benchmarks/results/).
 # Export NANOGRAPH_COMMIT=<short hash> first: the device copy's .git can be stale.
 set -uo pipefail
@@ -192,5 +193,21 @@ case $stage in
     timeout 120 python3 -m nanograph bench decode --models qwen3-0.6b --arms eager,full \
       --batches 1 --repeats 3 --out "$out/decode_roofline.json" 2>&1 | grep -v "^INFO" \
       | tee "$out/decode_roofline.log" ;;
+  capture)  # <= ~8 min (estimated, not yet measured): serve while capturing (issue 17). GPU
+    # tests of background/lazy capture (tokens vs eager and startup, memory over 1000 steps,
+    # eviction); then `bench startup --capture-modes` on qwen3-0.6b and qwen3-8b (dummy):
+    # ready time, first TTFT, tokens/s curve and graph memory per mode under 16 requests in
+    # flight (batch <= 16: the learned ladder's memory aim). Each command is bounded.
+    timeout "${TEST_TIMEOUT:-110}" python3 -m pytest -q -s -p no:cacheprovider --durations=8 -rfE \
+      tests/gpu/test_live_capture_gpu.py ${PYTEST_ARGS:-} > "$out/capture_tests.log" 2>&1
+    grep -E "capture|allocated|passed|failed|Error" "$out/capture_tests.log" | tail -30
+    common="--load-format dummy --dtypes bfloat16 --concurrency 16 --short 64 --long 512 \
+      --new-tokens 128"
+    timeout 150 python3 -m nanograph bench startup --model qwen3-0.6b $common --duration 15 \
+      --capture-modes eager,startup,background,lazy,background:auto --timeout 60 \
+      --out "$out/capture_06b.json" 2>&1 | grep -v "^INFO" | tee "$out/capture_06b.log"
+    timeout 210 python3 -m nanograph bench startup --model qwen3-8b $common --duration 20 \
+      --capture-modes eager,startup,background,background:auto --timeout 110 \
+      --out "$out/capture_8b.json" 2>&1 | grep -v "^INFO" | tee "$out/capture_8b.log" ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;
 esac

@@ -45,8 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def engine_args(arm: str, args: argparse.Namespace) -> dict:
     mode, _, ladder = arm.partition(":")
+    # default max_num_seqs and ladders: the stream's concurrency, not the config, bounds the batch
     out = {"load_format": args.load_format, "dtype": args.dtypes.split(",")[0],
-           "disable_prefix_caching": True, "max_num_seqs": max(args.concurrency, 1)}  # fmt: skip
+           "disable_prefix_caching": True}  # fmt: skip
     if mode == "eager":
         return out | {"decode_cuda_graph": "none", "prefill_cuda_graph": "none"}
     if mode not in ("startup", "background", "lazy"):
@@ -151,10 +152,14 @@ def compare(arms: dict[str, dict]) -> dict:
             n: next((t for t, y in zip(*a["curve"].values()) if y >= target), None)
             for n, a in ok.items()
         }
+    # the learned ladder against the default one: the same mode, and startup (whose default
+    # ladder is complete; a background arm may still be capturing when its stream ends)
     for name, arm in ok.items():
-        mode = name.partition(":")[0]
-        if name.endswith(":auto") and mode in ok and ok[mode]["graph_bytes"]:
-            out[f"graph_bytes_{name}_over_{mode}"] = arm["graph_bytes"] / ok[mode]["graph_bytes"]
+        if not name.endswith(":auto"):
+            continue
+        for ref in {name.partition(":")[0], "startup"}:
+            if ref in ok and ok[ref]["graph_bytes"]:
+                out[f"graph_bytes_{name}_over_{ref}"] = arm["graph_bytes"] / ok[ref]["graph_bytes"]
     return out
 
 
