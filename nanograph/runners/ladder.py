@@ -21,6 +21,7 @@ ladder; the function is pure (CPU-tested on hand-computable histograms).
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -58,37 +59,45 @@ def plan_ladder(
 ) -> list[int]:
     """The buckets (a sorted subset of ``candidates``) minimising the histogram's expected cost
     within ``budget`` bytes and ``max_shapes`` shapes. Exact: dynamic programming over the
-    candidates, O(len(candidates)^2 x max_shapes)."""
+    candidates, O(len(candidates)^2 x max_shapes), each interval's cost from prefix sums."""
     buckets = sorted(set(candidates))
     sizes = sorted((n, c) for n, c in histogram.items() if c > 0)
     if not buckets or not sizes:
         return []
     k_max = min(max_shapes or len(buckets), len(buckets))
     eager_all = sum(c for _, c in sizes) * costs.eager_cost
+    ns = [n for n, _ in sizes]
+    counts, weighted = [0], [0]  # prefix sums of c and of c x n over the sorted sizes
+    for n, c in sizes:
+        counts.append(counts[-1] + c)
+        weighted.append(weighted[-1] + c * n)
 
     def served(low: int, high: int) -> float:
-        """Cost of the sizes in (low, high] served by bucket ``high``, minus their eager cost."""
-        total = 0.0
-        for n, c in sizes:
-            if low < n <= high:
-                too_padded = costs.max_padding_ratio is not None and high > (
-                    costs.max_padding_ratio * max(n, 1)
-                )
-                total += c * (costs.eager_cost if too_padded else costs.pad_cost * (high - n))
-                total -= c * costs.eager_cost
-        return total
+        """Cost change of serving the sizes in (low, high] by bucket ``high`` instead of
+        eagerly; sizes the padding rule keeps off ``high`` stay eager (no change)."""
+        first = bisect.bisect_right(ns, low)
+        if costs.max_padding_ratio is not None:  # n >= high / ratio may use the bucket
+            first = max(first, bisect.bisect_left(ns, high / costs.max_padding_ratio))
+        last = bisect.bisect_right(ns, high)
+        if first >= last:
+            return 0.0
+        c, cn = counts[last] - counts[first], weighted[last] - weighted[first]
+        return costs.pad_cost * (high * c - cn) - costs.eager_cost * c
+
+    table = {(i, j): served(buckets[i] if i >= 0 else 0, buckets[j])
+             for j in range(len(buckets)) for i in range(-1, j)}  # fmt: skip
 
     # best[k][j]: lowest cost change of ladders of k buckets whose largest is buckets[j]
     inf = float("inf")
     best = [[inf] * len(buckets) for _ in range(k_max + 1)]
     back: dict[tuple[int, int], int | None] = {}
-    for j, b in enumerate(buckets):
-        best[1][j] = served(0, b)
+    for j in range(len(buckets)):
+        best[1][j] = table[(-1, j)]
         back[(1, j)] = None
     for k in range(2, k_max + 1):
-        for j, b in enumerate(buckets):
+        for j in range(len(buckets)):
             for i in range(j):
-                value = best[k - 1][i] + served(buckets[i], b)
+                value = best[k - 1][i] + table[(i, j)]
                 if value < best[k][j]:
                     best[k][j], back[(k, j)] = value, i
     choice, choice_cost = None, 0.0  # the empty ladder: everything eager
