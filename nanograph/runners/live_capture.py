@@ -138,7 +138,7 @@ class LiveCapture:
                     live.path, shape, type(e).__name__, e,
                 )  # fmt: skip
                 if self.device.type == "cuda":
-                    torch.cuda.empty_cache()
+                    self._settle_after_failure()
                 return False
             live.states.publish(shape)
             live.publish_ready()
@@ -158,6 +158,15 @@ class LiveCapture:
             with self.lease.lock:
                 self._evict(excess)
         return True
+
+    def _settle_after_failure(self) -> None:
+        """The failed capture's warm-up may still run on the device and use the buffers: wait
+        for it before the lease is released, then hand its memory back."""
+        try:
+            torch.cuda.synchronize(self.device)
+        except RuntimeError as e:  # a sticky device error: the serving thread will see it too
+            logger.error("synchronising after a failed capture: %s", e)
+        torch.cuda.empty_cache()
 
     def _evict(self, admission: Admission) -> None:
         """Drops the victims' graphs and rebuilds the pools that lose their largest graph;
