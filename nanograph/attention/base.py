@@ -17,6 +17,7 @@ Invariants:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
 import torch
@@ -49,6 +50,14 @@ class AttentionBackend(ABC):
     #: metadata can be prepared outside a graph into static buffers and ``forward`` launches
     #: the same kernels with the same grid for any batch that fits them (no host reads).
     graph_safe: bool
+
+    def launch_variants(
+        self, num_q_heads: int, num_kv_heads: int, head_dim: int, device: torch.device
+    ) -> list[tuple[int, AbstractContextManager]]:
+        """Every compiled variant a batch can launch, as (query tokens of one request that
+        launches it, a context that selects it). Start-up runs a forward under each, so no
+        kernel compiles on a request's path. Backends that compile nothing return []."""
+        return []
 
     @abstractmethod
     def forward(

@@ -7,6 +7,8 @@ that fits the runner's static buffers, including zero-length sentinel slots.
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
+
 import torch
 
 from nanograph.attention.base import AttentionBackend, AttentionMetadata
@@ -15,6 +17,14 @@ from nanograph.attention.base import AttentionBackend, AttentionMetadata
 class TritonAttention(AttentionBackend):
     name = "triton"
     graph_safe = True
+
+    def launch_variants(
+        self, num_q_heads: int, num_kv_heads: int, head_dim: int, device: torch.device
+    ) -> list[tuple[int, AbstractContextManager]]:
+        from nanograph.kernels.attention import forced_tiles, tile_variants
+
+        variants = tile_variants(device, num_q_heads, num_kv_heads, head_dim)
+        return [(tokens, forced_tiles(tiles)) for tokens, tiles in variants]
 
     def forward(
         self,

@@ -55,6 +55,7 @@ from nanograph.runners.shapes import (
     prefill_shapes,
     prefill_token_buckets,
 )
+from nanograph.runners.warmup import warm_up_kernels
 
 if TYPE_CHECKING:
     from nanograph.loader.tokenizer import IncrementalDecoder
@@ -123,6 +124,7 @@ class Engine:
             config.max_model_len or self.model_config.max_position_embeddings,
             self.model_config.max_position_embeddings,
         )
+        self.kernel_warmup_seconds = 0.0  # CUDA: compiling every kernel variant at start-up
         self.memory = MemoryReport(
             weights=sum(p.numel() * p.element_size() for p in self.model.parameters())
         )
@@ -281,6 +283,14 @@ class Engine:
             self.live_capture = LiveCapture(
                 runners, mode, self.config.cuda_graph_ladder, budget, self.device
             )
+        if self.device.type == "cuda":
+            # after start-up capture, which compiled the variants its graphs hold: this compiles
+            # the rest (with background/lazy capture: all of them, before serving begins)
+            eager = ModelRunner(self.model, self.attention, kv.k, kv.v, self.device)
+            self.kernel_warmup_seconds = warm_up_kernels(
+                eager, self.config.page_size, self.config.progress
+            )
+            logger.info("kernels warmed up in %.1f s", self.kernel_warmup_seconds)
         runner = ModelRunner(self.model, self.attention, kv.k, kv.v, self.device, runners)
         return kv, runner
 

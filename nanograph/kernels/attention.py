@@ -18,8 +18,10 @@ Invariants:
   allocated here is zero-filled, so those rows read as zeros.
 - Work split: a program owns BLOCK_Q query tokens x the whole GQA group of one kv head (the
   group, padded to a power of two, is packed into the M dim of the tile so K/V are loaded once
-  per group) and one of NUM_SPLITS slices of the key range (flash-decoding: how one long
-  sequence still fills the GPU). NUM_SPLITS is a static upper bound; at run time a tile uses
+  per group) and one of ``num_splits`` slices of the key range (flash-decoding: how one long
+  sequence still fills the GPU). ``num_splits`` is a runtime value (the grid's third dim: one
+  kernel serves every split count > 1, and one-slice launches compile without the merge); a
+  tile uses
   only as many slices as its key range fills with MIN_SPLIT_BLOCKS key blocks each, so a short
   range takes one slice and writes its output directly. A split tile writes a normalized partial
   output plus its log-sum-exp; the last of its slices to finish (an atomic counter per tile)
@@ -36,9 +38,13 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import dataclasses
 import functools
 import math
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -179,14 +185,14 @@ def _attend_key_range(
 # Batch-dependent integers are not specialized: Triton would otherwise compile a new variant
 # whenever the request count or the page-table width changes between 1, a multiple of 16 and
 # anything else, i.e. on a request's path.
-@triton.jit(do_not_specialize=["num_seqs", "stride_page_table"])
+@triton.jit(do_not_specialize=["num_seqs", "num_splits", "stride_page_table"])
 def _paged_attention_kernel(
     q_ptr,
     k_cache_ptr,
     v_cache_ptr,
     out_ptr,
-    part_out_ptr,  # fp32 [N, Hq, NUM_SPLITS, HEAD_DIM], used when NUM_SPLITS > 1
-    part_lse_ptr,  # fp32 [N, Hq, NUM_SPLITS], log2 domain
+    part_out_ptr,  # fp32 [N, Hq, num_splits, HEAD_DIM], used when num_splits > 1
+    part_lse_ptr,  # fp32 [N, Hq, num_splits], log2 domain
     counters_ptr,  # int32 [grid0 * num_kv_heads], zero between launches
     sinks_ptr,
     page_table_ptr,
@@ -194,6 +200,7 @@ def _paged_attention_kernel(
     query_lens_ptr,
     query_start_loc_ptr,
     num_seqs,
+    num_splits,  # slices of the key range, the grid's third dim: a value, not a variant
     stride_page_table,
     stride_q_tok,
     stride_q_head,
@@ -215,7 +222,8 @@ def _paged_attention_kernel(
     HEAD_DIM: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
     Q_BLOCKS_PER_REQUEST: tl.constexpr,  # 0: flat layout
-    NUM_SPLITS: tl.constexpr,
+    SPLITS_CAP: tl.constexpr,  # a power of two >= num_splits (the merge's lse vector)
+    MAY_SPLIT: tl.constexpr,  # num_splits > 1: only then is the merge compiled in
     MIN_SPLIT_BLOCKS: tl.constexpr,
     PREFETCH_PAGES: tl.constexpr,
     MERGE_ROWS: tl.constexpr,
@@ -260,7 +268,7 @@ def _paged_attention_kernel(
     q_ptrs = q_ptr + token[:, None] * stride_q_tok + q_head[:, None] * stride_q_head
     q = tl.load(q_ptrs + offs_d[None, :], mask=row_valid[:, None], other=0.0)
 
-    # Key range of this query block, cut into NUM_SPLITS BLOCK_N-aligned slices; inside a
+    # Key range of this query block, cut into num_splits BLOCK_N-aligned slices; inside a
     # slice only blocks that some row cannot fully see pay for the mask. [full_lo, full_hi)
     # holds the blocks every row of the block sees (causal and window).
     first_pos = context_len + q_block * BLOCK_Q
@@ -273,7 +281,7 @@ def _paged_attention_kernel(
     kv_hi = last_pos + 1
     full_hi = tl.maximum(((first_pos + 1) // BLOCK_N) * BLOCK_N, full_lo)
     num_blocks = tl.cdiv(kv_hi - kv_lo, BLOCK_N)
-    blocks_per_split = tl.maximum(tl.cdiv(num_blocks, NUM_SPLITS), MIN_SPLIT_BLOCKS)
+    blocks_per_split = tl.maximum(tl.cdiv(num_blocks, num_splits), MIN_SPLIT_BLOCKS)
     active_splits = tl.cdiv(num_blocks, blocks_per_split)
     if split >= active_splits:
         return  # the key range is too short to use this slice
@@ -308,30 +316,31 @@ def _paged_attention_kernel(
         PREFETCH_PAGES,
     )  # fmt: skip
 
-    if NUM_SPLITS > 1:
-        if active_splits > 1:
-            # Write this slice's normalized partial (an empty slice writes lse = -inf), then
-            # count it in; the barrier orders every thread's stores before the atomic.
-            row = (token * NUM_Q_HEADS + q_head) * NUM_SPLITS + split
-            l_safe = tl.where(l_i > 0.0, l_i, 1.0)
-            part = acc / l_safe[:, None]
-            lse = tl.where(l_i > 0.0, m_i + tl.math.log2(l_safe), float("-inf"))
-            tl.store(part_out_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], part,
-                     mask=row_valid[:, None])  # fmt: skip
-            tl.store(part_lse_ptr + row, lse, mask=row_valid)
-            tl.debug_barrier()
-            counter = counters_ptr + tl.program_id(0) * tl.num_programs(1) + kv_head
-            if tl.atomic_add(counter, 1, sem="acq_rel") != active_splits - 1:
-                return  # another slice is still running; the last one merges
-            for r0 in tl.static_range(0, BLOCK_M, MERGE_ROWS):
-                _merge_rows(
-                    out_ptr, part_out_ptr, part_lse_ptr, sinks_ptr, r0, q_start, q_block, q_len,
-                    kv_head, active_splits, stride_o_tok, stride_o_head,
-                    NUM_Q_HEADS, GROUP, GROUP_PAD, BLOCK_Q, MERGE_ROWS, HEAD_DIM, NUM_SPLITS,
-                    HAS_SINKS,
-                )  # fmt: skip
-            tl.store(counter, 0)  # every slice has counted in: ready for the next launch
-            return
+    # One-slice launches (every extend tile) leave the merge out: unrolled over BLOCK_M rows it
+    # multiplied their compile time (minutes for the GPU tests' extend shapes) for nothing.
+    if MAY_SPLIT and active_splits > 1:
+        # Write this slice's normalized partial (an empty slice writes lse = -inf), then
+        # count it in; the barrier orders every thread's stores before the atomic.
+        row = (token * NUM_Q_HEADS + q_head) * num_splits + split
+        l_safe = tl.where(l_i > 0.0, l_i, 1.0)
+        part = acc / l_safe[:, None]
+        lse = tl.where(l_i > 0.0, m_i + tl.math.log2(l_safe), float("-inf"))
+        tl.store(part_out_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], part,
+                 mask=row_valid[:, None])  # fmt: skip
+        tl.store(part_lse_ptr + row, lse, mask=row_valid)
+        tl.debug_barrier()
+        counter = counters_ptr + tl.program_id(0) * tl.num_programs(1) + kv_head
+        if tl.atomic_add(counter, 1, sem="acq_rel") != active_splits - 1:
+            return  # another slice is still running; the last one merges
+        for r0 in tl.static_range(0, BLOCK_M, MERGE_ROWS):
+            _merge_rows(
+                out_ptr, part_out_ptr, part_lse_ptr, sinks_ptr, r0, q_start, q_block, q_len,
+                kv_head, active_splits, num_splits, stride_o_tok, stride_o_head,
+                NUM_Q_HEADS, GROUP, GROUP_PAD, BLOCK_Q, MERGE_ROWS, HEAD_DIM, SPLITS_CAP,
+                HAS_SINKS,
+            )  # fmt: skip
+        tl.store(counter, 0)  # every slice has counted in: ready for the next launch
+        return
     _store_rows(acc, m_i, l_i, out_ptr, sinks_ptr, token, q_head, head_valid, row_valid,
                 stride_o_tok, stride_o_head, HEAD_DIM, HAS_SINKS)  # fmt: skip
 
@@ -369,10 +378,10 @@ def _store_rows(
 
 @triton.jit
 def _merge_rows(out_ptr, part_out_ptr, part_lse_ptr, sinks_ptr, r0, q_start, q_block, q_len,
-                kv_head, active_splits, stride_o_tok, stride_o_head,
+                kv_head, active_splits, num_splits, stride_o_tok, stride_o_head,
                 NUM_Q_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
                 BLOCK_Q: tl.constexpr, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr,
-                NUM_SPLITS: tl.constexpr, HAS_SINKS: tl.constexpr,
+                SPLITS_CAP: tl.constexpr, HAS_SINKS: tl.constexpr,
                 MERGE_UNROLL: tl.constexpr = 8):  # fmt: skip
     """Combine every slice's partial for rows [r0, r0 + ROWS) of a tile. A few rows at a time
     keep the merge's registers small (it is compiled into the attention kernel). Loads go past
@@ -385,12 +394,12 @@ def _merge_rows(out_ptr, part_out_ptr, part_lse_ptr, sinks_ptr, r0, q_start, q_b
     head_valid = head_in_group < GROUP
     row_valid = (q_local < q_len) & head_valid
     token = (q_start + q_local).to(tl.int64)
-    row = (token * NUM_Q_HEADS + q_head) * NUM_SPLITS
+    row = (token * NUM_Q_HEADS + q_head) * num_splits
     # Every slice's lse in one load gives the final max and denominator up front, so the
     # partials then only accumulate: their loads do not wait on one another, and a chunk of
     # MERGE_UNROLL of them is in flight at once (a serial online merge paid one L2 round trip
     # per slice).
-    offs_s = tl.arange(0, NUM_SPLITS)
+    offs_s = tl.arange(0, SPLITS_CAP)
     lse = tl.load(part_lse_ptr + row[:, None] + offs_s[None, :],
                   mask=row_valid[:, None] & (offs_s[None, :] < active_splits),
                   other=float("-inf"), cache_modifier=".cg")  # fmt: skip
@@ -413,6 +422,16 @@ def _merge_rows(out_ptr, part_out_ptr, part_lse_ptr, sinks_ptr, r0, q_start, q_b
 
 _launch_attention = LaunchCache(_paged_attention_kernel)
 _COUNTERS: dict[tuple[torch.device, int | str], list[torch.Tensor]] = {}
+
+
+_PLACEHOLDERS: dict[torch.device, torch.Tensor] = {}
+
+
+def _float32_placeholder(device: torch.device) -> torch.Tensor:
+    """A persistent fp32 tensor standing in for the split partials of a one-slice launch."""
+    if device not in _PLACEHOLDERS:
+        _PLACEHOLDERS[device] = torch.zeros(16, dtype=torch.float32, device=device)
+    return _PLACEHOLDERS[device]
 
 
 def _split_counters(device: torch.device, size: int) -> torch.Tensor:
@@ -499,6 +518,53 @@ def choose_tiles(
     )  # fmt: skip
 
 
+def tile_variants(
+    device: torch.device, num_q_heads: int, num_kv_heads: int, head_dim: int
+) -> list[tuple[int, AttentionTiles]]:
+    """Every launch configuration ``choose_tiles`` can return for these heads, each with a query
+    length that launches it (per-request tiles hold exactly that many tokens; flat tiles take
+    any). The set is what ``choose_tiles`` gives for each small-query class and for short and
+    long extends, at every split count it can pick, so it covers every batch shape; tiles that
+    differ only in their split count share a compiled kernel and appear once."""
+    group_pad = _next_pow2(num_q_heads // num_kv_heads)
+    small_block_q = [1 << i for i in range((SMALL_QUERY_ROWS // group_pad).bit_length())]
+    long_query = SMALL_QUERY_ROWS + 1  # not a small query; flat layout
+    inputs = [(q, q, 1, q) for q in small_block_q]  # (tokens, max_query_len, seqs, launch q)
+    inputs += [(long_query, long_query, 1, long_query)]  # short requests (block_n 32 on GPU)
+    inputs += [(SHORT_REQUEST_TOKENS + 1,) * 2 + (1, long_query)]  # long requests
+    variants: dict[AttentionTiles, tuple[int, AttentionTiles]] = {}
+    for tokens, max_query_len, seqs, launch_q in inputs:
+        for log_splits in range(MAX_SPLITS.bit_length()):
+            tiles = choose_tiles(
+                device, tokens, seqs, num_q_heads, num_kv_heads, head_dim, max_query_len,
+                1 << log_splits,
+            )  # fmt: skip
+            variants.setdefault(compiled_variant(tiles), (launch_q, tiles))
+    return list(variants.values())
+
+
+def compiled_variant(tiles: AttentionTiles) -> AttentionTiles:
+    """What a launch configuration compiles to: the split count is a runtime value, and only
+    whether a launch may split at all (the merge code) is compiled in."""
+    return dataclasses.replace(tiles, num_splits=min(tiles.num_splits, 2))
+
+
+_FORCED_TILES: contextvars.ContextVar[AttentionTiles | None] = contextvars.ContextVar(
+    "forced_attention_tiles", default=None
+)
+
+
+@contextlib.contextmanager
+def forced_tiles(tiles: AttentionTiles) -> Iterator[None]:
+    """Launches inside this block use ``tiles`` (start-up warm-up of every configuration
+    through the model's own calls, so each compiled variant is the one a request will use)."""
+    token = _FORCED_TILES.set(tiles)
+    try:
+        yield
+    finally:
+        _FORCED_TILES.reset(token)
+
+
 def paged_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -539,7 +605,7 @@ def paged_attention(
     if page_table.stride(-1) != 1:
         raise ValueError("page_table must be contiguous in its last dim")
     if tiles is None:
-        tiles = choose_tiles(
+        tiles = _FORCED_TILES.get() or choose_tiles(
             q.device, num_tokens, num_seqs, num_q_heads, num_kv_heads, head_dim, max_query_len,
             num_splits,
         )  # fmt: skip
@@ -557,7 +623,9 @@ def paged_attention(
             (num_tokens, num_q_heads, tiles.num_splits), dtype=torch.float32, device=q.device
         )
     else:
-        part_out = part_lse = out  # unused by the kernel
+        # unused by a one-slice launch, but of the split launches' types, so that both take
+        # the same compiled kernel (pointer dtypes are part of a variant)
+        part_out = part_lse = _float32_placeholder(q.device)
     if tiles.per_request:
         assert max_query_len is not None
         q_blocks_per_request = triton.cdiv(max_query_len, tiles.block_q)
@@ -568,7 +636,7 @@ def paged_attention(
     use_softcap = softcap > 0.0
     # Without softcap, fold log2(e) into the scale so the loop uses exp2 directly.
     qk_scale = scale if use_softcap else scale * math.log2(math.e)
-    counters = _split_counters(q.device, grid0 * num_kv_heads) if tiles.num_splits > 1 else out
+    counters = _split_counters(q.device, grid0 * num_kv_heads)
     _launch_attention(
         (grid0, num_kv_heads, tiles.num_splits),
         (
@@ -577,7 +645,7 @@ def paged_attention(
             page_table, seq_lens, query_lens, query_start_loc,
         ),
         (
-            num_seqs, page_table.stride(0),
+            num_seqs, tiles.num_splits, page_table.stride(0),
             q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
             v_cache.stride(0), v_cache.stride(1), out.stride(0), out.stride(1),
             qk_scale, float(softcap), int(sliding_window),
@@ -592,7 +660,8 @@ def paged_attention(
             HEAD_DIM=head_dim,
             PAGE_SIZE=page_size,
             Q_BLOCKS_PER_REQUEST=q_blocks_per_request,
-            NUM_SPLITS=tiles.num_splits,
+            SPLITS_CAP=max(MAX_SPLITS, tiles.num_splits),
+            MAY_SPLIT=tiles.num_splits > 1,
             MIN_SPLIT_BLOCKS=tiles.min_split_blocks,
             PREFETCH_PAGES=tiles.prefetch_pages,
             MERGE_ROWS=min(tiles.block_q * tiles.group_pad, 16),

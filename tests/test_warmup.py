@@ -1,0 +1,52 @@
+"""Start-up kernel warm-up: the attention variants it compiles cover every launch configuration
+a batch can reach, so no kernel compiles on a request's path."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+# like test_kernels_triton: the kernels are decorated once per process, and those tests need the
+# interpreter (tile_variants itself launches nothing)
+os.environ.setdefault("TRITON_INTERPRET", "1")
+pytest.importorskip("triton")
+
+from nanograph.kernels import attention  # noqa: E402
+
+
+@pytest.mark.parametrize(
+    "heads", [(32, 8, 128), (16, 8, 128), (64, 8, 64), (9, 3, 64), (4, 4, 256)]
+)
+@pytest.mark.parametrize("on_gpu", [True, False])
+def test_tile_variants_cover_every_batch_shape(heads, on_gpu, monkeypatch):
+    """Brute force over request counts, token counts and query lengths (the H200's SM count
+    stands in for a GPU): every configuration ``choose_tiles`` picks is among the variants."""
+    monkeypatch.setattr(attention, "_sm_count", lambda index: 132)
+    device = torch.device("cuda", 0) if on_gpu else torch.device("cpu")
+    hq, hkv, d = heads
+    variants = {
+        attention.compiled_variant(tiles)
+        for _, tiles in attention.tile_variants(device, hq, hkv, d)
+    }
+    for seqs in (*range(1, 40), 63, 64, 65, 127, 128, 129, 200, 256, 512):
+        for tokens in sorted({seqs, seqs + 1, 2 * seqs, 3 * seqs + 5, 64, 100, 513 * seqs,
+                              512 * seqs, 1000, 2048, 4096, 8192} - set(range(seqs))):  # fmt: skip
+            lo, hi = -(-tokens // seqs), tokens - seqs + 1  # feasible longest query
+            for max_query_len in sorted({lo, hi, min(hi, 2 * lo), min(hi, 17), min(hi, 1)}):
+                if lo <= max_query_len <= hi:
+                    tiles = attention.choose_tiles.__wrapped__(
+                        device, tokens, seqs, hq, hkv, d, max_query_len
+                    )
+                    assert attention.compiled_variant(tiles) in variants, (seqs, tokens, tiles)
+    if on_gpu:  # per small-query class a one-slice and a split variant (and the prefetching
+        # decode), two extends
+        assert len(variants) <= 2 * attention.SMALL_QUERY_ROWS.bit_length() + 3
+
+
+def test_per_request_variants_launch_exactly_their_query_length():
+    """A per-request tile is compiled with Q_BLOCKS_PER_REQUEST = 1, as choose_tiles' own."""
+    for tokens, tiles in attention.tile_variants(torch.device("cpu"), 32, 8, 128):
+        if tiles.per_request:
+            assert tiles.block_q == tokens
