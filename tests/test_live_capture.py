@@ -60,6 +60,15 @@ def test_planner_trades_padding_against_launch_overhead():
     assert plan_ladder({1: 10, 2: 10}, [1, 2], costs, max_shapes=1) == [2]
 
 
+def test_planner_prices_graph_memory():
+    # a prefill pool of ~1.5 GiB at 8192 tokens: a size seen once in 1,000 forwards does not
+    # pay for it (it saves 0.1% of the launches), one seen in half of them does
+    costs = LadderCosts(pad_cost=1 / 256, bytes_per_token=200_000.0, max_padding_ratio=2.0)
+    buckets = [16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192]
+    assert plan_ladder({16: 999, 8192: 1}, buckets, costs) == [16]
+    assert plan_ladder({16: 500, 8192: 500}, buckets, costs) == [16, 8192]
+
+
 def _brute_force(histogram, candidates, costs, budget, max_shapes):
     def cost(ladder):
         total = 0.0

@@ -11,9 +11,11 @@ expected cost of serving that histogram:
   ``eager_cost`` (the launch overhead a graph saves);
 - the ladder must fit the graph memory budget. One pool per runner is shared by every shape, so
   its size is set by the largest bucket (``bytes_per_token`` x ceiling, at least ``floor_bytes``)
-  plus what each shape keeps on its own (``shape_bytes``); a tiny price per byte breaks ties,
-  so a bucket no batch uses is never chosen: a workload that never exceeds batch 16 does not
-  pay for batch 256.
+  plus what each shape keeps on its own (``shape_bytes``);
+- graph memory has a price (``MEMORY_PRICE_PER_GIB``): the chosen ladder minimises the mean
+  cost per forward plus that price x its GiB, so a bucket no batch uses is never captured (a
+  workload that never exceeds batch 16 does not pay for batch 256), and neither is a large
+  bucket that a size seen once in thousands of forwards would use.
 
 Invariants: the result is a sorted subset of ``candidates``; an empty histogram gives an empty
 ladder; the function is pure (CPU-tested on hand-computable histograms).
@@ -32,8 +34,10 @@ from dataclasses import dataclass
 # lean towards capturing (smaller models make tokens cheaper still).
 DECODE_PAD_COST = 1 / 1024
 PREFILL_PAD_COST = 1 / 256
-# Memory is a constraint (the budget); this price only breaks ties between equal-cost ladders.
-TIE_PRICE_PER_BYTE = 1e-15
+# A GiB of resident graph memory is worth capturing if it saves at least 1% of the forwards one
+# launch overhead each (on top of the budget, a hard limit): padding and launches are weighed
+# against memory in one unit.
+MEMORY_PRICE_PER_GIB = 0.01
 
 
 @dataclass(frozen=True)
@@ -65,7 +69,7 @@ def plan_ladder(
     if not buckets or not sizes:
         return []
     k_max = min(max_shapes or len(buckets), len(buckets))
-    eager_all = sum(c for _, c in sizes) * costs.eager_cost
+    total = sum(c for _, c in sizes)
     ns = [n for n, _ in sizes]
     counts, weighted = [0], [0]  # prefix sums of c and of c x n over the sorted sizes
     for n, c in sizes:
@@ -108,7 +112,7 @@ def plan_ladder(
             memory = costs.memory(b, k)
             if budget is not None and memory > budget:
                 continue
-            value = best[k][j] + TIE_PRICE_PER_BYTE * max(memory, 1.0) * eager_all
+            value = best[k][j] / total + MEMORY_PRICE_PER_GIB * memory / 2**30
             if value < choice_cost:
                 choice, choice_cost = (k, j), value
     if choice is None:
