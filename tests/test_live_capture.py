@@ -471,3 +471,39 @@ def test_histogram_and_ladder_reach_the_memory_report_and_metrics(llm):
     assert ready["ready"] == len(decode["ready"])
     ladder = {s.labels["shape"] for s in families["nanograph_graph_ladder"].samples}
     assert {"1x1", "8x8", "64x2"} <= ladder
+
+
+# ---- bench startup --capture-modes (the device runs it; its arithmetic runs here) ------------
+def test_capture_bench_curve_and_aims():
+    from nanograph.bench.capture_modes import compare, curve
+
+    xs, ys = curve([(10.0, 0), (10.5, 50), (11.0, 100), (12.0, 300), (12.5, 310)])
+    assert xs == [11.0, 12.0] and ys == [100.0, 200.0]
+    arms = {
+        "eager": {"ready_s": 10.0, "graph_bytes": 0, "curve": {"t_s": [11], "tokens_per_s": [50]}},
+        "startup": {"ready_s": 40.0, "graph_bytes": 1000, "steady_tokens_per_s": 100.0,
+                    "curve": {"t_s": [41, 42], "tokens_per_s": [100, 100]}},
+        "background": {"ready_s": 10.5, "graph_bytes": 800,
+                       "curve": {"t_s": [11, 20, 30], "tokens_per_s": [50, 90, 96]}},
+        "background:auto": {"ready_s": 10.5, "graph_bytes": 300,
+                            "curve": {"t_s": [11, 25], "tokens_per_s": [50, 99]}},
+        "lazy": {"error": ["boom"]},
+    }  # fmt: skip
+    aims = compare(arms)
+    assert aims["ready_over_eager"]["background"] == pytest.approx(1.05)
+    assert aims["reach_95pct_of_startup_s"] == {
+        "eager": None, "startup": 41, "background": 30, "background:auto": 25,
+    }  # fmt: skip
+    assert aims["graph_bytes_background:auto_over_startup"] == 0.3
+    assert aims["graph_bytes_background:auto_over_background"] == pytest.approx(0.375)
+
+
+def test_capture_bench_refuses_graph_arms_without_cuda_and_bad_names():
+    from nanograph.bench.startup import main
+
+    if torch.cuda.is_available():
+        pytest.skip("checks the CPU refusal")
+    with pytest.raises(ValueError, match="need CUDA"):
+        main(["--capture-modes", "eager,background", "--out", "/dev/null"])
+    with pytest.raises(ValueError, match="unknown capture arm"):
+        main(["--capture-modes", "eager,sometimes", "--out", "/dev/null"])

@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 
-from nanograph.bench.common import environment, figure, write
+from nanograph.bench.common import Unavailable, environment, figure, write
 
 CHILD_FLAG = "--capture-child"
 BIN_S = 1.0  # seconds per point of the tokens/s curve
@@ -169,9 +169,14 @@ def main(args: argparse.Namespace) -> int:
         return 0
     report = {"bench": "startup/capture-modes", "env": environment(), "config": vars(args),
               "arms": {}}  # fmt: skip
-    for arm in args.capture_modes.split(","):
+    arms = args.capture_modes.split(",")
+    for arm in arms:
         engine_args(arm, args)  # refuse a bad arm name before any run
-    for arm in args.capture_modes.split(","):
+    import torch
+
+    if not torch.cuda.is_available() and arms != ["eager"]:
+        raise Unavailable("capture-mode arms need CUDA (nothing is captured on CPU); use eager")
+    for arm in arms:
         report["arms"][arm] = result = run_arm(args, arm)
         write(args.out, report)
         print(_line(arm, result), flush=True)
