@@ -50,6 +50,12 @@ class CaptureWorker:
         self._stop = threading.Event()
         self._idle = threading.Event()
         self._thread: threading.Thread | None = None
+        # set_device needs an index; "cuda" (no index) means the creating thread's device
+        device = live.device
+        self._device_index = (
+            (device.index if device.index is not None else torch.cuda.current_device())
+            if device.type == "cuda" else None
+        )  # fmt: skip
 
     def start(self) -> None:
         if self._thread is not None:
@@ -76,8 +82,8 @@ class CaptureWorker:
         live = self.live
         learned = any(r.ladder_mode == "auto" for r in live.runners.values())
         try:
-            if live.device.type == "cuda":  # the current device is per thread
-                torch.cuda.set_device(live.device)
+            if self._device_index is not None:  # the current device is per thread
+                torch.cuda.set_device(self._device_index)
             while not self._stop.is_set():
                 for runner in live.runners.values():
                     runner.replan_if_due()
