@@ -507,3 +507,12 @@ def test_capture_bench_refuses_graph_arms_without_cuda_and_bad_names():
         main(["--capture-modes", "eager,background", "--out", "/dev/null"])
     with pytest.raises(ValueError, match="unknown capture arm"):
         main(["--capture-modes", "eager,sometimes", "--out", "/dev/null"])
+
+
+def test_planned_budget_estimates_from_the_activation_peak_or_takes_the_flag():
+    # 2 x a 100 MiB peak at 8192 tokens: 25.6 KB per token; decode's 256 tokens fall under the
+    # 64 MiB floor of a pool
+    budget = GraphBudget.planned({"decode": 256, "prefill": 8192}, 100 * 2**20, 8192)
+    assert budget.bytes_per_token == {"decode": 25600.0, "prefill": 25600.0}
+    assert budget.limit == 64 * 2**20 + 200 * 2**20
+    assert GraphBudget.planned({"decode": 256}, 100 * 2**20, 8192, limit=10**9).limit == 10**9

@@ -65,16 +65,6 @@ logger = logging.getLogger("nanograph")
 # KV sizing keeps the largest shape's measured pool bytes times this free for all shapes:
 # smaller shapes reuse the largest one's memory, plus what each shape keeps alive.
 GRAPH_RESERVE_MARGIN = 1.25
-# Background/lazy capture without --cuda-graph-memory: the budget is estimated, not measured
-# (measuring means capturing the largest shapes before serving, which is what they avoid). A
-# pool holds about the activations of its largest shape, which scale with its tokens from the
-# measured eager peak; decode shapes also hold split-attention partials that the prefill peak
-# does not show, hence the wider margin. The budget is enforced on measured pool sizes, so an
-# estimate that is too low costs evictions, never an out-of-memory error.
-LIVE_BUDGET_MARGIN = 2.0
-# ... and never less than this per runner: the allocator reserves a pool in 2 and 20 MiB
-# segments, so even a small model's pool holds a few whole segments.
-LIVE_POOL_FLOOR = 64 * 2**20
 
 
 class _InFlight:
@@ -251,6 +241,7 @@ class Engine:
         backends = self.graph_backends
         mode = self.config.capture_mode
         self.live_capture: LiveCapture | None = None
+        budget = None
         if self.device.type == "cuda":
             # a two-page pool is enough to measure: measurement batches read the scratch page
             scratch = KVCache(self.model_config, 2, self.config.page_size, self.dtype, self.device)
@@ -258,7 +249,8 @@ class Engine:
             if mode == "startup":
                 self._measure_graph_reserve(scratch)
             elif backends:
-                self.memory.graph_reserve = self._graph_budget()
+                budget = self._graph_budget()
+                self.memory.graph_reserve = budget.limit
                 # a capture's warm-up forwards run eagerly beside the serving thread's
                 self.memory.capture_warmup_reserve = self.memory.activation_peak
             del scratch
@@ -275,11 +267,7 @@ class Engine:
             for path, runner in runners.items():
                 runner.capture(progress=self.config.progress)
                 self.memory.graph_pools[path] = runner.pool_bytes()
-        elif runners:
-            budget = GraphBudget(
-                self.memory.graph_reserve,
-                {path: self._estimated_bytes_per_token() for path in runners},
-            )
+        elif budget is not None:
             self.live_capture = LiveCapture(
                 runners, mode, self.config.cuda_graph_ladder, budget, self.device
             )
@@ -309,23 +297,19 @@ class Engine:
             probe.release()
             del probe
 
-    def _estimated_bytes_per_token(self) -> float:
-        """Graph pool bytes per token of a pool's largest shape, from the eager peak."""
-        measured_tokens = min(self.config.chunked_prefill_size, self.max_model_len - 1)
-        return LIVE_BUDGET_MARGIN * self.memory.activation_peak / measured_tokens
-
-    def _graph_budget(self) -> int:
-        """Bytes of the graph-memory budget: --cuda-graph-memory, or the estimate."""
+    def _graph_budget(self) -> GraphBudget:
+        """The graph-memory budget of background/lazy capture: --cuda-graph-memory (bytes, or
+        a fraction of the memory free now), else estimated from the activation peak."""
+        limit = None
         if self.config.cuda_graph_memory is not None:
             kind, amount = parse_graph_memory(self.config.cuda_graph_memory)
-            if kind == "bytes":
-                return int(amount)
             free, _ = torch.cuda.mem_get_info(self.device)
-            return int(amount * free)
-        per_token = self._estimated_bytes_per_token()
-        return sum(
-            max(int(per_token * max(self._shapes(path)).num_tokens), LIVE_POOL_FLOOR)
-            for path in self.graph_backends
+            limit = int(amount if kind == "bytes" else amount * free)
+        return GraphBudget.planned(
+            {path: max(self._shapes(path)).num_tokens for path in self.graph_backends},
+            self.memory.activation_peak,
+            min(self.config.chunked_prefill_size, self.max_model_len - 1),  # as measured
+            limit,
         )
 
     def _measure_activation_peak(self, scratch: KVCache) -> int:

@@ -37,6 +37,17 @@ from nanograph.runners.shapes import ShapeKey
 
 Key = tuple[str, ShapeKey]  # (runner path, shape)
 
+# Without --cuda-graph-memory the budget is estimated, not measured (measuring means capturing
+# the largest shapes before serving, which background/lazy capture avoid). A pool holds about
+# the activations of its largest shape, which scale with its tokens from the measured eager
+# peak; decode shapes also hold split-attention partials that the prefill peak does not show,
+# hence the wide margin. The budget is enforced on measured pool sizes, so an estimate that is
+# too low costs evictions (or eager shapes), never an out-of-memory error.
+ESTIMATE_MARGIN = 2.0
+# ... and never less than this per runner: the allocator reserves a pool in 2 and 20 MiB
+# segments, so even a small model's pool holds a few whole segments.
+ESTIMATE_POOL_FLOOR = 64 * 2**20
+
 
 @dataclass(frozen=True)
 class Admission:
@@ -62,6 +73,25 @@ class GraphBudget:
         self._lock = threading.Lock()
         self.evictions = 0
         self.rebuilds = 0
+
+    @classmethod
+    def planned(
+        cls,
+        largest_tokens: dict[str, int],
+        activation_peak: int,
+        peak_tokens: int,
+        limit: int | None = None,
+    ) -> GraphBudget:
+        """The budget of runners whose largest shapes hold ``largest_tokens`` (per path), from
+        the eager ``activation_peak`` measured at ``peak_tokens``: ``limit`` bytes when given
+        (--cuda-graph-memory), else the estimate (see ESTIMATE_MARGIN)."""
+        per_token = ESTIMATE_MARGIN * activation_peak / max(peak_tokens, 1)
+        if limit is None:
+            limit = sum(
+                max(int(per_token * tokens), ESTIMATE_POOL_FLOOR)
+                for tokens in largest_tokens.values()
+            )
+        return cls(limit, dict.fromkeys(largest_tokens, per_token))
 
     def predicted(self, keys: Iterable[Key]) -> float:
         """Bytes the pools would hold with exactly ``keys`` captured (largest first)."""
