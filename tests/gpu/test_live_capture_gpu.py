@@ -70,8 +70,14 @@ def run_stream(engine, requests) -> list[list[int]]:
 
 
 def engine(model_dir, **overrides):
+    import gc
+
     from nanograph import LLM
 
+    # an earlier test's engine (live runners and their controller refer to each other) must
+    # be gone before this one sizes its KV pool from the memory left
+    gc.collect()
+    torch.cuda.empty_cache()
     return LLM(model_dir, **{**CONFIG, **overrides}).engine
 
 
