@@ -365,12 +365,27 @@ def test_eviction_under_a_small_budget_keeps_tokens(llm):
     reference = [o.token_ids for o in llm.generate(prompts(), params)]
     live, runners = live_runners(llm, "lazy", limit=2, shape_bytes=1.0)
     assert serve(llm, live, runners, params) == reference
-    assert live.budget.evictions > 0
+    assert live.budget.evictions > 0 and live.budget.rebuilds > 0
     ready = sum(len(r.graphs) for r in runners.values())
     assert ready <= 2 and len(live.budget.captured()) == ready
     for path, runner in live.runners.items():
         evicted = runner.states.in_state(ShapeState.EVICTED)
         assert not set(evicted) & set(runners[path].graphs), path
+
+
+def test_background_capture_under_a_small_budget_settles_and_keeps_tokens(llm, reference):
+    # the capture thread meets the budget: victims stay evicted, survivors of a pool rebuild
+    # are captured again, and the thread ends with at most two graphs live
+    live, runners = live_runners(llm, "background", limit=2, shape_bytes=1.0)
+    live.start()
+    assert live.wait(timeout=120)
+    assert serve(llm, live, runners) == reference
+    assert live.budget.evictions > 0
+    assert sum(len(r.graphs) for r in runners.values()) == len(live.budget.captured()) <= 2
+    for runner in live.runners.values():
+        assert all(runner.states[s] is ShapeState.READY for s in runner.requeued)
+        assert not runner.states.in_state(ShapeState.ABSENT, ShapeState.CAPTURING)
+    assert not CountingBackend.overlaps
 
 
 def test_learned_ladder_captures_only_the_sizes_served(llm, reference):
