@@ -198,16 +198,17 @@ case $stage in
     # eviction); then `bench startup --capture-modes` on qwen3-0.6b and qwen3-8b (dummy):
     # ready time, first TTFT, tokens/s curve and graph memory per mode under 16 requests in
     # flight (batch <= 16: the learned ladder's memory aim). Each command is bounded.
-    timeout "${TEST_TIMEOUT:-110}" python3 -m pytest -q -s -p no:cacheprovider --durations=8 -rfE \
+    # Each bench first fills the kernel caches with an untimed start-up (~50 s cold on 0.6b).
+    timeout "${TEST_TIMEOUT:-100}" python3 -m pytest -q -s -p no:cacheprovider --durations=8 -rfE \
       tests/gpu/test_live_capture_gpu.py ${PYTEST_ARGS:-} > "$out/capture_tests.log" 2>&1
     grep -E "capture|allocated|passed|failed|Error" "$out/capture_tests.log" | tail -30
     common="--load-format dummy --dtypes bfloat16 --concurrency 16 --short 64 --long 512 \
       --new-tokens 128"
-    timeout 150 python3 -m nanograph bench startup --model qwen3-0.6b $common --duration 15 \
-      --capture-modes eager,startup,background,lazy,background:auto --timeout 60 \
+    timeout 170 python3 -m nanograph bench startup --model qwen3-0.6b $common --duration 10 \
+      --capture-modes eager,startup,background,lazy,background:auto --timeout 90 \
       --out "$out/capture_06b.json" 2>&1 | grep -v "^INFO" | tee "$out/capture_06b.log"
-    timeout 210 python3 -m nanograph bench startup --model qwen3-8b $common --duration 20 \
-      --capture-modes eager,startup,background,background:auto --timeout 110 \
+    timeout 230 python3 -m nanograph bench startup --model qwen3-8b $common --duration 12 \
+      --capture-modes eager,startup,background,background:auto --timeout 120 \
       --out "$out/capture_8b.json" 2>&1 | grep -v "^INFO" | tee "$out/capture_8b.log" ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;
 esac

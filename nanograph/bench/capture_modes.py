@@ -5,12 +5,13 @@ Per arm (``eager``, ``startup``, ``background``, ``lazy``; ``MODE:auto`` adds th
 ladder): time from process start to a ready engine; then a closed-loop stream of
 ``--concurrency`` requests (random prompts of ``--short``..``--long`` tokens, ``--new-tokens``
 each, greedy, ignore_eos) for ``--duration`` seconds, started the moment the engine is ready.
-Recorded: the first request's TTFT, generated tokens after every step (a tokens/s curve over
-time since process start, in the figure), when background capture finished, graph memory and
-the ladders at the end. Derived (the issue's aims): ready time against ``eager``; steady-state
-tokens/s (median of the last third of the bins); when each arm first reaches 95% of the
-``startup`` arm's steady state, against the time ``startup`` spent before serving; graph memory
-of the learned ladder against the default one.
+An untimed start-up first fills the kernel caches (``--no-warm-cache`` skips it), so every arm
+starts with the same warm caches. Recorded: the first request's TTFT, generated tokens after
+every step (a tokens/s curve over time since process start, in the figure), when background
+capture finished, graph memory and the ladders at the end. Derived (the issue's aims): ready
+time against ``eager``; steady-state tokens/s (median of the last third of the bins); when each
+arm first reaches 95% of the ``startup`` arm's steady state, against the time ``startup``
+spent before serving; graph memory of the learned ladder against the default one.
 """
 
 from __future__ import annotations
@@ -40,6 +41,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--duration", type=float, default=30.0, help="seconds of stream per arm")
     g.add_argument("--concurrency", type=int, default=16, help="requests in flight")
     g.add_argument("--graph-memory", default=None, help="--cuda-graph-memory of live arms")
+    g.add_argument(
+        "--no-warm-cache", action="store_true",
+        help="skip the untimed start-up that first fills the kernel caches (without it, the "
+        "first arm pays every Triton compile and the others load the kernels from disk)",
+    )  # fmt: skip
     g.add_argument(CHILD_FLAG, action="store_true", help=argparse.SUPPRESS)
 
 
@@ -92,7 +98,8 @@ def child(args: argparse.Namespace) -> None:
     stats = engine.graph_capture_stats()
     print(json.dumps({
         "ready_s": ready - start, "load_s": engine.load_seconds,
-        "ttft_first_s": first.first_token_time - first_submit if first.first_token_time else None,
+        "ttft_first_s": (first.first_token_time - first_submit
+                         if first is not None and first.first_token_time else None),
         "capture_done_s": capture_done, "samples": samples,
         "graph_bytes": sum(report.graph_pools.values()), "graph_pools": report.graph_pools,
         "graph_budget": report.graph_reserve, "kv_pool_bytes": report.kv_pool,
@@ -116,12 +123,13 @@ def curve(samples: list[tuple[float, int]]) -> tuple[list[float], list[float]]:
     return xs, ys
 
 
-def run_arm(args: argparse.Namespace, arm: str) -> dict:
+def run_arm(args: argparse.Namespace, arm: str, duration: float | None = None) -> dict:
+    duration = args.duration if duration is None else duration
     cmd = [
         sys.executable, "-m", "nanograph.bench.startup", CHILD_FLAG, "--model", args.model,
         "--engine-args", json.dumps(engine_args(arm, args)), "--short", str(args.short),
         "--long", str(args.long), "--new-tokens", str(args.new_tokens), "--duration",
-        str(args.duration), "--concurrency", str(args.concurrency),
+        str(duration), "--concurrency", str(args.concurrency),
     ]  # fmt: skip
     try:
         done = subprocess.run(
@@ -176,6 +184,10 @@ def main(args: argparse.Namespace) -> int:
 
     if not torch.cuda.is_available() and arms != ["eager"]:
         raise Unavailable("capture-mode arms need CUDA (nothing is captured on CPU); use eager")
+    if not args.no_warm_cache:  # every arm then starts with the same (warm) kernel cache
+        warm = run_arm(args, "eager", duration=0.0)
+        report["cache_warmup"] = warm.get("error") or {"ready_s": warm["ready_s"]}
+        print(f"kernel caches warmed by an untimed start-up: {report['cache_warmup']}", flush=True)
     for arm in arms:
         report["arms"][arm] = result = run_arm(args, arm)
         write(args.out, report)
@@ -195,9 +207,9 @@ def main(args: argparse.Namespace) -> int:
 def _line(name: str, arm: dict) -> str:
     if "error" in arm:
         return f"{name:<18} failed: {arm['error']}"
-    done = arm["capture_done_s"]
+    done, ttft = arm["capture_done_s"], arm["ttft_first_s"] or 0.0
     return (
-        f"{name:<18} ready {arm['ready_s']:6.1f} s  first TTFT {arm['ttft_first_s'] * 1e3:7.0f} ms"
+        f"{name:<18} ready {arm['ready_s']:6.1f} s  first TTFT {ttft * 1e3:7.0f} ms"
         f"  steady {arm['steady_tokens_per_s'] or 0:8.0f} tok/s  graphs "
         f"{arm['graph_bytes'] / 2**20:7.0f} MiB"
         + (f"  capture done at {done:6.1f} s" if done is not None else "")
