@@ -17,8 +17,10 @@
 #   against `nanograph serve`: arms, request-rate sweeps and the offline comparisons; needs the
 #   wheels of benchmarks/serve_wheels.txt in $SERVE_WHEELS, default .whl, carried),
 #   fair-peer (prefill against the transformers peer with logits_to_keep=1 and its recorded
-#   attention, and the decode roofline from this device's measured copy bandwidth), capture
-#   (serve while capturing: its GPU tests, then the capture modes side by side on 0.6b and 8b).
+#   attention, and the decode roofline from this device's measured copy bandwidth),
+#   tp (tensor parallelism, on nvidia-h200-x2: GPU tests, then decode and prefill on qwen3-8b
+#   with TP=1 and TP=2 side by side), capture (serve while capturing: its GPU tests, then the
+#   capture modes side by side on 0.6b and 8b).
 # Run from the repo root; logs and JSON land in OUTDIR (copy them to benchmarks/results/).
 # Export NANOGRAPH_COMMIT=<short hash> first: the device copy's .git can be stale.
 set -uo pipefail
@@ -193,6 +195,23 @@ case $stage in
     timeout 120 python3 -m nanograph bench decode --models qwen3-0.6b --arms eager,full \
       --batches 1 --repeats 3 --out "$out/decode_roofline.json" 2>&1 | grep -v "^INFO" \
       | tee "$out/decode_roofline.log" ;;
+  tp)  # <= ~8 min on 2 x H200 (issue 19): TP=2 equals TP=1 eager under full / breakable /
+    # tc_piecewise with NCCL inside the graphs, 1,000 replays without memory growth; then
+    # qwen3-8b (dummy) decode at batch 1 and 32 (aim: TP=2 >= 1.6x TP=1 at batch 1) and
+    # prefill at 2048 / 8192 tokens (aim: >= 1.7x at 8192), TP=1 and TP=2 in one run each
+    # NVLink multicast stays off (the device's rule; the spawned ranks inherit this environment)
+    export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+    python3 -c 'import torch; print("GPUs:", torch.cuda.device_count(), "NCCL", torch.cuda.nccl.version())'
+    nvidia-smi topo -m | tee "$out/tp_topology.txt"
+    timeout 150 python3 -m pytest -q -s -p no:cacheprovider --durations=10 -rfE \
+      tests/gpu/test_tensor_parallel_gpu.py > "$out/tp_tests.log" 2>&1
+    grep -E "TP=2|replays|passed|failed|Error" "$out/tp_tests.log" | tail -30
+    timeout 150 python3 -m nanograph bench decode --models qwen3-8b --arms full,full:tp2 \
+      --batches 1,32 --repeats 3 --out "$out/decode_tp.json" 2>&1 | grep -v "^INFO" \
+      | tee "$out/decode_tp.log"
+    timeout 170 python3 -m nanograph bench prefill --models qwen3-8b --lengths 2048,8192 \
+      --arms full,full:tp2 --peer-lengths '' --repeats 5 --out "$out/prefill_tp.json" 2>&1 \
+      | grep -v "^INFO" | tee "$out/prefill_tp.log" ;;
   capture)  # <= ~8 min (estimated, not yet measured): serve while capturing (issue 17). GPU
     # tests of background/lazy capture (tokens vs eager and startup, memory over 1000 steps,
     # eviction); then `bench startup --capture-modes` on qwen3-0.6b and qwen3-8b (dummy):

@@ -56,6 +56,11 @@ ENGINE_HELP = {
     "(default: schedule and launch step t+1 while the device runs step t)",
     "disable_prefix_caching": "recompute every prompt from scratch (default: reuse the KV "
     "pages of cached prefixes; finished requests' pages stay cached until the pool needs them)",
+    "tensor_parallel_size": "ranks the model is sharded over (GPU r for rank r; processes on "
+    "CPU); this process is rank 0 and starts the others, or joins env:// (torchrun) when RANK "
+    "is set",
+    "distributed_timeout_s": "tensor parallelism: longest wait for another rank (start-up, each "
+    "collective) before every rank fails with the failing rank named",
     "progress": None,  # not a flag: --quiet turns it off
 }
 
@@ -207,6 +212,11 @@ def _summary(llm, outputs, elapsed: float) -> None:
         ("device / dtype", f"{e.device} / {str(e.dtype).removeprefix('torch.')}"),
         ("attention", e.attention.name),
         *([("moe", e.moe.name)] if e.moe is not None else []),
+        *(
+            [("tensor parallel", f"{e.tp.size} ranks; weights and KV pool below are rank 0's")]
+            if e.tp.enabled
+            else []
+        ),  # fmt: skip
         ("weights", f"{e.weights_bytes / 2**20:.0f} MiB, loaded in {e.load_seconds:.1f} s"),
         (
             "KV pool",

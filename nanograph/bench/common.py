@@ -118,6 +118,16 @@ def parse_arms(
     return arms
 
 
+# arm modifiers that shard the model over N GPUs (tensor parallelism), e.g. ``full:tp2``
+TP_MODIFIERS = ("tp2", "tp4", "tp8")
+
+
+def tensor_parallel_size(arm: str) -> int:
+    """The ``tensor_parallel_size`` of an arm: N for a ``tpN`` modifier, else 1."""
+    sizes = [int(m[2:]) for m in arm.split(":")[1:] if m in TP_MODIFIERS]
+    return sizes[0] if sizes else 1
+
+
 def graph_flag(arm: str) -> str:
     """The engine's ``--*-cuda-graph`` value of an arm (its modifiers dropped)."""
     backend = arm.split(":")[0]
@@ -225,6 +235,8 @@ def free_engine(llm: Any) -> None:
     """Drop an engine and give its memory back before the next arm builds one."""
     import gc
 
+    if llm is not None:
+        llm.close()  # stops its tensor-parallel workers (a no-op with one rank)
     del llm
     gc.collect()
     if torch.cuda.is_available():

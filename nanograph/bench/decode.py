@@ -10,7 +10,8 @@ model reads its top-k experts of each layer, not all of them) and, optionally, t
 is accepted for it: the engine's ``--decode-cuda-graph`` flag calls it that). Arm modifiers, side by
 side with the plain arm: ``BACKEND:serial`` turns the overlap schedule off (the host reads each
 step's tokens before it schedules the next); ``BACKEND:cublas`` runs the one-row products of
-batch 1 through cuBLAS instead of the Triton GEMV (they combine: ``full:cublas:serial``).
+batch 1 through cuBLAS instead of the Triton GEMV (they combine: ``full:cublas:serial``);
+``BACKEND:tpN`` shards the model over N GPUs (tensor parallelism: ``full`` beside ``full:tp2``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import torch
 
 from nanograph.bench.common import (
     ARMS,
+    TP_MODIFIERS,
     default_out,
     device,
     environment,
@@ -32,11 +34,12 @@ from nanograph.bench.common import (
     measure_copy_bandwidth,
     median,
     parse_arms,
+    tensor_parallel_size,
     timed,
     write,
 )
 
-MODIFIERS = ("serial", "cublas")
+MODIFIERS = ("serial", "cublas", *TP_MODIFIERS)
 
 
 def roofline_tok_s(weights_bytes: int, bandwidth_bytes_s: float) -> float:
@@ -52,26 +55,27 @@ def measure_arm(model: str, arm: str, batches: list[int], prompt_len: int, new_t
     ops.use_triton_gemv("cublas" not in modifiers)  # before capture: graphs record the kernels
     try:
         return _measure(model, graph_flag(arm), "serial" in modifiers, batches, prompt_len,
-                        new_tokens, repeats, moe_backend)  # fmt: skip
+                        new_tokens, repeats, moe_backend, tensor_parallel_size(arm))  # fmt: skip
     finally:
         ops.use_triton_gemv(True)
 
 
 def _measure(model: str, backend: str, serial: bool, batches: list[int], prompt_len: int,
-             new_tokens: int, repeats: int, moe_backend: str) -> dict:  # fmt: skip
+             new_tokens: int, repeats: int, moe_backend: str, tp: int) -> dict:  # fmt: skip
     from nanograph import LLM, SamplingParams
 
     llm = LLM(
         model, load_format="dummy", decode_cuda_graph=backend, prefill_cuda_graph="none",
         cuda_graph_bs=tuple(batches), max_num_seqs=max(batches),
         max_model_len=prompt_len + new_tokens + 16, progress=False,
-        disable_overlap_schedule=serial, moe_backend=moe_backend,
+        disable_overlap_schedule=serial, moe_backend=moe_backend, tensor_parallel_size=tp,
     )  # fmt: skip
     params = SamplingParams(max_tokens=new_tokens, temperature=0, ignore_eos=True)
     vocab = llm.engine.model_config.vocab_size
     g = torch.Generator().manual_seed(0)
     result = {
-        "samples_tok_s": {}, "median_tok_s": {}, "weights_bytes": llm.engine.weights_bytes,
+        "samples_tok_s": {}, "median_tok_s": {}, "tensor_parallel_size": tp,
+        "weights_bytes": llm.engine.weights_bytes,  # rank 0's shard with tensor parallelism
         # what one decoded token reads (MoE: only its top-k experts)
         "active_weights_bytes": llm.engine.model_config.num_active_params
         * llm.engine.dtype.itemsize,

@@ -24,6 +24,7 @@ import torch
 from nanograph.bench.common import (
     ARMS,
     EAGER,
+    TP_MODIFIERS,
     default_out,
     device,
     environment,
@@ -35,6 +36,7 @@ from nanograph.bench.common import (
     median,
     parse_arms,
     sync,
+    tensor_parallel_size,
     timed,
     write,
 )
@@ -137,12 +139,14 @@ def measure_model(model: str, args: argparse.Namespace, lengths: list[int]) -> d
     entry: dict = {"arms": {}}
     hf_state = None
     for arm in args.arms:
-        llm = engine_for(model, arm, lengths, args.load_format, moe_backend=args.moe_backend)
+        tp = tensor_parallel_size(arm)
+        llm = engine_for(model, arm, lengths, args.load_format, moe_backend=args.moe_backend,
+                         tensor_parallel_size=tp)  # fmt: skip
         config, dtype = llm.engine.model_config, llm.engine.dtype
-        result = entry["arms"][arm] = {"build_s": build_seconds(llm),
+        result = entry["arms"][arm] = {"build_s": build_seconds(llm), "tensor_parallel_size": tp,
                                        "load_s": llm.engine.load_seconds}  # fmt: skip
         calls, results, arm_lengths = {arm: engine_call(llm)}, {arm: result}, {arm: lengths}
-        if beside:
+        if beside and tp == 1:  # the peer takes the whole model's weights
             entry["peer"], calls[PEER] = build_peer(config, dtype, llm.engine.model.hf_state_dict())
             results[PEER], arm_lengths[PEER], beside = entry["peer"], peer_lengths, False
         measure(calls, arm_lengths, config.vocab_size, args.repeats, results)
@@ -151,11 +155,11 @@ def measure_model(model: str, args: argparse.Namespace, lengths: list[int]) -> d
         runner = llm.engine.runner.graph_runners.get("prefill")
         if runner is not None:
             result["replays"], result["fallbacks"] = runner.replays, runner.fallbacks
-        if peer_lengths and "peer" not in entry:
+        if peer_lengths and "peer" not in entry and tp == 1:
             hf_state = {name: t.clone() for name, t in llm.engine.model.hf_state_dict().items()}
         del calls, results
         free_engine(llm)
-    if peer_lengths and "peer" not in entry:
+    if peer_lengths and "peer" not in entry and hf_state is not None:
         entry["peer"], call = build_peer(config, dtype, hf_state)
         measure({PEER: call}, {PEER: peer_lengths}, config.vocab_size, args.repeats,
                 {PEER: entry["peer"]})  # fmt: skip
@@ -195,7 +199,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", default=default_out("prefill.json"))
     args = parser.parse_args(argv)
     cuda = torch.cuda.is_available()
-    args.arms = parse_arms("prefill", args.arms or (",".join(ARMS) if cuda else EAGER))
+    args.arms = parse_arms(
+        "prefill", args.arms or (",".join(ARMS) if cuda else EAGER), TP_MODIFIERS
+    )
     if args.peer_lengths is None:
         args.peer_lengths = "256,2048" if cuda else args.lengths
     return args

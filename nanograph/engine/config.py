@@ -83,6 +83,11 @@ class EngineConfig:
     # default: capture the configured ladders; auto: capture the buckets a padding-cost model
     # picks from the batch sizes seen so far (background or lazy capture only)
     cuda_graph_ladder: str = "default"
+    # ranks the model is sharded over (one GPU each; gloo processes on CPU); 1 = no sharding
+    tensor_parallel_size: int = 1
+    # the longest any rank waits for the others (start-up, each collective) before it fails
+    # with an error naming the rank; start-up of a large checkpoint must fit in it
+    distributed_timeout_s: float = 300.0
 
     def __post_init__(self) -> None:
         if self.load_format not in ("auto", "gguf", "hf", "dummy"):
@@ -101,7 +106,8 @@ class EngineConfig:
             raise ValueError(f"mem_fraction must be in (0, 1], got {self.mem_fraction}")
         for name in (
             "page_size", "chunked_prefill_size", "max_num_seqs", "kv_cache_bytes",
-            "cuda_graph_max_bs", "prefill_graph_slots",
+            "cuda_graph_max_bs", "prefill_graph_slots", "tensor_parallel_size",
+            "distributed_timeout_s",
         ):  # fmt: skip
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
@@ -149,6 +155,12 @@ class EngineConfig:
                 f"{self.torch_device}, where nothing is captured: drop the flag"
             )
         self._check_capture()
+        if self.tensor_parallel_size > 1 and self.device.startswith("cuda:"):
+            raise ValueError(
+                f"device={self.device!r} names one GPU, but tensor_parallel_size="
+                f"{self.tensor_parallel_size} puts rank r on GPU r (set CUDA_VISIBLE_DEVICES to "
+                "choose GPUs); use device 'cuda' or 'auto'"
+            )
         # explicit ladders: sorted, deduplicated, positive and within what a forward can hold
         self._ladder("cuda_graph_bs", "max_num_seqs", "requests decode at once")
         self._ladder("prefill_graph_tokens", "chunked_prefill_size", "tokens go into one forward")
@@ -179,6 +191,12 @@ class EngineConfig:
             raise ValueError(
                 "cuda_graph_ladder auto and cuda_graph_memory need cuda_graph_capture background "
                 "or lazy (start-up capture captures the whole configured ladder before serving)"
+            )
+        if live and self.tensor_parallel_size > 1:
+            raise ValueError(
+                "cuda_graph_capture background/lazy captures on one rank's own schedule, but with "
+                f"tensor_parallel_size={self.tensor_parallel_size} every rank must capture (and "
+                "replay) the same graphs together: use cuda_graph_capture startup"
             )
         if self.capture_mode == "background" and "tc_piecewise" in (
             self.graph_backend("decode"), self.graph_backend("prefill"),

@@ -20,6 +20,11 @@ Invariants:
   stop token, a stop string) may compute one token in vain in step t+1, whose KV lands in its
   own pages before they are freed and is never read. Greedy and seeded outputs equal the
   serial schedule's; unseeded sampling shares one noise draw with such rows, so it differs.
+- Tensor parallelism (``tensor_parallel_size`` N > 1, ``nanograph.distributed``): every rank
+  builds an ``Engine`` with its shard of the weights and of the KV pool; start-up phases, the
+  KV page count and capture outcomes are agreed by all ranks. Rank 0 schedules, samples and
+  sends each step to the others (``distributed.steps``); on ranks 1..N-1 the constructor never
+  returns: it serves rank 0's steps, then exits the process. With N = 1 nothing of this runs.
 """
 
 from __future__ import annotations
@@ -33,6 +38,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from nanograph.attention import get_attention_backend
+from nanograph.distributed import launch
+from nanograph.distributed.agreement import agree_equal, agree_min, agreed
+from nanograph.distributed.steps import run_step
 from nanograph.engine.config import EngineConfig, parse_graph_memory
 from nanograph.engine.kv_cache import KVCache, bytes_per_token
 from nanograph.engine.memory import MemoryReport
@@ -91,32 +99,40 @@ class _InFlight:
 
 class Engine:
     def __init__(self, config: EngineConfig) -> None:
-        from nanograph.loader import init_dummy_weights, load_weights, resolve_model
+        self.tp = launch.start(config)  # one rank of size 1 unless tensor_parallel_size > 1
+        self.live_capture: LiveCapture | None = None  # background/lazy capture (one rank only)
+        if not self.tp.is_driver:  # rank 0 shows the progress bars and the memory of all ranks
+            config = config.replace(progress=False)
+        with launch.failure_reported(self.tp):
+            self._start(config)
+        if not self.tp.is_driver:
+            from nanograph.distributed.worker import serve_steps
 
+            serve_steps(self)  # never returns
+
+    def close(self) -> None:
+        """Stops the background capture thread (after the capture in progress) and the other
+        tensor-parallel ranks (nothing to do with one rank)."""
+        if self.live_capture is not None:
+            self.live_capture.close()
+        launch.shutdown(self.tp)
+
+    def _start(self, config: EngineConfig) -> None:
         self.config = config
-        self.device = config.torch_device
+        self.device = self.tp.device
         self.dtype = config.torch_dtype
         start = time.perf_counter()
-        self.source = resolve_model(config.model, config.load_format)
-        self.model_config = self.source.config
-        self.attention = get_attention_backend(config.attention_backend, self.device)
-        self.moe = (
-            get_moe_backend(config.moe_backend, self.device) if self.model_config.is_moe else None
-        )
-        self.graph_backends = self._graph_backends()  # refuse bad combinations before loading
-        self.model = build_model(self.model_config, self.dtype, self.device, self.moe)
-        if self.source.kind == "dummy":
-            init_dummy_weights(self.model, seed=config.seed)
-        else:
-            load_weights(self.model, self.source.weights(), progress=config.progress)
-        self.tokenizer = self.source.tokenizer() if self.source.has_tokenizer else None
+        with agreed(self.tp, "loading the model"):
+            self._load_model()
         self.max_model_len = min(
             config.max_model_len or self.model_config.max_position_embeddings,
             self.model_config.max_position_embeddings,
         )
         self.kernel_warmup_seconds = 0.0  # CUDA: compiling every kernel variant at start-up
         self.memory = MemoryReport(
-            weights=sum(p.numel() * p.element_size() for p in self.model.parameters())
+            weights=sum(p.numel() * p.element_size() for p in self.model.parameters()),
+            rank=self.tp.rank,
+            ranks=self.tp.size,
         )
         self.kv_cache, self.runner = self._build_kv_cache_and_runners()
         self.prefix_cache = (
@@ -135,10 +151,33 @@ class Engine:
         self._decoders: dict[int, IncrementalDecoder] = {}  # stop-string requests only
         self._in_flight: _InFlight | None = None  # launched, its tokens not read yet
         self.load_seconds = time.perf_counter() - start
-        if config.progress:
-            logger.info("%s", self.memory_report().table())
+        # every rank's memory report, for rank 0's start-up table (rank 0's own: memory_report)
+        self.rank_memory = self.tp.all_gather_objects(self.memory)
+        self.rank_memory[self.tp.rank] = self.memory  # this rank's: the one that stays current
+        if config.progress and self.tp.is_driver:
+            self.memory_report()
+            logger.info("%s", "\n".join(m.table() for m in self.rank_memory))
         if self.live_capture is not None:
             self.live_capture.start()  # serving may begin now; graphs arrive as captured
+
+    def _load_model(self) -> None:
+        from nanograph.loader import init_dummy_weights, load_weights, resolve_model
+
+        config = self.config
+        self.source = resolve_model(config.model, config.load_format)
+        self.model_config = self.source.config
+        self.attention = get_attention_backend(config.attention_backend, self.device)
+        self.moe = (
+            get_moe_backend(config.moe_backend, self.device) if self.model_config.is_moe else None
+        )
+        self.graph_backends = self._graph_backends()  # refuse bad combinations before loading
+        self.model = build_model(self.model_config, self.dtype, self.device, self.moe, self.tp)
+        if self.source.kind == "dummy":
+            init_dummy_weights(self.model, seed=config.seed)
+        else:
+            load_weights(self.model, self.source.weights(), progress=config.progress)
+        has_tokenizer = self.source.has_tokenizer and self.tp.is_driver
+        self.tokenizer = self.source.tokenizer() if has_tokenizer else None
 
     def wait_for_graphs(self, timeout: float) -> bool:
         """Background capture: blocks until the capture thread has nothing left to capture;
@@ -148,11 +187,6 @@ class Engine:
     def graph_capture_stats(self) -> dict:
         """Background/lazy capture: ``LiveCapture.stats()``; empty with start-up capture."""
         return self.live_capture.stats() if self.live_capture is not None else {}
-
-    def close(self) -> None:
-        """Stops the background capture thread (after the capture in progress)."""
-        if self.live_capture is not None:
-            self.live_capture.close()
 
     @property
     def weights_bytes(self) -> int:
@@ -231,7 +265,7 @@ class Engine:
         )  # fmt: skip
         return GraphRunner(
             path, self.model, self.attention, kv.k, kv.v, graph_backend, shapes,
-            kv.pages_needed(self.max_model_len), kv.page_size, self.device,
+            kv.pages_needed(self.max_model_len), kv.page_size, self.device, tp=self.tp,
         )  # fmt: skip
 
     def _build_kv_cache_and_runners(self) -> tuple[KVCache, ModelRunner]:
@@ -240,11 +274,12 @@ class Engine:
         background/lazy capture the graph budget is planned here and capture comes later."""
         backends = self.graph_backends
         mode = self.config.capture_mode
-        self.live_capture: LiveCapture | None = None
         budget = None
+        # ranks started separately (torchrun) parse their own flags: they must capture alike
+        agree_equal(self.tp, "graph shapes", {path: self._shapes(path) for path in backends})
         if self.device.type == "cuda":
             # a two-page pool is enough to measure: measurement batches read the scratch page
-            scratch = KVCache(self.model_config, 2, self.config.page_size, self.dtype, self.device)
+            scratch = KVCache(self.model.config, 2, self.config.page_size, self.dtype, self.device)
             self.memory.activation_peak = self._measure_activation_peak(scratch)
             if mode == "startup":
                 self._measure_graph_reserve(scratch)
@@ -256,7 +291,7 @@ class Engine:
             del scratch
             gc.collect()
             torch.cuda.empty_cache()
-        kv = KVCache(self.model_config, self._num_pages(), self.config.page_size, self.dtype,
+        kv = KVCache(self.model.config, self._num_pages(), self.config.page_size, self.dtype,
                      self.device)  # fmt: skip
         self.memory.kv_pool = kv.nbytes
         runners = {
@@ -331,7 +366,8 @@ class Engine:
 
     def _num_pages(self) -> int:
         cfg = self.config
-        per_page = bytes_per_token(self.model_config, self.dtype) * cfg.page_size
+        # this rank's KV heads (a shard of them with tensor parallelism)
+        per_page = bytes_per_token(self.model.config, self.dtype) * cfg.page_size
         if self.device.type == "cuda":
             total = torch.cuda.get_device_properties(self.device).total_memory
             self.memory.device_total = total
@@ -344,7 +380,8 @@ class Engine:
         cap = cfg.max_num_seqs * (-(-self.max_model_len // cfg.page_size)) + 1
         if cfg.max_total_tokens is not None:
             cap = min(cap, -(-cfg.max_total_tokens // cfg.page_size) + 1)
-        num_pages = min(budget // per_page, cap)
+        # every rank holds the same pages (rank 0 schedules them): the fewest any rank can hold
+        num_pages = agree_min(self.tp, max(min(budget // per_page, cap), 0))
         if num_pages < 2:
             raise MemoryError(
                 f"not enough memory for a KV pool: {budget / 2**20:.0f} MiB left after weights, "
@@ -467,7 +504,8 @@ class Engine:
             samples,
             future,
         )
-        logits = self.runner.forward(batch, in_flight.tokens if in_flight else None)
+        in_flight_tokens = in_flight.tokens if in_flight else None
+        logits = run_step(self.tp, self.runner.forward, batch, in_flight_tokens)
         sampled = [r for r, s in zip(requests, samples) if s]
         return self.sampler(logits, [r.request_id for r in sampled], [r.params for r in sampled])
 

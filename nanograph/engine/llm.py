@@ -47,6 +47,17 @@ class LLM:
             )
         self.engine = Engine(EngineConfig(model=model, **engine_args))
 
+    def close(self) -> None:
+        """Stops the background capture thread and the engine's other tensor-parallel ranks;
+        also at exit."""
+        self.engine.close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     @property
     def tokenizer(self):
         return self.engine.tokenizer

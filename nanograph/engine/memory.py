@@ -5,7 +5,9 @@ allocator, the allocator's peak during an eager forward), never estimated, with 
 the graph budget of background/lazy capture without --cuda-graph-memory is an estimate, which
 the capture enforces against measured pool sizes. The prefix-cache figures and, with
 background/lazy capture, the graph pools and ``graph_capture`` are the only ones that change
-while the engine runs: ``Engine.memory_report()`` refreshes them.
+while the engine runs: ``Engine.memory_report()`` refreshes them. With tensor parallelism each
+rank measures its own report (its shards, its pools); rank 0 shows them all at start-up
+(``Engine.rank_memory``).
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ class MemoryReport:
     prefix_cache: dict = field(default_factory=dict)  # empty when prefix caching is off
     # background/lazy capture: LiveCapture.stats() (states, ladders, histograms, budget)
     graph_capture: dict = field(default_factory=dict)
+    rank: int = 0  # tensor-parallel rank this report is of, and the number of ranks
+    ranks: int = 1
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -53,7 +57,8 @@ class MemoryReport:
                 f"{c['hit_rate']:.1%} of {c['queried_tokens']} tokens)"
             )
         lines += _capture_lines(self.graph_capture)
-        return "memory\n" + "\n".join("  " + line for line in lines)
+        title = "memory" if self.ranks == 1 else f"memory of rank {self.rank} (of {self.ranks})"
+        return title + "\n" + "\n".join("  " + line for line in lines)
 
 
 def _capture_lines(stats: dict) -> list[str]:

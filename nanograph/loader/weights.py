@@ -8,6 +8,9 @@ Invariants:
 - A model may pack several Hugging Face tensors into one parameter (q/k/v, gate/up, experts) or
   hold one transposed (gpt-oss experts): it says so through ``HFWeightTargets``. Any other
   module is matched by parameter name.
+- Tensor parallelism: a model that holds one rank's shard (``HFWeightShards``) cuts each
+  checkpoint tensor to its part before the shape check and the copy, so only the shard reaches
+  the device; a model of one rank returns the tensor unchanged.
 - Tied embeddings: a tied model has no separate ``lm_head`` weight (shared parameter or none at
   all). A checkpoint's ``lm_head.weight`` that has no place in a model with an embedding is the
   tied copy (transformers' ``state_dict()`` lists it) and is skipped; every other name without
@@ -47,6 +50,15 @@ class HFWeightTargets(Protocol):
         ...
 
 
+@runtime_checkable
+class HFWeightShards(Protocol):
+    """A model that holds one tensor-parallel rank's shard of the checkpoint."""
+
+    def hf_weight_shard(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        """The part of the full checkpoint tensor ``name`` this model keeps."""
+        ...
+
+
 Resolver = Callable[[str], tuple[nn.Parameter, WeightIndex]]
 
 
@@ -58,6 +70,10 @@ def _targets(model: nn.Module) -> tuple[Resolver, list[str]]:
     return (lambda name: (params[name], None)), list(params)
 
 
+def _whole(name: str, tensor: torch.Tensor) -> torch.Tensor:
+    return tensor
+
+
 def load_weights(
     model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]], *, progress: bool = True
 ) -> None:
@@ -66,6 +82,7 @@ def load_weights(
     Shows a tqdm bar on a terminal when ``progress`` is true.
     """
     resolve, expected = _targets(model)
+    shard = model.hf_weight_shard if isinstance(model, HFWeightShards) else _whole
     items = progress_bar(
         weights, desc="Loading weights", show=progress, total=len(expected), unit="tensor"
     )
@@ -83,6 +100,7 @@ def load_weights(
                     "not match the config (architecture, tied embeddings, bias, q/k norm)"
                 ) from None
             target = weight_view(param, index)
+            tensor = shard(name, tensor)
             if target.shape != tensor.shape:
                 raise ModelLoadError(
                     f"checkpoint tensor {name!r} has shape {tuple(tensor.shape)} but the model "

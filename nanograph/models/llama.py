@@ -19,7 +19,11 @@ import torch
 from torch import nn
 
 from nanograph.attention.op import attention
+from nanograph.distributed.collectives import all_reduce, gather_vocab
+from nanograph.distributed.group import TensorParallel
+from nanograph.distributed.sharding import shard_config, shard_tensor
 from nanograph.layers import ops
+from nanograph.layers.parallel import VocabParallelEmbedding
 from nanograph.layers.rotary import build_cos_sin_cache
 from nanograph.models.config import ModelConfig
 from nanograph.models.moe import MoE, MoEBackend
@@ -47,8 +51,9 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, config: ModelConfig, layer: int) -> None:
+    def __init__(self, config: ModelConfig, layer: int, tp: TensorParallel | None = None) -> None:
         super().__init__()
+        self.tp = tp
         self.layer = layer
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
@@ -85,26 +90,33 @@ class Attention(nn.Module):
             q, k, v, positions, cos_sin_cache, self.q_norm, self.k_norm, self.layer, self.scale,
             self.eps, self.sliding_window, self.sinks,
         )  # fmt: skip
-        return self.o_proj(out.reshape(n, self.q_size))
+        return all_reduce(self.o_proj(out.reshape(n, self.q_size)), self.tp)
 
 
 class MLP(nn.Module):
-    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
+    def __init__(
+        self, hidden_size: int, intermediate_size: int, tp: TensorParallel | None = None
+    ) -> None:
         super().__init__()
+        self.tp = tp
         self.gate_up_proj = Linear(hidden_size, 2 * intermediate_size, bias=False)
         self.down_proj = Linear(intermediate_size, hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return ops.silu_and_mul_linear(self.gate_up_proj(x), self.down_proj.weight)
+        out = ops.silu_and_mul_linear(self.gate_up_proj(x), self.down_proj.weight)
+        return all_reduce(out, self.tp)
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, layer: int, moe_backend: MoEBackend | None) -> None:
+    def __init__(
+        self, config: ModelConfig, layer: int, moe_backend: MoEBackend | None,
+        tp: TensorParallel | None,
+    ) -> None:  # fmt: skip
         super().__init__()
-        self.self_attn = Attention(config, layer)
+        self.self_attn = Attention(config, layer, tp)
         self.mlp = (
-            MoE(config, moe_backend) if moe_backend is not None
-            else MLP(config.hidden_size, config.intermediate_size)
+            MoE(config, moe_backend, tp) if moe_backend is not None
+            else MLP(config.hidden_size, config.intermediate_size, tp)
         )  # fmt: skip
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -127,33 +139,52 @@ class DecoderLayer(nn.Module):
 
 
 class Backbone(nn.Module):
-    def __init__(self, config: ModelConfig, moe_backend: MoEBackend | None) -> None:
+    def __init__(
+        self, config: ModelConfig, moe_backend: MoEBackend | None, tp: TensorParallel | None
+    ) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = (
+            VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
+            if tp is not None and tp.enabled
+            else nn.Embedding(config.vocab_size, config.hidden_size)
+        )
         self.layers = nn.ModuleList(
-            DecoderLayer(config, i, moe_backend) for i in range(config.num_hidden_layers)
+            DecoderLayer(config, i, moe_backend, tp) for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
 
 class CausalLM(nn.Module):
     """Causal LM over a paged KV cache. A MoE config needs ``moe_backend`` (the experts'
-    implementation, ``models.moe.get_moe_backend``); a dense one takes none."""
+    implementation, ``models.moe.get_moe_backend``); a dense one takes none.
 
-    def __init__(self, config: ModelConfig, moe_backend: MoEBackend | None = None) -> None:
+    With a ``tp`` of size N > 1 it is one rank's shard (``distributed.sharding``): ``config``
+    is that rank's (heads, KV heads, MLP widths divided; ``full_config`` is the model's), the
+    embedding and LM head hold a vocabulary shard, and attention, MLP and MoE outputs are
+    all-reduced over the ranks."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        moe_backend: MoEBackend | None = None,
+        tp: TensorParallel | None = None,
+    ) -> None:
         super().__init__()
         if config.is_moe != (moe_backend is not None):
             raise ValueError(
                 "a MoE model needs a moe_backend and a dense model takes none "
                 f"({config.architecture}, num_experts={config.num_experts})"
             )
-        self.config = config
+        self.tp = tp if tp is not None and tp.enabled else None
+        self.full_config = config
+        self.config = config = shard_config(config, tp.size if self.tp else 1)
         self.moe_backend = moe_backend
-        self.model = Backbone(config, moe_backend)
+        self.model = Backbone(config, moe_backend, self.tp)
+        head_rows = self.model.embed_tokens.num_embeddings  # the vocabulary, or this rank's rows
         self.lm_head = (
             None
             if config.tie_word_embeddings
-            else Linear(config.hidden_size, config.vocab_size, bias=False)
+            else Linear(config.hidden_size, head_rows, bias=False)
         )
         # filled by ``build_rotary`` once the model is materialised on its device
         self.register_buffer("cos_sin_cache", torch.empty(0), persistent=False)
@@ -179,7 +210,13 @@ class CausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return ops.linear(hidden, weight).float()
+        return gather_vocab(ops.linear(hidden, weight).float(), self.tp, self.config.vocab_size)
+
+    def hf_weight_shard(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        """This rank's part of the full checkpoint tensor ``name`` (all of it with one rank)."""
+        if self.tp is None:
+            return tensor
+        return shard_tensor(name, tensor, self.full_config, self.tp.rank, self.tp.size)
 
     def hf_weight_target(self, name: str) -> tuple[nn.Parameter, WeightIndex]:
         """Maps a Hugging Face tensor name to (our parameter, the part it fills: an index into

@@ -22,6 +22,8 @@ from abc import ABC, abstractmethod
 import torch
 from torch import nn
 
+from nanograph.distributed.collectives import all_reduce
+from nanograph.distributed.group import TensorParallel
 from nanograph.graph import split_op
 from nanograph.kernels import reference
 from nanograph.layers import ops
@@ -153,8 +155,11 @@ def route(
 class MoE(nn.Module):
     """Router + experts of one layer (every layer of a MoE model has one)."""
 
-    def __init__(self, config: ModelConfig, backend: MoEBackend) -> None:
+    def __init__(
+        self, config: ModelConfig, backend: MoEBackend, tp: TensorParallel | None = None
+    ) -> None:
         super().__init__()
+        self.tp = tp  # experts hold this rank's share of their width; outputs are all-reduced
         num_experts, hidden = config.num_experts, config.hidden_size
         inter = config.expert_intermediate_size
         gpt_oss = config.moe_activation == "clamped_swiglu"
@@ -172,4 +177,4 @@ class MoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         logits = ops.linear(x, self.router.weight, self.router.bias)
-        return self.backend.forward(self, x, logits)
+        return all_reduce(self.backend.forward(self, x, logits), self.tp)

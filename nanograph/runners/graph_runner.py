@@ -9,6 +9,10 @@ Invariants:
 - A batch it cannot take (too many tokens or requests, too much padding, a shape that failed to
   capture) returns ``None`` from ``forward``: the caller runs it eagerly. Nothing is half-done.
   A failed capture never fails start-up: the shape stays eager, with one warning for all.
+- With tensor parallelism every rank captures the same shapes in the same order and a shape's
+  outcome is agreed after it (``distributed.agreement``): a shape that failed on any rank runs
+  eagerly on every rank, so no rank replays a graph (with its collectives) that another runs
+  eagerly; the warning names the failing rank.
 - Capture runs inside the same ``forward_context`` as replay (per shape, built once), so breaks
   and split ops see the static metadata both times.
 - With background or lazy capture (``live``, see live_runner.py) ``forward`` hands the batch to
@@ -26,6 +30,8 @@ import torch
 
 from nanograph.attention.base import AttentionBackend
 from nanograph.attention.op import ForwardContext, forward_context
+from nanograph.distributed.agreement import agree_failure
+from nanograph.distributed.group import TensorParallel
 from nanograph.graph import Backend, Graph, GraphCaptureError, new_pool
 from nanograph.models.llama import CausalLM
 from nanograph.progress import progress_bar
@@ -58,10 +64,12 @@ class GraphRunner:
         max_pages: int,
         page_size: int,
         device: torch.device,
+        tp: TensorParallel | None = None,
     ) -> None:
         if not shapes:
             raise ValueError(f"{path} runner needs at least one shape")
         self.path = path
+        self.tp = tp or TensorParallel(device=device)
         self.model = model
         self.attention = attention
         self.k_caches, self.v_caches = k_caches, v_caches
@@ -95,10 +103,16 @@ class GraphRunner:
         failed: dict[ShapeKey, BaseException] = {}
         bar = progress_bar(order, desc=f"capture {self.path} ({self.backend.name})", show=progress)
         for shape in bar:
+            error = None
             try:
                 self._capture_one(shape)
             except (torch.cuda.OutOfMemoryError, GraphCaptureError) as e:
-                failed[shape] = e
+                error = e
+            error = agree_failure(self.tp, f"{self.path} capture of {shape}", error)
+            if error is not None:
+                failed[shape] = error
+                self.graphs.pop(shape, None)  # captured here, failed on another rank
+                self.contexts.pop(shape, None)
                 if torch.cuda.is_available():
                     torch.cuda.empty_cache()
         if failed:
