@@ -19,8 +19,9 @@
 #   fair-peer (prefill against the transformers peer with logits_to_keep=1 and its recorded
 #   attention, and the decode roofline from this device's measured copy bandwidth),
 #   tp (tensor parallelism, on nvidia-h200-x2: GPU tests, then decode and prefill on qwen3-8b
-#   with TP=1 and TP=2 side by side), spec (speculative decoding: its GPU tests, then
-#   `bench spec` on qwen3-8b).
+#   with TP=1 and TP=2 side by side), capture (serve while capturing: its GPU tests, then the
+#   capture modes side by side on 0.6b and 8b), spec (speculative decoding: its GPU tests,
+#   then `bench spec` on qwen3-8b).
 # Run from the repo root; logs and JSON land in OUTDIR (copy them to benchmarks/results/).
 # Export NANOGRAPH_COMMIT=<short hash> first: the device copy's .git can be stale.
 set -uo pipefail
@@ -223,5 +224,22 @@ case $stage in
     timeout 170 python3 -m nanograph bench prefill --models qwen3-8b --lengths 2048,8192 \
       --arms full,full:tp2 --peer-lengths '' --repeats 5 --out "$out/prefill_tp.json" 2>&1 \
       | grep -v "^INFO" | tee "$out/prefill_tp.log" ;;
+  capture)  # <= ~8 min (estimated, not yet measured): serve while capturing (issue 17). GPU
+    # tests of background/lazy capture (tokens vs eager and startup, memory over 1000 steps,
+    # eviction); then `bench startup --capture-modes` on qwen3-0.6b and qwen3-8b (dummy):
+    # ready time, first TTFT, tokens/s curve and graph memory per mode under 16 requests in
+    # flight (batch <= 16: the learned ladder's memory aim). Each command is bounded.
+    # Each bench first fills the kernel caches with an untimed start-up (~50 s cold on 0.6b).
+    timeout "${TEST_TIMEOUT:-100}" python3 -m pytest -q -s -p no:cacheprovider --durations=8 -rfE \
+      tests/gpu/test_live_capture_gpu.py ${PYTEST_ARGS:-} > "$out/capture_tests.log" 2>&1
+    grep -E "capture|allocated|passed|failed|Error" "$out/capture_tests.log" | tail -30
+    common="--load-format dummy --dtypes bfloat16 --concurrency 16 --short 64 --long 512 \
+      --new-tokens 128"
+    timeout 170 python3 -m nanograph bench startup --model qwen3-0.6b $common --duration 10 \
+      --capture-modes eager,startup,background,lazy,background:auto --timeout 90 \
+      --out "$out/capture_06b.json" 2>&1 | grep -v "^INFO" | tee "$out/capture_06b.log"
+    timeout 230 python3 -m nanograph bench startup --model qwen3-8b $common --duration 12 \
+      --capture-modes eager,startup,background,background:auto --timeout 120 \
+      --out "$out/capture_8b.json" 2>&1 | grep -v "^INFO" | tee "$out/capture_8b.log" ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;
 esac

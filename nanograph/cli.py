@@ -44,6 +44,14 @@ ENGINE_HELP = {
     "prefill_graph_tokens": "comma-separated prefill token buckets (default: ~40 up to "
     "--chunked-prefill-size)",
     "prefill_graph_slots": "request slots per prefill graph; more requests run eagerly",
+    "cuda_graph_capture": "auto | startup (capture, then serve) | background (serve at once, "
+    "capture on a thread, hottest shapes first) | lazy (capture a shape the 2nd time a batch "
+    "needs it); auto = startup on CUDA for now",
+    "cuda_graph_memory": "graph memory budget of background/lazy capture: bytes (2GiB, 500MB) "
+    "or a fraction of free memory (0.05); least recently replayed graphs are evicted to stay "
+    "under it (default: estimated from the activation peak)",
+    "cuda_graph_ladder": "default (the configured ladders) | auto (buckets learned from the "
+    "batch sizes served, by a padding-cost model; background/lazy only)",
     "disable_overlap_schedule": "read each step's tokens before scheduling the next "
     "(default: schedule and launch step t+1 while the device runs step t)",
     "disable_prefix_caching": "recompute every prompt from scratch (default: reuse the KV "

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+import threading
 
 import pytest
 import torch
@@ -162,7 +163,7 @@ def test_split_counters_reset_and_min_split_blocks():
     for tiles in (base, base, replace(base, min_split_blocks=100)):
         got = attention.paged_attention(*args, tiles=tiles)
         torch.testing.assert_close(got[:real].double(), want[:real], atol=2e-4, rtol=2e-4)
-        counters = attention._COUNTERS[batch.q.device][-1]
+        counters = attention._COUNTERS[(batch.q.device, threading.get_ident())][-1]
         assert int(counters.abs().sum()) == 0
 
 

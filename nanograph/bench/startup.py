@@ -7,6 +7,8 @@ the short one again. A kernel compiled on a request's path shows up as the diffe
 the first short request and its repeat.
 "Cold" points Triton's and Inductor's caches at empty folders (a fresh machine); "warm" runs
 again over the caches the cold run filled.
+With ``--capture-modes`` it compares the graph capture modes under a steady request stream
+instead (capture_modes.py).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import sys
 import tempfile
 import time
 
+from nanograph.bench import capture_modes
 from nanograph.bench.common import default_out, environment, figure, graph_flag, parse_arms, write
 
 CHILD_FLAG = "--child"
@@ -86,7 +89,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=default_out("startup.json"))
     parser.add_argument(CHILD_FLAG, action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--engine-args", default="{}", help=argparse.SUPPRESS)
+    capture_modes.add_arguments(parser)
     args = parser.parse_args(argv)
+    if args.capture_modes or args.capture_child:
+        return capture_modes.main(args)
     if args.child:
         child(args)
         return 0

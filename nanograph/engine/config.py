@@ -20,6 +20,14 @@ SPECULATIVE_ALGORITHMS = ("ngram", "draft_model")
 # a verify forward holds k+1 tokens per request; past ~16 drafts acceptance of a whole chain is
 # rare and the verify forward stops being weight-bound, so larger k only costs
 MAX_DRAFT_TOKENS = 16
+CAPTURE_CHOICES = ("auto", "startup", "background", "lazy")
+LADDER_CHOICES = ("default", "auto")
+# What --cuda-graph-capture auto means on CUDA. Background capture (serve at once, capture
+# while serving) becomes the default once its GPU tests (tests/gpu/test_live_capture_gpu.py)
+# have passed on the device; until then start-up capture, which they compare against.
+CAPTURE_DEFAULT_ON_CUDA = "startup"
+_BYTE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10,
+               "mib": 2**20, "gib": 2**30}  # fmt: skip
 
 
 def _triton_interpreted() -> bool:
@@ -76,6 +84,17 @@ class EngineConfig:
     speculative_draft_model_path: str | None = None
     # graph backend of the draft model's runners; auto = as decode_cuda_graph resolves
     speculative_draft_cuda_graph: str = "auto"
+    # when graphs are captured: startup (before serving), background (serve at once, capture
+    # on a thread, hottest shapes first), lazy (when a batch needs a shape the 2nd time);
+    # auto = CAPTURE_DEFAULT_ON_CUDA on CUDA (nothing is captured on CPU)
+    cuda_graph_capture: str = "auto"
+    # graph memory budget of background/lazy capture: bytes ("2GiB", "500MB", "2e9") or a
+    # fraction of the free memory after the weights ("0.05"); least recently replayed graphs
+    # are evicted to stay under it. None = an estimate from the measured activation peak
+    cuda_graph_memory: str | None = None
+    # default: capture the configured ladders; auto: capture the buckets a padding-cost model
+    # picks from the batch sizes seen so far (background or lazy capture only)
+    cuda_graph_ladder: str = "default"
     # ranks the model is sharded over (one GPU each; gloo processes on CPU); 1 = no sharding
     tensor_parallel_size: int = 1
     # the longest any rank waits for the others (start-up, each collective) before it fails
@@ -148,6 +167,7 @@ class EngineConfig:
                 "debug_cuda_graph checks CUDA-graph capture, but the engine runs on "
                 f"{self.torch_device}, where nothing is captured: drop the flag"
             )
+        self._check_capture()
         if self.tensor_parallel_size > 1 and self.device.startswith("cuda:"):
             raise ValueError(
                 f"device={self.device!r} names one GPU, but tensor_parallel_size="
@@ -170,6 +190,11 @@ class EngineConfig:
                 f"speculative_num_draft_tokens must be in 1..{MAX_DRAFT_TOKENS}, got "
                 f"{self.speculative_num_draft_tokens}"
             )
+        if algorithm is not None and self.capture_mode in ("background", "lazy"):
+            raise ValueError(
+                "speculative decoding captures its verify and draft graphs at start-up: use "
+                f"cuda_graph_capture 'startup' (or 'auto'), not {self.cuda_graph_capture!r}"
+            )
         if algorithm is not None and self.tensor_parallel_size > 1:
             raise ValueError(
                 "speculative decoding runs on one rank: drop speculative_algorithm or use "
@@ -186,6 +211,55 @@ class EngineConfig:
                 "speculative_draft_model_path is set but speculative_algorithm is "
                 f"{algorithm!r}: add speculative_algorithm='draft_model' or drop the path"
             )
+
+    def _check_capture(self) -> None:
+        if self.cuda_graph_capture not in CAPTURE_CHOICES:
+            raise ValueError(
+                f"cuda_graph_capture must be one of {', '.join(CAPTURE_CHOICES)}, "
+                f"got {self.cuda_graph_capture!r}"
+            )
+        if self.cuda_graph_ladder not in LADDER_CHOICES:
+            raise ValueError(
+                f"cuda_graph_ladder must be default or auto, got {self.cuda_graph_ladder!r}"
+            )
+        if self.cuda_graph_memory is not None:
+            parse_graph_memory(self.cuda_graph_memory)
+        live = self.capture_mode in ("background", "lazy")
+        if self.torch_device.type != "cuda" and (
+            self.cuda_graph_capture in ("background", "lazy") or self.cuda_graph_ladder == "auto"
+            or self.cuda_graph_memory is not None
+        ):  # fmt: skip
+            raise ValueError(
+                "cuda_graph_capture background/lazy, cuda_graph_ladder auto and "
+                f"cuda_graph_memory shape CUDA graphs, but the engine runs on {self.torch_device},"
+                " where nothing is captured: drop them"
+            )
+        if not live and (self.cuda_graph_ladder == "auto" or self.cuda_graph_memory is not None):
+            raise ValueError(
+                "cuda_graph_ladder auto and cuda_graph_memory need cuda_graph_capture background "
+                "or lazy (start-up capture captures the whole configured ladder before serving)"
+            )
+        if live and self.tensor_parallel_size > 1:
+            raise ValueError(
+                "cuda_graph_capture background/lazy captures on one rank's own schedule, but with "
+                f"tensor_parallel_size={self.tensor_parallel_size} every rank must capture (and "
+                "replay) the same graphs together: use cuda_graph_capture startup"
+            )
+        if self.capture_mode == "background" and "tc_piecewise" in (
+            self.graph_backend("decode"), self.graph_backend("prefill"),
+        ):  # fmt: skip
+            raise ValueError(
+                "tc_piecewise compiles with torch.compile, which nanograph does not run on a "
+                "second thread while the serving thread replays: use cuda_graph_capture lazy or "
+                "startup with it, or the full/breakable backends"
+            )
+
+    @property
+    def capture_mode(self) -> str:
+        """When graphs are captured: "startup", "background" or "lazy"."""
+        if self.cuda_graph_capture != "auto":
+            return self.cuda_graph_capture
+        return CAPTURE_DEFAULT_ON_CUDA if self.torch_device.type == "cuda" else "startup"
 
     def _ladder(self, name: str, limit_name: str, what: str) -> None:
         values = getattr(self, name)
@@ -231,3 +305,22 @@ class EngineConfig:
     @classmethod
     def field_names(cls) -> set[str]:
         return {f.name for f in dataclasses.fields(cls)}
+
+
+def parse_graph_memory(text: str) -> tuple[str, float]:
+    """``("fraction", f)`` for "0.05" (0 < f < 1), ``("bytes", n)`` for "2GiB", "500MB", "2e9"."""
+    value = str(text).strip().lower().replace("_", "")
+    number = value.rstrip("kmgib")
+    unit = value[len(number) :]
+    try:
+        amount = float(number)
+    except ValueError:
+        amount = -1.0
+    if unit not in _BYTE_UNITS or amount <= 0:
+        raise ValueError(
+            f"cuda_graph_memory must be a byte count (e.g. 2GiB, 500MB, 2e9) or a fraction of "
+            f"free memory between 0 and 1 (e.g. 0.05), got {text!r}"
+        )
+    if not unit and amount < 1:
+        return "fraction", amount
+    return "bytes", amount * _BYTE_UNITS[unit]

@@ -44,7 +44,7 @@ from nanograph.attention import get_attention_backend
 from nanograph.distributed import launch
 from nanograph.distributed.agreement import agree_equal, agree_min, agreed
 from nanograph.distributed.steps import run_step
-from nanograph.engine.config import EngineConfig
+from nanograph.engine.config import EngineConfig, parse_graph_memory
 from nanograph.engine.kv_cache import KVCache, bytes_per_token
 from nanograph.engine.memory import MemoryReport
 from nanograph.engine.prefix_cache import PrefixCache
@@ -56,7 +56,9 @@ from nanograph.engine.speculative import SpeculativeDecoder, load_draft_model
 from nanograph.models import build_model, get_moe_backend
 from nanograph.runners.decode_runner import DecodeRunner, DraftRunner
 from nanograph.runners.forward_batch import ForwardBatch
+from nanograph.runners.graph_budget import GraphBudget
 from nanograph.runners.graph_runner import GraphRunner
+from nanograph.runners.live_capture import LiveCapture
 from nanograph.runners.model_runner import ModelRunner
 from nanograph.runners.prefill_runner import PrefillRunner
 from nanograph.runners.selection import host_planned_ops, make_backend, resolve_backend
@@ -111,6 +113,7 @@ class _InFlight:
 class Engine:
     def __init__(self, config: EngineConfig) -> None:
         self.tp = launch.start(config)  # one rank of size 1 unless tensor_parallel_size > 1
+        self.live_capture: LiveCapture | None = None  # background/lazy capture (one rank only)
         if not self.tp.is_driver:  # rank 0 shows the progress bars and the memory of all ranks
             config = config.replace(progress=False)
         with launch.failure_reported(self.tp):
@@ -121,7 +124,10 @@ class Engine:
             serve_steps(self)  # never returns
 
     def close(self) -> None:
-        """Stops the other tensor-parallel ranks (nothing to do with one rank)."""
+        """Stops the background capture thread (after the capture in progress) and the other
+        tensor-parallel ranks (nothing to do with one rank)."""
+        if self.live_capture is not None:
+            self.live_capture.close()
         launch.shutdown(self.tp)
 
     def _start(self, config: EngineConfig) -> None:
@@ -175,6 +181,8 @@ class Engine:
         if config.progress and self.tp.is_driver:
             self.memory_report()
             logger.info("%s", "\n".join(m.table() for m in self.rank_memory))
+        if self.live_capture is not None:
+            self.live_capture.start()  # serving may begin now; graphs arrive as captured
 
     def _load_model(self) -> None:
         from nanograph.loader import init_dummy_weights, load_weights, resolve_model
@@ -195,12 +203,27 @@ class Engine:
         has_tokenizer = self.source.has_tokenizer and self.tp.is_driver
         self.tokenizer = self.source.tokenizer() if has_tokenizer else None
 
+    def wait_for_graphs(self, timeout: float) -> bool:
+        """Background capture: blocks until the capture thread has nothing left to capture;
+        True at once for the other modes. For tests and benchmarks."""
+        return self.live_capture is None or self.live_capture.wait(timeout)
+
+    def graph_capture_stats(self) -> dict:
+        """Background/lazy capture: ``LiveCapture.stats()``; empty with start-up capture."""
+        return self.live_capture.stats() if self.live_capture is not None else {}
+
     @property
     def weights_bytes(self) -> int:
         return self.memory.weights
 
     def memory_report(self) -> MemoryReport:
-        """The start-up memory report with the prefix cache's figures as of now."""
+        """The start-up memory report with the prefix cache's figures as of now, and with
+        background/lazy capture the graph pools, histograms and ladders as of now."""
+        if self.live_capture is not None:
+            self.memory.graph_capture = self.live_capture.stats()
+            self.memory.graph_pools = {
+                path: live.pool_bytes for path, live in self.live_capture.runners.items()
+            }
         if self.prefix_cache is not None:
             stats = self.prefix_cache.stats()
             page_bytes = self.kv_cache.nbytes // self.kv_cache.num_pages
@@ -309,10 +332,14 @@ class Engine:
 
     def _build_kv_cache_and_runners(self) -> tuple[KVCache, ModelRunner]:
         """Measures graph and activation memory first, then sizes the KV pool from what is
-        left, then captures: capture never competes with a KV pool sized without it. With a
-        draft model, its KV pool has as many pages as the target's (one memory plan) and its
-        runners (``draft``, ``draft_extend``) capture into their own pools."""
+        left, then captures: capture never competes with a KV pool sized without it. With
+        background/lazy capture the graph budget is planned here and capture comes later. With
+        a draft model, its KV pool has as many pages as the target's (one memory plan) and its
+        runners (``draft``, ``draft_extend``) capture into their own pools (start-up capture
+        only: the config refuses speculation with background/lazy capture)."""
         backends = self.graph_backends
+        mode = self.config.capture_mode
+        budget = None
         has_draft = self.draft_model is not None
         # ranks started separately (torchrun) parse their own flags: they must capture alike
         agree_equal(self.tp, "graph shapes", {path: self._shapes(path) for path in backends})
@@ -322,18 +349,13 @@ class Engine:
                 {True: self._kv_cache(2, True)} if has_draft else {}
             )
             self.memory.activation_peak = self._measure_activation_peak(scratch[False])
-            for path, backend in backends.items():
-                largest = max(self._shapes(path))
-                # tc_piecewise would compile the probe shape a second time (seconds per shape);
-                # a breakable capture holds the same activations (measured: a larger pool)
-                probe_backend = "breakable" if backend == "tc_piecewise" else backend
-                kv = scratch[path in _DRAFT_PATHS]
-                probe = self._graph_runner(path, probe_backend, kv, [largest])
-                probe.capture(progress=False)
-                # smaller shapes reuse the largest one's pool; keep a margin for their outputs
-                self.memory.graph_reserve += int(probe.pool_bytes() * GRAPH_RESERVE_MARGIN)
-                probe.release()
-                del probe, kv
+            if mode == "startup":
+                self._measure_graph_reserve(scratch)
+            elif backends:
+                budget = self._graph_budget()
+                self.memory.graph_reserve = budget.limit
+                # a capture's warm-up forwards run eagerly beside the serving thread's
+                self.memory.capture_warmup_reserve = self.memory.activation_peak
             del scratch
             gc.collect()
             torch.cuda.empty_cache()
@@ -341,21 +363,30 @@ class Engine:
         kv = self._kv_cache(num_pages)
         self.draft_kv = self._kv_cache(num_pages, draft=True) if has_draft else None
         self.memory.kv_pool = kv.nbytes + (self.draft_kv.nbytes if has_draft else 0)
-        runners: list[GraphRunner] = []
-        for path, backend in backends.items():
-            pool = self.draft_kv if path in _DRAFT_PATHS else kv
-            runners.append(self._graph_runner(path, backend, pool, self._shapes(path)))
-            runners[-1].capture(progress=self.config.progress)
-            self.memory.graph_pools[path] = runners[-1].pool_bytes()
-        target = [r for r in runners if r.path not in _DRAFT_PATHS]
+        runners = {
+            path: self._graph_runner(
+                path, backend, self.draft_kv if path in _DRAFT_PATHS else kv, self._shapes(path)
+            )
+            for path, backend in backends.items()
+        }
+        if mode == "startup":
+            for path, graph_runner in runners.items():
+                graph_runner.capture(progress=self.config.progress)
+                self.memory.graph_pools[path] = graph_runner.pool_bytes()
+        elif budget is not None:
+            self.live_capture = LiveCapture(
+                runners, mode, self.config.cuda_graph_ladder, budget, self.device
+            )
+        target = [r for path, r in runners.items() if path not in _DRAFT_PATHS]
         runner = ModelRunner(self.model, self.attention, kv.k, kv.v, self.device, target)
         if has_draft:
             self.draft_runner = ModelRunner(
                 self.draft_model, self.attention, self.draft_kv.k, self.draft_kv.v, self.device,
-                [r for r in runners if r.path in _DRAFT_PATHS],
+                [r for path, r in runners.items() if path in _DRAFT_PATHS],
             )  # fmt: skip
         if self.device.type == "cuda":
-            # after capture, which compiled the variants its graphs hold: this compiles the rest
+            # after start-up capture, which compiled the variants its graphs hold: this compiles
+            # the rest (with background/lazy capture: all of them, before serving begins)
             start = time.perf_counter()
             for model, pool in ((self.model, kv), (self.draft_model, self.draft_kv)):
                 if model is not None:
@@ -364,6 +395,38 @@ class Engine:
             self.kernel_warmup_seconds = time.perf_counter() - start
             logger.info("kernels warmed up in %.1f s", self.kernel_warmup_seconds)
         return kv, runner
+
+    def _measure_graph_reserve(self, scratch: dict[bool, KVCache]) -> None:
+        """Start-up capture: captures each path's largest shape on the scratch pool (the
+        draft model's for its paths: ``scratch[True]``) and keeps its pool size (with a
+        margin) free for the graphs."""
+        for path, backend in self.graph_backends.items():
+            largest = max(self._shapes(path))
+            # tc_piecewise would compile the probe shape a second time (seconds per shape);
+            # a breakable capture holds the same activations (measured: a larger pool)
+            probe_backend = "breakable" if backend == "tc_piecewise" else backend
+            kv = scratch[path in _DRAFT_PATHS]
+            probe = self._graph_runner(path, probe_backend, kv, [largest])
+            probe.capture(progress=False)
+            # smaller shapes reuse the largest one's pool; keep a margin for their outputs
+            self.memory.graph_reserve += int(probe.pool_bytes() * GRAPH_RESERVE_MARGIN)
+            probe.release()
+            del probe, kv
+
+    def _graph_budget(self) -> GraphBudget:
+        """The graph-memory budget of background/lazy capture: --cuda-graph-memory (bytes, or
+        a fraction of the memory free now), else estimated from the activation peak."""
+        limit = None
+        if self.config.cuda_graph_memory is not None:
+            kind, amount = parse_graph_memory(self.config.cuda_graph_memory)
+            free, _ = torch.cuda.mem_get_info(self.device)
+            limit = int(amount if kind == "bytes" else amount * free)
+        return GraphBudget.planned(
+            {path: max(self._shapes(path)).num_tokens for path in self.graph_backends},
+            self.memory.activation_peak,
+            min(self.config.chunked_prefill_size, self.max_model_len - 1),  # as measured
+            limit,
+        )
 
     def _measure_activation_peak(self, scratch: KVCache) -> int:
         """Allocator peak of one eager forward at chunked_prefill_size tokens, above baseline."""
@@ -394,6 +457,7 @@ class Engine:
             self.memory.device_total = total
             budget = int(total * cfg.mem_fraction) - torch.cuda.memory_allocated(self.device)
             budget -= self.memory.graph_reserve + self.memory.activation_peak
+            budget -= self.memory.capture_warmup_reserve
         else:
             budget = cfg.kv_cache_bytes
         # never more than every sequence slot at full length could use

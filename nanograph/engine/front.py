@@ -17,8 +17,8 @@ Invariants:
 - Abort goes through the queue: ``Engine.abort`` frees the request's pages at once and its
   stream ends with ``finish_reason == "abort"``.
 - Stats (requests running and waiting, KV pages, tokens in and out, graph replays and eager
-  forwards per path) are an immutable snapshot the engine thread replaces after every loop turn:
-  readers never touch the engine.
+  forwards per path, the graph capture's states, ladders and histograms) are an immutable
+  snapshot the engine thread replaces after every loop turn: readers never touch the engine.
 """
 
 from __future__ import annotations
@@ -85,6 +85,13 @@ class FrontStats:
     # prefix cache: tokens a match could have covered, and covered, summed over admissions
     prefix_queried_tokens: int = 0
     prefix_hit_tokens: int = 0
+    # background/lazy capture: Engine.graph_capture_stats() (states, ladders, histograms,
+    # budget), refreshed every CAPTURE_STATS_S; empty with start-up capture
+    graph_capture: dict = field(default_factory=dict)
+
+
+# the capture stats copy histograms and take locks: not worth doing after every step
+CAPTURE_STATS_S = 1.0
 
 
 class RequestStream:
@@ -141,6 +148,8 @@ class EngineFront:
         self._stopping = False
         self._totals = [0, 0]  # prompt tokens admitted, output tokens published
         self.stats = FrontStats()
+        self._capture_stats: dict = {}
+        self._capture_stats_at = float("-inf")
         self._snapshot()
 
     # ---- caller side (the event loop's thread) ---------------------------------------------
@@ -281,8 +290,16 @@ class EngineFront:
             prompt_tokens=self._totals[0],
             output_tokens=self._totals[1],
             forward_counts=engine.runner.forward_counts(),
+            graph_capture=self._graph_capture_stats(),
             **_prefix_stats(engine),
         )
+
+    def _graph_capture_stats(self) -> dict:
+        now = time.monotonic()
+        if now - self._capture_stats_at >= CAPTURE_STATS_S:
+            self._capture_stats_at = now
+            self._capture_stats = self._engine.graph_capture_stats()
+        return self._capture_stats
 
 
 def _prefix_stats(engine: Engine) -> dict[str, int]:

@@ -48,7 +48,8 @@ class LLM:
         self.engine = Engine(EngineConfig(model=model, **engine_args))
 
     def close(self) -> None:
-        """Stops the engine's other tensor-parallel ranks (a no-op with one rank); also at exit."""
+        """Stops the background capture thread and the engine's other tensor-parallel ranks;
+        also at exit."""
         self.engine.close()
 
     def __enter__(self) -> LLM:

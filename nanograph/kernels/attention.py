@@ -25,8 +25,12 @@ Invariants:
   only as many slices as its key range fills with MIN_SPLIT_BLOCKS key blocks each, so a short
   range takes one slice and writes its output directly. A split tile writes a normalized partial
   output plus its log-sum-exp; the last of its slices to finish (an atomic counter per tile)
-  merges them, then resets the counter to zero for the next launch. The counters live in one
-  persistent buffer per device, so launches on one device must not run concurrently.
+  merges them, then resets the counter to zero for the next launch. The counters live in
+  persistent buffers, one per device and lane: eager launches use their thread's lane, launches
+  captured into a CUDA graph the graph lane. Launches of one lane must not run concurrently:
+  a thread's eager launches are ordered on its stream, and a capture thread never replays or
+  captures while the serving thread replays (runners/live_capture.py), so a background capture
+  on its own thread and stream never shares counters with the serving thread.
 - Two static layouts of the first grid dim: "flat" (extend: ``N // BLOCK_Q + S`` programs, each
   finds its request by binary search over ``query_start_loc``) and "per request" (decode and
   verify: ``S * cdiv(max_query_len, BLOCK_Q)`` programs); ``max_query_len`` is a static hint.
@@ -39,6 +43,7 @@ import contextvars
 import dataclasses
 import functools
 import math
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -416,7 +421,7 @@ def _merge_rows(out_ptr, part_out_ptr, part_lse_ptr, sinks_ptr, r0, q_start, q_b
 
 
 _launch_attention = LaunchCache(_paged_attention_kernel)
-_COUNTERS: dict[torch.device, list[torch.Tensor]] = {}
+_COUNTERS: dict[tuple[torch.device, int | str], list[torch.Tensor]] = {}
 
 
 _PLACEHOLDERS: dict[torch.device, torch.Tensor] = {}
@@ -430,11 +435,14 @@ def _float32_placeholder(device: torch.device) -> torch.Tensor:
 
 
 def _split_counters(device: torch.device, size: int) -> torch.Tensor:
-    """A zeroed int32 buffer of at least ``size`` counters that the kernel leaves zeroed.
+    """A zeroed int32 buffer of at least ``size`` counters that the kernel leaves zeroed, in
+    this launch's lane (see the module docstring).
 
     Outgrown buffers are kept, never freed: captured CUDA graphs still point at them.
     """
-    buffers = _COUNTERS.setdefault(device, [])
+    capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    lane = "graph" if capturing else threading.get_ident()
+    buffers = _COUNTERS.setdefault((device, lane), [])
     if not buffers or buffers[-1].numel() < size:
         buffers.append(torch.zeros(_next_pow2(max(size, 1024)), dtype=torch.int32, device=device))
     return buffers[-1]

@@ -22,7 +22,6 @@ from collections.abc import Callable
 
 import torch
 
-from nanograph.attention.op import forward_context
 from nanograph.runners.forward_batch import ForwardBatch
 from nanograph.runners.graph_runner import GraphRunner
 from nanograph.runners.shapes import ShapeKey
@@ -91,11 +90,7 @@ class DraftRunner(DecodeRunner):
         if shape is None:
             self.fallbacks += 1
             return None
-        self.static.copy_from(batch, shape)
-        batch.fill_future(self.static.input_ids, first)
-        with forward_context(self.contexts[shape]):
-            self.graphs[shape].replay()
-        self.replays += 1
+        self.replay(shape, batch, first)  # its output buffer is unused: the drafts are
         return self.drafts[:, : batch.num_requests]
 
 

@@ -21,6 +21,8 @@ Invariants:
   eagerly; the warning names the failing rank.
 - Capture runs inside the same ``forward_context`` as replay (per shape, built once), so breaks
   and split ops see the static metadata both times.
+- With background or lazy capture (``live``, see live_runner.py) ``forward`` hands the batch to
+  the live runner, which decides which ready graph serves it; ``capture`` is then not called.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
@@ -44,6 +46,9 @@ from nanograph.progress import progress_bar
 from nanograph.runners.forward_batch import ForwardBatch
 from nanograph.runners.shapes import ShapeKey, choose_shape
 from nanograph.runners.static_inputs import StaticInputs
+
+if TYPE_CHECKING:
+    from nanograph.runners.live_runner import LiveRunner
 
 logger = logging.getLogger("nanograph")
 
@@ -94,6 +99,7 @@ class GraphRunner(ABC):
         self._captured: list[ShapeKey] = []  # sorted, for dispatch
         self.replays = 0
         self.fallbacks = 0
+        self.live: LiveRunner | None = None  # set by LiveRunner: background or lazy capture
 
     @abstractmethod
     def max_query_len(self, shape: ShapeKey) -> int:
@@ -209,10 +215,18 @@ class GraphRunner(ABC):
     ) -> torch.Tensor | None:
         """Final hidden states of the batch's real rows, or None if no graph can take it.
         ``in_flight``: the sampled tokens of the step still running, for ``future_rows``."""
+        if self.live is not None:
+            return self.live.forward(batch, in_flight)
         shape = self.dispatch(batch)
         if shape is None:
             self.fallbacks += 1
             return None
+        return self.replay(shape, batch, in_flight)
+
+    def replay(
+        self, shape: ShapeKey, batch: ForwardBatch, in_flight: torch.Tensor | None
+    ) -> torch.Tensor:
+        """Pads ``batch`` into the captured ``shape`` and replays its graph."""
         self.static.copy_from(batch, shape)
         batch.fill_future(self.static.input_ids, in_flight)
         with forward_context(self.contexts[shape]):

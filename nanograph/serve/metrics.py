@@ -1,15 +1,17 @@
 """Prometheus metrics of one server (``GET /metrics``), in a registry of its own.
 
 Engine-side values (requests running and waiting, KV pages, tokens in and out, graph replays
-and eager forwards per path) are read at scrape time from the front's stats snapshot, so they
-cost the engine nothing. Latencies are observed where the client sees them: the handler, on
-receiving a request's tokens.
+and eager forwards per path; with background/lazy capture the graph shapes per state, the
+learned or configured ladder, the pools against the budget, evictions, and the observed batch
+sizes as a histogram over the configured ladder's buckets) are read at scrape time from the
+front's stats snapshot, so they cost the engine nothing. Latencies are observed where the
+client sees them: the handler, on receiving a request's tokens.
 """
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from nanograph.engine.front import EngineFront
 
@@ -82,6 +84,52 @@ class _FrontCollector:
             for kind, n in counts.items():
                 forwards.add_metric([path, kind], n)
         yield forwards
+        if s.graph_capture:
+            yield from _capture_metrics(s.graph_capture)
+
+
+def _capture_metrics(stats: dict):
+    """Background/lazy capture: shapes per state, ladders, pools, budget, observed sizes."""
+    shapes = GaugeMetricFamily(
+        "nanograph_graph_shapes", "graph shapes per runner path and state", labels=["path", "state"]
+    )
+    ladder = GaugeMetricFamily(
+        "nanograph_graph_ladder", "1 per planned shape (tokens x slots)", labels=["path", "shape"]
+    )
+    pools = GaugeMetricFamily(
+        "nanograph_graph_pool_bytes", "graph pool size after the last capture", labels=["path"]
+    )
+    sizes = HistogramMetricFamily(
+        "nanograph_batch_size",
+        "observed forward sizes (decode: batch size, prefill: tokens) per runner path",
+        labels=["path"],
+    )
+    for path, p in stats["paths"].items():
+        for state, n in p["states"].items():
+            shapes.add_metric([path, state], n)
+        for shape in p["ladder"]:
+            ladder.add_metric([path, shape], 1)
+        pools.add_metric([path], p["pool_bytes"])
+        histogram = p["histogram"]
+        cumulative, buckets = 0, []
+        for bound in p["configured"]:
+            cumulative = sum(c for n, c in histogram.items() if n <= bound)
+            buckets.append((str(bound), cumulative))
+        buckets.append(("+Inf", sum(histogram.values())))
+        sizes.add_metric([path], buckets, sum_value=sum(n * c for n, c in histogram.items()))
+    yield from (shapes, ladder, pools, sizes)
+    budget = stats["budget"]
+    if budget["limit"] is not None:
+        yield GaugeMetricFamily(
+            "nanograph_graph_memory_budget_bytes", "graph memory budget", value=budget["limit"]
+        )
+    yield CounterMetricFamily(
+        "nanograph_graph_evictions", "graphs evicted to stay within the budget",
+        value=budget["evictions"],
+    )  # fmt: skip
+    yield CounterMetricFamily(
+        "nanograph_graph_captures", "graphs captured while serving", value=stats["captures"]
+    )
 
 
 class ServerMetrics:

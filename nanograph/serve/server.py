@@ -50,4 +50,5 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(sig, lambda *_: None)
     logger.info("serving %s on http://%s:%d/v1", name, args.host, args.port)
     server.run()
+    engine.close()  # the background capture thread, if one still runs
     return 0 if server.started else 1
