@@ -14,6 +14,13 @@ Invariants:
 - ``silu_mul``: x is ``[1, 2K]`` (gate, up) and the product takes ``silu(gate) * up`` rounded
   to x's dtype, exactly the input ``fused.silu_and_mul`` would have written, so the MLP's
   activation kernel disappears without changing the numbers.
+- ``norm_weight`` (RMSNorm in the prologue): x is the un-normalised residual stream; every
+  program first sums x^2 over the whole row (K values from L2: the row is small) for 1/rms, then
+  multiplies ``x * inv_rms * norm_weight`` rounded to x's dtype, exactly the row ``rmsnorm``
+  would have written, so the norm kernel before the product disappears.
+- ``residual`` (residual add in the epilogue): ``residual += product`` in place, the product
+  rounded to the dtype before the add and the sum rounded once, as ``add_rmsnorm`` rounds it.
+  Each output element is read and written by the one program that owns it, after the wait.
 - On sm_90+ it is launched as a programmatic dependent launch (PDL): its programs may start
   while the previous kernel finishes, load their first weight block (the weight never depends
   on that kernel), then wait for it (``gdc_wait``) before reading x. Nothing is written before
@@ -46,10 +53,15 @@ def _gemv_kernel(
     x_ptr,
     w_ptr,
     out_ptr,
+    norm_w_ptr,
+    residual_ptr,
     N,
     K,
     stride_wn,
+    eps,
     SILU_MUL: tl.constexpr,
+    NORM: tl.constexpr,
+    RESIDUAL: tl.constexpr,
     PDL: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -62,13 +74,22 @@ def _gemv_kernel(
     w = _weight_block(w_rows, offs_k, n_mask, K)
     if PDL:
         tl.extra.cuda.gdc_wait()
-    acc = w.to(tl.float32) * _x_block(x_ptr, offs_k, K, SILU_MUL)[None, :]
+    inv_rms = 1.0
+    if NORM:
+        inv_rms = _inv_rms(x_ptr, offs_k, K, eps, BLOCK_K)
+    x = _x_block(x_ptr, offs_k, K, SILU_MUL, NORM, norm_w_ptr, inv_rms)
+    acc = w.to(tl.float32) * x[None, :]
     for k0 in range(BLOCK_K, K, BLOCK_K):  # pipelined num_stages deep (a launch option)
         w = _weight_block(w_rows, k0 + offs_k, n_mask, K)
-        acc += w.to(tl.float32) * _x_block(x_ptr, k0 + offs_k, K, SILU_MUL)[None, :]
+        x = _x_block(x_ptr, k0 + offs_k, K, SILU_MUL, NORM, norm_w_ptr, inv_rms)
+        acc += w.to(tl.float32) * x[None, :]
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()  # after the loop: the last wave is running
-    tl.store(out_ptr + offs_n, tl.sum(acc, 1).to(out_ptr.dtype.element_ty), mask=n_mask)
+    y = tl.sum(acc, 1)
+    if RESIDUAL:
+        y = y.to(out_ptr.dtype.element_ty).to(tl.float32)
+        y += tl.load(residual_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + offs_n, y.to(out_ptr.dtype.element_ty), mask=n_mask)
 
 
 @triton.jit
@@ -79,13 +100,27 @@ def _weight_block(w_rows, k, n_mask, K):
 
 
 @triton.jit
-def _x_block(x_ptr, k, K, SILU_MUL: tl.constexpr):
-    """x[k] in fp32; with SILU_MUL, silu(gate[k]) * up[k] rounded to x's dtype first."""
+def _inv_rms(x_ptr, offs_k, K, eps, BLOCK_K: tl.constexpr):
+    """1 / rms of the row x[0:K], in fp32."""
+    squares = tl.zeros([BLOCK_K], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        x = tl.load(x_ptr + k0 + offs_k, mask=k0 + offs_k < K, other=0.0).to(tl.float32)
+        squares += x * x
+    return tl.rsqrt(tl.sum(squares, 0) / K + eps)
+
+
+@triton.jit
+def _x_block(x_ptr, k, K, SILU_MUL: tl.constexpr, NORM: tl.constexpr, norm_w_ptr, inv_rms):
+    """x[k] in fp32; with SILU_MUL, silu(gate[k]) * up[k] rounded to x's dtype first; with
+    NORM, x[k] * inv_rms * norm_w[k] rounded to x's dtype first."""
     x = tl.load(x_ptr + k, mask=k < K, other=0.0)
     if SILU_MUL:
         gate = x.to(tl.float32)
         up = tl.load(x_ptr + K + k, mask=k < K, other=0.0).to(tl.float32)
         x = (gate * tl.sigmoid(gate) * up).to(x_ptr.dtype.element_ty)
+    if NORM:
+        w = tl.load(norm_w_ptr + k, mask=k < K, other=0.0).to(tl.float32)
+        x = (x.to(tl.float32) * inv_rms * w).to(x_ptr.dtype.element_ty)
     return x.to(tl.float32)
 
 
@@ -109,11 +144,16 @@ def gemv(
     weight: torch.Tensor,
     *,
     silu_mul: bool = False,
+    norm_weight: torch.Tensor | None = None,
+    eps: float = 1e-6,
+    residual: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     tiles: GemvTiles | None = None,
 ) -> torch.Tensor:
     """``x [1, K] @ weight [N, K]^T`` -> ``[1, N]`` in x's dtype; with ``silu_mul`` x is
-    ``[1, 2K]`` and ``silu(x[:, :K]) * x[:, K:]`` is the row multiplied."""
+    ``[1, 2K]`` and ``silu(x[:, :K]) * x[:, K:]`` is the row multiplied; with ``norm_weight``
+    it is ``rmsnorm(x, norm_weight, eps)``. With ``residual [1, N]`` the product is added to
+    it in place and ``residual`` is returned (``out`` must then be None)."""
     if x.dim() != 2 or weight.dim() != 2:
         raise ValueError(f"gemv needs x [1, K] and weight [N, K], got {tuple(x.shape)} and "
                          f"{tuple(weight.shape)}")  # fmt: skip
@@ -125,6 +165,17 @@ def gemv(
                          f"needs {'2K' if silu_mul else 'K'}")  # fmt: skip
     if x.stride(1) != 1 or weight.stride(1) != 1:
         raise ValueError("x and weight must be contiguous in K")
+    if silu_mul and norm_weight is not None:
+        raise ValueError("gemv normalises x or takes silu_and_mul of it, not both")
+    if norm_weight is not None and (norm_weight.shape != (k,) or norm_weight.stride(0) != 1):
+        raise ValueError(f"norm_weight must be a contiguous [{k}], got {tuple(norm_weight.shape)}")
+    if residual is not None:
+        if residual.shape != (1, n) or residual.dtype != x.dtype or residual.stride(1) != 1:
+            raise ValueError(f"residual must be a contiguous [1, {n}] of {x.dtype}, got "
+                             f"{tuple(residual.shape)} of {residual.dtype}")  # fmt: skip
+        if out is not None:
+            raise ValueError("with a residual the product is added into it: give no out")
+        out = residual
     if out is None:
         out = torch.empty(1, n, dtype=x.dtype, device=x.device)
     if tiles is None:
@@ -132,10 +183,14 @@ def gemv(
     use_pdl = pdl.enabled(x)
     _launch(
         (triton.cdiv(n, tiles.block_n),),
-        (x, weight, out),
-        (n, k, weight.stride(0)),
+        (
+            x, weight, out, norm_weight if norm_weight is not None else weight,
+            residual if residual is not None else out,
+        ),
+        (n, k, weight.stride(0), eps),
         dict(
-            SILU_MUL=silu_mul, PDL=use_pdl, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
+            SILU_MUL=silu_mul, NORM=norm_weight is not None, RESIDUAL=residual is not None,
+            PDL=use_pdl, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
             num_stages=tiles.num_stages, num_warps=tiles.num_warps, launch_pdl=use_pdl,
         ),
     )  # fmt: skip

@@ -54,6 +54,34 @@ def silu_and_mul(x: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.T
     return out
 
 
+def gemv(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    *,
+    silu_mul: bool = False,
+    norm_weight: torch.Tensor | None = None,
+    eps: float = 1e-6,
+    residual: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    tiles: object | None = None,
+) -> torch.Tensor:
+    """The one-row product with its optional prologue (silu_and_mul or rmsnorm of x, rounded to
+    x's dtype) and epilogue (``residual +=`` the product rounded to the dtype); ``tiles`` is the
+    Triton kernel's launch hint, ignored."""
+    del tiles
+    row = silu_and_mul(x) if silu_mul else x
+    if norm_weight is not None:
+        row = rmsnorm(row, norm_weight, eps)
+    y = (row.to(_compute_dtype(x)) @ weight.to(_compute_dtype(x)).T).to(x.dtype)
+    if residual is not None:
+        residual.copy_((residual.to(_compute_dtype(x)) + y).to(residual.dtype))
+        return residual
+    if out is None:
+        return y
+    out.copy_(y)
+    return out
+
+
 def rope_store_kv(
     q: torch.Tensor,
     k: torch.Tensor,

@@ -14,6 +14,13 @@ Invariants:
   ``F.linear``. ``use_triton_gemv(False)`` turns the GEMV off (set it before graphs are
   captured: a graph replays whichever kernel it recorded). Under torch.compile it is off, so
   tc_piecewise keeps one compiled graph for every size.
+- Fused decode (``fused_decode_applies``): a one-row forward of a dense single-GPU layer runs
+  ``norm_linear`` (RMSNorm in the GEMV's prologue: q/k/v and gate/up) and ``linear_add`` (the
+  residual add in the GEMV's epilogue: o and down), so the residual stream is one tensor
+  updated in place and no norm kernel runs between the products. ``set_fused_decode("off")``
+  forces the unfused path (the benchmark's ``:unfused`` arm, the comparison tests); "always"
+  runs it for any one-row input and dtype, on CPU through the Triton interpreter (tests, with
+  ``TRITON_INTERPRET=1``). Like the GEMV switch, set it before graphs are captured.
 """
 
 from __future__ import annotations
@@ -30,6 +37,49 @@ def use_triton_gemv(on: bool) -> None:
     """Process-wide: one-row products through the Triton GEMV (True, default) or cuBLAS."""
     global _TRITON_GEMV
     _TRITON_GEMV = on
+
+
+FUSED_DECODE_MODES = ("auto", "off", "always")
+_FUSED_DECODE = "auto"
+
+
+def set_fused_decode(mode: str) -> None:
+    """Process-wide: "auto" (default: with the Triton GEMV, on CUDA in fp16/bf16), "off", or
+    "always" (every one-row forward; on CPU only under ``TRITON_INTERPRET=1``)."""
+    global _FUSED_DECODE
+    if mode not in FUSED_DECODE_MODES:
+        raise ValueError(f"fused decode mode {mode!r}: use one of {', '.join(FUSED_DECODE_MODES)}")
+    _FUSED_DECODE = mode
+
+
+def fused_decode_applies(x: torch.Tensor) -> bool:
+    """Whether a layer fed the one-row residual stream ``x`` takes the fused decode path."""
+    if _FUSED_DECODE == "off" or x.dim() != 2 or x.shape[0] != 1 or x.stride(-1) != 1:
+        return False
+    if torch.compiler.is_compiling():
+        return False
+    if _FUSED_DECODE == "always":
+        return True
+    return _TRITON_GEMV and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)
+
+
+def norm_linear(
+    x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor
+) -> torch.Tensor:
+    """``linear(rmsnorm(x, norm_weight, eps), weight)`` in one kernel (fused decode only)."""
+    from nanograph.kernels.gemv import gemv
+
+    return gemv(x, weight, norm_weight=norm_weight, eps=eps)
+
+
+def linear_add(
+    x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, *, silu_mul: bool = False
+) -> torch.Tensor:
+    """``residual += linear(x, weight)`` in place (of ``silu_and_mul(x)`` with ``silu_mul``), in
+    one kernel (fused decode only); returns ``residual``."""
+    from nanograph.kernels.gemv import gemv
+
+    return gemv(x, weight, silu_mul=silu_mul, residual=residual)
 
 
 def _gemv_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:

@@ -80,8 +80,14 @@ class Attention(nn.Module):
         hidden: torch.Tensor,
         cos_sin_cache: torch.Tensor,
     ) -> torch.Tensor:
-        n = hidden.shape[0]
-        qkv = self.qkv_proj(hidden)
+        out = self.attend(positions, self.qkv_proj(hidden), cos_sin_cache)
+        return all_reduce(self.o_proj(out), self.tp)
+
+    def attend(
+        self, positions: torch.Tensor, qkv: torch.Tensor, cos_sin_cache: torch.Tensor
+    ) -> torch.Tensor:
+        """Packed q/k/v [N, q + 2 kv] -> attention output [N, q] (before the o projection)."""
+        n = qkv.shape[0]
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.reshape(n, self.num_heads, self.head_dim)
         k = k.reshape(n, self.num_kv_heads, self.head_dim)
@@ -90,7 +96,7 @@ class Attention(nn.Module):
             q, k, v, positions, cos_sin_cache, self.q_norm, self.k_norm, self.layer, self.scale,
             self.eps, self.sliding_window, self.sinks,
         )  # fmt: skip
-        return all_reduce(self.o_proj(out.reshape(n, self.q_size)), self.tp)
+        return out.reshape(n, self.q_size)
 
 
 class MLP(nn.Module):
@@ -120,6 +126,12 @@ class DecoderLayer(nn.Module):
         )  # fmt: skip
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        # one-row decode through fused GEMVs (norm prologue, residual epilogue): a dense MLP,
+        # no projection biases and no all-reduce between a product and its residual add
+        self.fusable = (
+            moe_backend is None and tp is None and not config.attention_bias
+            and not config.o_proj_bias
+        )  # fmt: skip
 
     def forward(
         self,
@@ -127,7 +139,12 @@ class DecoderLayer(nn.Module):
         hidden: torch.Tensor,
         residual: torch.Tensor | None,
         cos_sin_cache: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``residual`` None: ``hidden`` is the whole residual stream (the first layer, or after
+        a fused layer, which returns the updated stream and None); otherwise the stream is
+        ``hidden + residual``."""
+        if residual is None and self.fusable and ops.fused_decode_applies(hidden):
+            return self._forward_fused(positions, hidden, cos_sin_cache), None
         if residual is None:
             residual = hidden.clone()  # the fused add+norm updates the residual in place
             hidden = self.input_layernorm(hidden)
@@ -136,6 +153,18 @@ class DecoderLayer(nn.Module):
         hidden = self.self_attn(positions, hidden, cos_sin_cache)
         hidden, residual = self.post_attention_layernorm(hidden, residual)
         return self.mlp(hidden), residual
+
+    def _forward_fused(
+        self, positions: torch.Tensor, stream: torch.Tensor, cos_sin_cache: torch.Tensor
+    ) -> torch.Tensor:
+        """Four GEMVs around attention, updating the one-row ``stream`` in place: q/k/v and
+        gate/up normalise it on load, o and down add their product to it."""
+        attn, mlp = self.self_attn, self.mlp
+        pre, post = self.input_layernorm, self.post_attention_layernorm
+        qkv = ops.norm_linear(stream, pre.weight, pre.eps, attn.qkv_proj.weight)
+        ops.linear_add(attn.attend(positions, qkv, cos_sin_cache), attn.o_proj.weight, stream)
+        gate_up = ops.norm_linear(stream, post.weight, post.eps, mlp.gate_up_proj.weight)
+        return ops.linear_add(gate_up, mlp.down_proj.weight, stream, silu_mul=True)
 
 
 class Backbone(nn.Module):
@@ -205,6 +234,8 @@ class CausalLM(nn.Module):
         residual = None
         for layer in self.model.layers:
             hidden, residual = layer(positions, hidden, residual, self.cos_sin_cache)
+        if residual is None:  # the fused decode path: hidden is the whole stream
+            return self.model.norm(hidden)
         hidden, _ = self.model.norm(hidden, residual)
         return hidden
 

@@ -1,0 +1,126 @@
+"""The fused batch-1 decode path on CPU (TRITON_INTERPRET=1): the GEMV's RMSNorm prologue and
+residual epilogue against float64 references, and a tiny Qwen3 and Llama whose greedy tokens
+are the same with the fused path forced on ("always") and off.
+
+TRITON_INTERPRET is read when a kernel is decorated, so it is set before
+``nanograph.kernels.gemv`` is imported (reloaded if something imported it earlier). Skipped on
+a machine with CUDA: tests/gpu/test_fused_decode_gpu.py covers the compiled kernels there.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+import pytest
+import torch
+
+if torch.cuda.is_available():
+    pytest.skip("CUDA present: tests/gpu cover the compiled kernels", allow_module_level=True)
+os.environ.setdefault("TRITON_INTERPRET", "1")
+pytest.importorskip("triton")
+
+if "nanograph.kernels.gemv" in sys.modules:
+    gemv = importlib.reload(sys.modules["nanograph.kernels.gemv"])
+else:
+    gemv = importlib.import_module("nanograph.kernels.gemv")
+from nanograph.kernels import reference  # noqa: E402
+from nanograph.layers import ops  # noqa: E402
+
+TOLERANCE = {torch.float32: 2e-4, torch.bfloat16: 3e-2}
+# 8 output rows a program and 16-wide K blocks: odd N and K cover partial tiles on both edges
+TILES = gemv.GemvTiles(block_n=8, block_k=16, num_warps=1, num_stages=1)
+
+
+def _f64(t: torch.Tensor) -> torch.Tensor:
+    return t.double()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("n", "k"), [(37, 70), (5, 16), (64, 33)])
+def test_norm_prologue_matches_float64(dtype, n, k):
+    """gemv(x, w, norm_weight) == rmsnorm(x) @ w^T: the un-normalised row, normalised on load
+    (1/rms over the whole row, K blocks that do not divide K)."""
+    g = torch.Generator().manual_seed(n * k)
+    x = (3 * torch.randn(1, k, generator=g)).to(dtype)  # rms far from 1: the norm matters
+    w = torch.randn(n, k, generator=g).to(dtype)
+    norm_w = (1 + 0.3 * torch.randn(k, generator=g)).to(dtype)
+    out = gemv.gemv(x, w, norm_weight=norm_w, eps=1e-5, tiles=TILES)
+    want = reference.gemv(_f64(x), _f64(w), norm_weight=_f64(norm_w), eps=1e-5)
+    assert out.dtype == dtype and out.shape == (1, n)
+    tol = TOLERANCE[dtype]
+    torch.testing.assert_close(out.double(), want, rtol=tol, atol=tol * 8)
+
+
+@pytest.mark.parametrize("silu_mul", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_residual_epilogue_matches_float64(dtype, silu_mul):
+    """gemv(x, w, residual=r) adds the product into r in place and returns r (with silu_mul,
+    the down projection's shape: the activation of [1, 2K] first)."""
+    g = torch.Generator().manual_seed(7 + silu_mul)
+    n, k = 45, 50
+    x = torch.randn(1, 2 * k if silu_mul else k, generator=g).to(dtype)
+    w = torch.randn(n, k, generator=g).to(dtype)
+    residual = torch.randn(1, n, generator=g).to(dtype)
+    want = reference.gemv(_f64(x), _f64(w), silu_mul=silu_mul, residual=_f64(residual))
+    before = residual.clone()
+    out = gemv.gemv(x, w, silu_mul=silu_mul, residual=residual, tiles=TILES)
+    assert out is residual and not torch.equal(residual, before)
+    tol = TOLERANCE[dtype]
+    torch.testing.assert_close(residual.double(), want, rtol=tol, atol=tol * 8)
+
+
+def test_gemv_refuses_bad_fusion_arguments():
+    x, w = torch.randn(1, 8), torch.randn(4, 8)
+    with pytest.raises(ValueError, match="not both"):
+        gemv.gemv(torch.randn(1, 16), w, silu_mul=True, norm_weight=torch.ones(8))
+    with pytest.raises(ValueError, match="norm_weight must be a contiguous"):
+        gemv.gemv(x, w, norm_weight=torch.ones(9))
+    with pytest.raises(ValueError, match="residual must be a contiguous"):
+        gemv.gemv(x, w, residual=torch.zeros(1, 5))
+    with pytest.raises(ValueError, match="residual must be a contiguous"):
+        gemv.gemv(x, w, residual=torch.zeros(1, 4, dtype=torch.float64))
+    with pytest.raises(ValueError, match="give no out"):
+        gemv.gemv(x, w, residual=torch.zeros(1, 4), out=torch.zeros(1, 4))
+    with pytest.raises(ValueError, match="fused decode mode"):
+        ops.set_fused_decode("on")
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+def test_fused_decode_gives_the_unfused_greedy_tokens(tiny_model_dir, monkeypatch, arch):
+    """A tiny random model in float32, two requests decoded one at a time (batch 1) and then
+    together: greedy tokens with every one-row forward fused equal those of the unfused path,
+    and the fused GEMVs ran only when on (four per layer per one-row forward)."""
+    from nanograph import LLM, SamplingParams
+
+    calls = {"norm_linear": 0, "linear_add": 0}
+    for name in calls:
+        real = getattr(ops, name)
+
+        def counted(*args, _real=real, _name=name, **kwargs):
+            calls[_name] += 1
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(ops, name, counted)
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (9, 14)]
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    tokens = {}
+    for mode in ("off", "always"):
+        ops.set_fused_decode(mode)
+        try:
+            llm = LLM(str(tiny_model_dir(arch)), dtype="float32", page_size=4,
+                      kv_cache_bytes=2**20, progress=False)  # fmt: skip
+            alone = [llm.generate([p], params)[0].token_ids for p in prompts]
+            together = [o.token_ids for o in llm.generate(prompts, params)]
+            tokens[mode] = (alone, together)
+        finally:
+            ops.set_fused_decode("auto")
+        layers = llm.engine.model_config.num_hidden_layers
+        fused_calls = calls["norm_linear"]
+        assert calls["norm_linear"] == calls["linear_add"]
+        assert (fused_calls > 0) == (mode == "always")
+        assert fused_calls % (2 * layers) == 0
+    assert tokens["always"] == tokens["off"]
+    assert all(len(t) == 8 for t in tokens["off"][0])
