@@ -162,6 +162,18 @@ def main() -> int:
             w = torch.randn(1000, 4096, dtype=torch.bfloat16)
             check(f"gemv silu_mul={silu_mul} {tiles}", gemv.gemv, x, w, silu_mul=silu_mul,
                   tiles=tiles)  # fmt: skip
+    # the fused decode's variants: norm prologue (q/k/v, gate/up), residual epilogue (o, down)
+    for tiles in (gemv.GemvTiles(), gemv.GemvTiles(4, 512, 8, 4)):
+        x = torch.randn(1, 1024, dtype=torch.bfloat16)
+        norm = torch.ones(1024, dtype=torch.bfloat16)
+        check(f"gemv norm {tiles}", gemv.gemv, x, torch.randn(4096, 1024, dtype=torch.bfloat16),
+              norm_weight=norm, eps=1e-6, tiles=tiles)  # fmt: skip
+        for silu_mul in (False, True):
+            x = torch.randn(1, 6144 if silu_mul else 2048, dtype=torch.bfloat16)
+            check(f"gemv residual silu_mul={silu_mul} {tiles}", gemv.gemv, x,
+                  torch.randn(1024, 3072 if silu_mul else 2048, dtype=torch.bfloat16),
+                  silu_mul=silu_mul, residual=torch.zeros(1, 1024, dtype=torch.bfloat16),
+                  tiles=tiles)  # fmt: skip
     for name, tokens, experts, top_k, hidden, inter, activation, dtype in (
         ("qwen3-30b-a3b decode", 1, 128, 8, 2048, 768, "silu", torch.bfloat16),
         ("qwen3-30b-a3b prefill", 256, 128, 8, 2048, 768, "silu", torch.bfloat16),

@@ -70,15 +70,16 @@ def test_roofline_divides_by_the_bandwidth_it_is_given():
 
 def test_bench_decode_runs_on_cpu_with_a_measured_roofline(tiny_model_dir, tmp_path):
     out = tmp_path / "decode.json"
-    argv = ["bench", "decode", "--models", str(tiny_model_dir("llama")), "--arms", "none",
-            "--batches", "1", "--prompt-len", "8", "--new-tokens", "4", "--repeats", "1",
-            "--out", str(out)]  # fmt: skip
+    argv = ["bench", "decode", "--models", str(tiny_model_dir("llama")), "--arms",
+            "none,none:unfused", "--batches", "1", "--prompt-len", "8", "--new-tokens", "4",
+            "--repeats", "1", "--out", str(out)]  # fmt: skip
     assert main(argv) == 0
     report = json.loads(out.read_text())
     bandwidth = report["copy_bandwidth_bytes_s"]
     assert bandwidth > 0
     (entry,) = report["models"].values()
-    assert list(entry["arms"]) == ["eager"]  # the alias is reported under the one name
+    # the alias is reported under the one name; the unfused arm beside it
+    assert list(entry["arms"]) == ["eager", "eager:unfused"]
     weights = entry["arms"]["eager"]["active_weights_bytes"]
     assert entry["roofline_batch1_tok_s"] == pytest.approx(bandwidth / weights)
 

@@ -11,7 +11,12 @@ is accepted for it: the engine's ``--decode-cuda-graph`` flag calls it that). Ar
 side with the plain arm: ``BACKEND:serial`` turns the overlap schedule off (the host reads each
 step's tokens before it schedules the next); ``BACKEND:cublas`` runs the one-row products of
 batch 1 through cuBLAS instead of the Triton GEMV (they combine: ``full:cublas:serial``);
-``BACKEND:tpN`` shards the model over N GPUs (tensor parallelism: ``full`` beside ``full:tp2``).
+``BACKEND:tpN`` shards the model over N GPUs (tensor parallelism: ``full`` beside ``full:tp2``);
+``BACKEND:unfused`` turns the fused batch-1 decode off (RMSNorm in the GEMVs' prologue, the
+residual add in their epilogue: ``layers.ops.set_fused_decode``), the comparison arm of ``full``.
+On CUDA each arm also records, per batch size, the GPU work of one decode step at the prompt's
+context from the profiler: kernels, memsets and copies per forward and the kernels' summed time
+(``step_kernels``; the sampler is not included).
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ from nanograph.bench.common import (
     write,
 )
 
-MODIFIERS = ("serial", "cublas", *TP_MODIFIERS)
+MODIFIERS = ("serial", "cublas", "unfused", *TP_MODIFIERS)
 
 
 def roofline_tok_s(weights_bytes: int, bandwidth_bytes_s: float) -> float:
@@ -52,12 +57,50 @@ def measure_arm(model: str, arm: str, batches: list[int], prompt_len: int, new_t
     from nanograph.layers import ops
 
     modifiers = arm.split(":")[1:]
-    ops.use_triton_gemv("cublas" not in modifiers)  # before capture: graphs record the kernels
+    # before capture: graphs record the kernels
+    ops.use_triton_gemv("cublas" not in modifiers)
+    ops.set_fused_decode("off" if "unfused" in modifiers else "auto")
     try:
         return _measure(model, graph_flag(arm), "serial" in modifiers, batches, prompt_len,
                         new_tokens, repeats, moe_backend, tensor_parallel_size(arm))  # fmt: skip
     finally:
         ops.use_triton_gemv(True)
+        ops.set_fused_decode("auto")
+
+
+def step_kernels(llm, batch: int, context: int, repeats: int = 5) -> dict:
+    """The GPU work of one decode forward of ``batch`` requests at ``context`` tokens each, from
+    the profiler: kernels, memsets and copies per forward, and the kernels' summed time."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    from nanograph.bench.floor import step_batch
+
+    fb, pages = step_batch(llm, context, batch)
+    try:
+        runner = llm.engine.runner
+        runner.forward(fb)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(repeats):
+                runner.forward(fb)
+            torch.cuda.synchronize()
+    finally:
+        for p in pages:
+            llm.engine.kv_cache.allocator.free(p)
+    counts = {"kernels": 0, "memsets": 0, "copies": 0}
+    kernel_us = 0.0
+    for event in prof.events():
+        if event.device_type != DeviceType.CUDA:
+            continue
+        name = event.name.lower()
+        kind = "memsets" if "memset" in name else "copies" if "memcpy" in name else "kernels"
+        counts[kind] += 1
+        if kind == "kernels":
+            kernel_us += event.time_range.elapsed_us()
+    out = {kind: n / repeats for kind, n in counts.items()}
+    out["kernel_ms"] = kernel_us / repeats / 1000
+    return out
 
 
 def _measure(model: str, backend: str, serial: bool, batches: list[int], prompt_len: int,
@@ -94,6 +137,8 @@ def _measure(model: str, backend: str, serial: bool, batches: list[int], prompt_
             samples.append(sum(len(o.token_ids) - 1 for o in outs) / (span - first))
         result["samples_tok_s"][batch] = samples
         result["median_tok_s"][batch] = median(samples)
+        if torch.cuda.is_available() and tp == 1:
+            result.setdefault("step_kernels", {})[batch] = step_kernels(llm, batch, prompt_len)
     runner = llm.engine.runner.graph_runners.get("decode")
     if runner is not None:
         result["replays"], result["fallbacks"] = runner.replays, runner.fallbacks
@@ -133,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--arms", default=None,
         help=f"decode graph backends, of {', '.join(ARMS)} ('none' = eager) [all on CUDA, "
-        "eager on CPU]; modifiers :serial (overlap schedule off), :cublas",
+        "eager on CPU]; modifiers :serial (overlap schedule off), :cublas, :unfused",
     )  # fmt: skip
     parser.add_argument("--moe-backend", default="auto", help="experts of MoE models")
     parser.add_argument("--prompt-len", type=int, default=512)
@@ -166,6 +211,11 @@ def main(argv: list[str] | None = None) -> int:
             )
             write(args.out, report)
             print(f"{model} decode={arm}: {entry['arms'][arm]['median_tok_s']}")
+            for batch, k in entry["arms"][arm].get("step_kernels", {}).items():
+                print(
+                    f"  batch {batch}: {k['kernels']:.0f} kernels, {k['memsets']:.0f} memsets, "
+                    f"{k['copies']:.0f} copies a forward; kernels {k['kernel_ms']:.3f} ms"
+                )
         weights = next(iter(entry["arms"].values()))["active_weights_bytes"]
         entry["roofline_batch1_tok_s"] = roofline_tok_s(weights, bandwidth)
         if args.transformers:

@@ -29,11 +29,10 @@ from nanograph.bench.common import (
 )
 
 
-def kernel_floor(llm, length: int, repeats: int, decode_batch: int = 0) -> dict:
-    """Prefill of ``length`` tokens, or (``decode_batch`` > 0) one decode step of that many
-    requests with ``length`` tokens of context each."""
-    from torch.profiler import ProfilerActivity, profile
-
+def step_batch(llm, length: int, decode_batch: int = 0) -> tuple[object, list[list[int]]]:
+    """(ForwardBatch, its pages): a prefill of ``length`` tokens, or (``decode_batch`` > 0) one
+    decode step of that many requests with ``length`` tokens of context each. Give the pages
+    back with ``llm.engine.kv_cache.allocator.free`` once done."""
     from nanograph.runners.forward_batch import ForwardBatch
 
     kv = llm.engine.kv_cache
@@ -43,7 +42,16 @@ def kernel_floor(llm, length: int, repeats: int, decode_batch: int = 0) -> dict:
            for _ in range(requests)]  # fmt: skip
     done, new = ([length - 1] * requests, [1] * requests) if decode_batch else ([0], [length])
     new_ids = [i[c : c + k] for i, c, k in zip(ids, done, new)]
-    batch = ForwardBatch.build(new_ids, done, pages, kv.page_size, [True] * requests)
+    return ForwardBatch.build(new_ids, done, pages, kv.page_size, [True] * requests), pages
+
+
+def kernel_floor(llm, length: int, repeats: int, decode_batch: int = 0) -> dict:
+    """Prefill of ``length`` tokens, or (``decode_batch`` > 0) one decode step of that many
+    requests with ``length`` tokens of context each."""
+    from torch.profiler import ProfilerActivity, profile
+
+    kv = llm.engine.kv_cache
+    batch, pages = step_batch(llm, length, decode_batch)
     runner = llm.engine.runner
     cuda = torch.cuda.is_available()
     for _ in range(3):
