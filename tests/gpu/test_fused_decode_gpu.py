@@ -1,0 +1,113 @@
+"""The fused batch-1 decode on CUDA: the GEMV's RMSNorm prologue and residual epilogue against
+float64 at qwen3-0.6b's and qwen3-8b's shapes; a decode with full graphs fused against unfused
+(greedy agreement in bf16); and the kernels one eager decode forward launches, fused and not."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+CUDA = torch.device("cuda")
+# (N, K) of the normalised products (q/k/v, gate/up) of qwen3-0.6b and qwen3-8b, and an odd one
+NORM_SHAPES = [(4096, 1024), (6144, 1024), (6144, 4096), (24576, 4096), (1000, 4095)]
+# (N, K) of the products with a residual add (o, down), and an odd one
+RESIDUAL_SHAPES = [(1024, 2048), (1024, 3072), (4096, 4096), (4096, 12288), (1001, 4096)]
+
+
+def _randn(*shape: int, seed: int, scale: float = 1.0) -> torch.Tensor:
+    g = torch.Generator(device=CUDA).manual_seed(seed)
+    return (scale * torch.randn(shape, device=CUDA, generator=g)).bfloat16()
+
+
+@pytest.mark.parametrize("shape", NORM_SHAPES)
+def test_norm_prologue_matches_float64(shape):
+    from nanograph.kernels import reference
+    from nanograph.kernels.gemv import gemv
+
+    n, k = shape
+    x = _randn(1, k, seed=n, scale=4.0)
+    w = _randn(n, k, seed=n + 1, scale=k**-0.5)
+    norm_w = 1 + _randn(k, seed=n + 2, scale=0.2)
+    out = gemv(x, w, norm_weight=norm_w, eps=1e-6)
+    want = reference.gemv(x.double(), w.double(), norm_weight=norm_w.double(), eps=1e-6)
+    # bf16: the normalised row and the output are each rounded once (values of size ~1)
+    torch.testing.assert_close(out.double(), want, rtol=1e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("silu_mul", [False, True])
+@pytest.mark.parametrize("shape", RESIDUAL_SHAPES)
+def test_residual_epilogue_matches_float64(shape, silu_mul):
+    from nanograph.kernels import reference
+    from nanograph.kernels.gemv import gemv
+
+    n, k = shape
+    x = _randn(1, 2 * k if silu_mul else k, seed=n)
+    w = _randn(n, k, seed=n + 1, scale=k**-0.5)
+    residual = _randn(1, n, seed=n + 2, scale=4.0)
+    want = reference.gemv(x.double(), w.double(), silu_mul=silu_mul, residual=residual.double())
+    out = gemv(x, w, silu_mul=silu_mul, residual=residual)
+    assert out is residual
+    # the sum is rounded to bf16 at |values| up to ~16: 0.0625 ulp
+    torch.testing.assert_close(residual.double(), want, rtol=1e-2, atol=6e-2)
+
+
+def _engine(graph: str):
+    from nanograph import LLM
+
+    return LLM("qwen3-0.6b", load_format="dummy", decode_cuda_graph=graph,
+               cuda_graph_bs=(1, 2), max_num_seqs=2, mem_fraction=0.3, progress=False)  # fmt: skip
+
+
+def test_decode_fused_matches_unfused(monkeypatch):
+    """qwen3-0.6b (random weights), full decode graphs at batch 1 and 2: greedy tokens fused
+    equal those unfused for nearly every position (bf16 sums in another order may flip a
+    near-tie), and the fused GEMVs ran only when on."""
+    from nanograph import SamplingParams
+    from nanograph.layers import ops
+
+    calls = []
+    real = ops.norm_linear
+    monkeypatch.setattr(ops, "norm_linear", lambda *a, **k: calls.append(1) or real(*a, **k))
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 151936, (n,), generator=g).tolist() for n in (40, 70)]
+    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+    tokens = {}
+    for mode in ("off", "auto"):
+        ops.set_fused_decode(mode)
+        try:
+            calls.clear()
+            llm = _engine("full")
+            alone = [llm.generate([p], params)[0].token_ids for p in prompts]
+            tokens[mode] = alone + [o.token_ids for o in llm.generate(prompts, params)]
+            del llm
+        finally:
+            ops.set_fused_decode("auto")
+        assert bool(calls) == (mode == "auto")
+    pairs = [(a, b) for x, y in zip(tokens["off"], tokens["auto"]) for a, b in zip(x, y)]
+    agree = sum(a == b for a, b in pairs) / len(pairs)
+    print(f"\ngreedy agreement, fused vs unfused: {agree:.3f}")
+    assert agree > 0.9
+
+
+def test_fused_decode_launches_two_kernels_fewer_a_layer():
+    """One eager decode forward at batch 1: the fused path launches two kernels a layer fewer
+    (the norms: layer 0's rmsnorm and add_rmsnorm, every other layer's add_rmsnorm pair; the
+    final norm stays) and drops layer 0's residual clone (a copy or a kernel)."""
+    from nanograph.bench.decode import step_kernels
+    from nanograph.layers import ops
+
+    counts = {}
+    for mode in ("off", "auto"):
+        ops.set_fused_decode(mode)
+        try:
+            llm = _engine("none")
+            counts[mode] = step_kernels(llm, 1, 64)
+            layers = llm.engine.model_config.num_hidden_layers
+            del llm
+        finally:
+            ops.set_fused_decode("auto")
+    print(f"\nkernels a decode forward: unfused {counts['off']}, fused {counts['auto']}")
+    work = {mode: c["kernels"] + c["copies"] for mode, c in counts.items()}
+    assert work["off"] - work["auto"] == 2 * layers + 1
