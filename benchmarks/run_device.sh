@@ -21,7 +21,8 @@
 #   tp (tensor parallelism, on nvidia-h200-x2: GPU tests, then decode and prefill on qwen3-8b
 #   with TP=1 and TP=2 side by side), capture (serve while capturing: its GPU tests, then the
 #   capture modes side by side on 0.6b and 8b), spec (speculative decoding: its GPU tests,
-#   then `bench spec` on qwen3-8b).
+#   then `bench spec` on qwen3-8b), fusion (the fused batch-1 decode: its GPU tests and the
+#   GEMV's, then decode fused vs unfused on qwen3-0.6b and qwen3-8b with kernels per step).
 # Run from the repo root; logs and JSON land in OUTDIR (copy them to benchmarks/results/).
 # Export NANOGRAPH_COMMIT=<short hash> first: the device copy's .git can be stale.
 set -uo pipefail
@@ -241,5 +242,20 @@ case $stage in
     timeout 230 python3 -m nanograph bench startup --model qwen3-8b $common --duration 12 \
       --capture-modes eager,startup,background,background:auto --timeout 120 \
       --out "$out/capture_8b.json" 2>&1 | grep -v "^INFO" | tee "$out/capture_8b.log" ;;
+  fusion)  # <= ~8.2 min (estimated, not yet measured; each command bounded): issue 18's
+    # batch-1 decode fusions (norm in the q/k/v and gate/up GEMVs, residual add in the o and
+    # down GEMVs). GPU tests of the fused GEMV variants at model shapes, fused vs unfused greedy
+    # decode and the kernel count; the decode GEMV's tests. Then bench decode full vs
+    # full:unfused at batch 1-128 with kernels per step (the profiler) on each model; JSON is
+    # written after every arm, so a timeout keeps what finished.
+    timeout 170 python3 -m pytest -q -s -p no:cacheprovider --durations=8 -rfE \
+      tests/gpu/test_fused_decode_gpu.py tests/gpu/test_gemv_gpu.py > "$out/fusion_tests.log" 2>&1
+    grep -E "agreement|kernels a decode|passed|failed|Error" "$out/fusion_tests.log" | tail -20
+    timeout 130 python3 -m nanograph bench decode --models qwen3-0.6b --arms full,full:unfused \
+      --batches 1,8,32,128 --repeats 3 --out "$out/decode_fusion_06b.json" 2>&1 \
+      | grep -v "^INFO" | tee "$out/decode_fusion_06b.log"
+    timeout 190 python3 -m nanograph bench decode --models qwen3-8b --arms full,full:unfused \
+      --batches 1,8,32,128 --repeats 3 --out "$out/decode_fusion_8b.json" 2>&1 \
+      | grep -v "^INFO" | tee "$out/decode_fusion_8b.log" ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;
 esac
