@@ -117,12 +117,17 @@ def attention(
     eps: float,
     sliding_window: int = 0,
     sinks: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q [N, Hq, D], k/v [N, Hkv, D] of this forward -> attention output [N, Hq, D].
     ``sliding_window`` > 0 limits each query to that many most recent keys; ``sinks`` (fp32
-    [Hq]) adds one learned logit per head to the softmax denominator (gpt-oss)."""
+    [Hq]) adds one learned logit per head to the softmax denominator (gpt-oss). ``out``: a
+    buffer like q for the output, left as it is in padded rows; by default a zeroed one (a fill
+    kernel), so padded rows read zero. The fused one-row decode passes an uninitialised one:
+    its row is written."""
     rope = _rope_store_kv_op if torch.compiler.is_compiling() else rope_store_kv
     rope(q, k, v, positions, cos_sin_cache, q_norm, k_norm, layer, eps)
-    out = torch.zeros_like(q)  # padded rows stay zero
+    if out is None:
+        out = torch.zeros_like(q)  # padded rows stay zero
     attend(q, out, layer, scale, sliding_window, sinks)
     return out

@@ -84,9 +84,11 @@ class Attention(nn.Module):
         return all_reduce(self.o_proj(out), self.tp)
 
     def attend(
-        self, positions: torch.Tensor, qkv: torch.Tensor, cos_sin_cache: torch.Tensor
-    ) -> torch.Tensor:
-        """Packed q/k/v [N, q + 2 kv] -> attention output [N, q] (before the o projection)."""
+        self, positions: torch.Tensor, qkv: torch.Tensor, cos_sin_cache: torch.Tensor,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:  # fmt: skip
+        """Packed q/k/v [N, q + 2 kv] -> attention output [N, q] (before the o projection);
+        ``out`` [N, heads, head_dim] as ``op.attention`` takes it (default: zeroed)."""
         n = qkv.shape[0]
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.reshape(n, self.num_heads, self.head_dim)
@@ -94,7 +96,7 @@ class Attention(nn.Module):
         v = v.reshape(n, self.num_kv_heads, self.head_dim)
         out = attention(
             q, k, v, positions, cos_sin_cache, self.q_norm, self.k_norm, self.layer, self.scale,
-            self.eps, self.sliding_window, self.sinks,
+            self.eps, self.sliding_window, self.sinks, out,
         )  # fmt: skip
         return out.reshape(n, self.q_size)
 
@@ -158,11 +160,14 @@ class DecoderLayer(nn.Module):
         self, positions: torch.Tensor, stream: torch.Tensor, cos_sin_cache: torch.Tensor
     ) -> torch.Tensor:
         """Four GEMVs around attention, updating the one-row ``stream`` in place: q/k/v and
-        gate/up normalise it on load, o and down add their product to it."""
+        gate/up normalise it on load, o and down add their product to it. Six kernels: the four
+        GEMVs, rope + KV store, and the attention kernel."""
         attn, mlp = self.self_attn, self.mlp
         pre, post = self.input_layernorm, self.post_attention_layernorm
         qkv = ops.norm_linear(stream, pre.weight, pre.eps, attn.qkv_proj.weight)
-        ops.linear_add(attn.attend(positions, qkv, cos_sin_cache), attn.o_proj.weight, stream)
+        # the one row is a live token, which attention writes: no zero fill (a kernel) first
+        out = stream.new_empty(1, attn.num_heads, attn.head_dim)
+        ops.linear_add(attn.attend(positions, qkv, cos_sin_cache, out), attn.o_proj.weight, stream)
         gate_up = ops.norm_linear(stream, post.weight, post.eps, mlp.gate_up_proj.weight)
         return ops.linear_add(gate_up, mlp.down_proj.weight, stream, silu_mul=True)
 
