@@ -168,6 +168,9 @@ def main() -> int:
         norm = torch.ones(1024, dtype=torch.bfloat16)
         check(f"gemv norm {tiles}", gemv.gemv, x, torch.randn(4096, 1024, dtype=torch.bfloat16),
               norm_weight=norm, eps=1e-6, tiles=tiles)  # fmt: skip
+        check(f"gemv norm silu_out {tiles}", gemv.gemv, x,
+              torch.randn(6144, 1024, dtype=torch.bfloat16), norm_weight=norm, eps=1e-6,
+              silu_out=True, tiles=tiles)  # fmt: skip
         for silu_mul in (False, True):
             x = torch.randn(1, 6144 if silu_mul else 2048, dtype=torch.bfloat16)
             check(f"gemv residual silu_mul={silu_mul} {tiles}", gemv.gemv, x,

@@ -1,6 +1,6 @@
-"""The fused batch-1 decode path on CPU (TRITON_INTERPRET=1): the GEMV's RMSNorm prologue and
-residual epilogue against float64 references, and a tiny Qwen3 and Llama whose greedy tokens
-are the same with the fused path forced on ("always") and off.
+"""The fused batch-1 decode path on CPU (TRITON_INTERPRET=1): the GEMV's RMSNorm prologue,
+SiLU-and-mul epilogue and residual epilogue against float64 references, and a tiny Qwen3 and
+Llama whose greedy tokens are the same with the fused path forced on ("always") and off.
 
 TRITON_INTERPRET is read when a kernel is decorated, so it is set before
 ``nanograph.kernels.gemv`` is imported (reloaded if something imported it earlier). Skipped on
@@ -71,6 +71,23 @@ def test_residual_epilogue_matches_float64(dtype, silu_mul):
     torch.testing.assert_close(residual.double(), want, rtol=tol, atol=tol * 8)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("inter", "k", "block_n"), [(37, 70, 8), (24, 33, 4), (3, 16, 2)])
+def test_norm_and_silu_epilogue_matches_float64(dtype, inter, k, block_n):
+    """gemv(x, w_gate_up, norm_weight, silu_out) == silu_and_mul(rmsnorm(x) @ w^T): a program
+    takes matching gate and up rows (n and inter + n) and writes only the activation."""
+    g = torch.Generator().manual_seed(inter * k)
+    x = (3 * torch.randn(1, k, generator=g)).to(dtype)
+    w = torch.randn(2 * inter, k, generator=g).to(dtype)
+    norm_w = (1 + 0.3 * torch.randn(k, generator=g)).to(dtype)
+    tiles = gemv.GemvTiles(block_n=block_n, block_k=16, num_warps=1, num_stages=1)
+    out = gemv.gemv(x, w, norm_weight=norm_w, silu_out=True, tiles=tiles)
+    want = reference.gemv(_f64(x), _f64(w), norm_weight=_f64(norm_w), silu_out=True)
+    assert out.dtype == dtype and out.shape == (1, inter)
+    tol = TOLERANCE[dtype]
+    torch.testing.assert_close(out.double(), want, rtol=tol, atol=tol * 8)
+
+
 def test_gemv_refuses_bad_fusion_arguments():
     x, w = torch.randn(1, 8), torch.randn(4, 8)
     with pytest.raises(ValueError, match="not both"):
@@ -81,6 +98,10 @@ def test_gemv_refuses_bad_fusion_arguments():
         gemv.gemv(x, w, residual=torch.zeros(1, 5))
     with pytest.raises(ValueError, match="residual must be a contiguous"):
         gemv.gemv(x, w, residual=torch.zeros(1, 4, dtype=torch.float64))
+    with pytest.raises(ValueError, match="silu_out needs an even number"):
+        gemv.gemv(x, torch.randn(5, 8), silu_out=True)
+    with pytest.raises(ValueError, match="silu_out needs an even number"):
+        gemv.gemv(x, w, silu_out=True, residual=torch.zeros(1, 2))
     with pytest.raises(ValueError, match="give no out"):
         gemv.gemv(x, w, residual=torch.zeros(1, 4), out=torch.zeros(1, 4))
     with pytest.raises(ValueError, match="fused decode mode"):

@@ -18,6 +18,11 @@ Invariants:
   program first sums x^2 over the whole row (K values from L2: the row is small) for 1/rms, then
   multiplies ``x * inv_rms * norm_weight`` rounded to x's dtype, exactly the row ``rmsnorm``
   would have written, so the norm kernel before the product disappears.
+- ``silu_out`` (SiLU-and-mul in the epilogue): the weight is ``[2N, K]``, gate rows then up
+  rows (the MLP's packed gate/up); a program computes gate rows n and up rows N + n of its
+  BLOCK_N outputs, rounds both to the dtype as the unfused product would write them, and
+  writes only ``silu(gate) * up``. ``choose_tiles`` is asked for 2N rows and halves BLOCK_N, so
+  a program streams as many weight rows as a plain launch of the same product.
 - ``residual`` (residual add in the epilogue): ``residual += product`` in place, the product
   rounded to the dtype before the add and the sum rounded once, as ``add_rmsnorm`` rounds it.
   Each output element is read and written by the one program that owns it, after the wait.
@@ -61,6 +66,7 @@ def _gemv_kernel(
     eps,
     SILU_MUL: tl.constexpr,
     NORM: tl.constexpr,
+    SILU_OUT: tl.constexpr,
     RESIDUAL: tl.constexpr,
     PDL: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -70,8 +76,12 @@ def _gemv_kernel(
     offs_k = tl.arange(0, BLOCK_K)
     n_mask = offs_n < N
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
+    up_rows = w_ptr + (offs_n + N).to(tl.int64)[:, None] * stride_wn  # SILU_OUT: up rows
     # the first K block, peeled: its weights load before waiting for the previous kernel
     w = _weight_block(w_rows, offs_k, n_mask, K)
+    w_up = w
+    if SILU_OUT:
+        w_up = _weight_block(up_rows, offs_k, n_mask, K)
     if PDL:
         tl.extra.cuda.gdc_wait()
     inv_rms = 1.0
@@ -79,13 +89,21 @@ def _gemv_kernel(
         inv_rms = _inv_rms(x_ptr, offs_k, K, eps, BLOCK_K)
     x = _x_block(x_ptr, offs_k, K, SILU_MUL, NORM, norm_w_ptr, inv_rms)
     acc = w.to(tl.float32) * x[None, :]
+    acc_up = w_up.to(tl.float32) * x[None, :]
     for k0 in range(BLOCK_K, K, BLOCK_K):  # pipelined num_stages deep (a launch option)
         w = _weight_block(w_rows, k0 + offs_k, n_mask, K)
         x = _x_block(x_ptr, k0 + offs_k, K, SILU_MUL, NORM, norm_w_ptr, inv_rms)
         acc += w.to(tl.float32) * x[None, :]
+        if SILU_OUT:
+            w_up = _weight_block(up_rows, k0 + offs_k, n_mask, K)
+            acc_up += w_up.to(tl.float32) * x[None, :]
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()  # after the loop: the last wave is running
     y = tl.sum(acc, 1)
+    if SILU_OUT:  # gate and up rounded as the unfused product writes them, then silu_and_mul
+        gate = y.to(out_ptr.dtype.element_ty).to(tl.float32)
+        up = tl.sum(acc_up, 1).to(out_ptr.dtype.element_ty).to(tl.float32)
+        y = gate * tl.sigmoid(gate) * up
     if RESIDUAL:
         y = y.to(out_ptr.dtype.element_ty).to(tl.float32)
         y += tl.load(residual_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
@@ -146,13 +164,15 @@ def gemv(
     silu_mul: bool = False,
     norm_weight: torch.Tensor | None = None,
     eps: float = 1e-6,
+    silu_out: bool = False,
     residual: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     tiles: GemvTiles | None = None,
 ) -> torch.Tensor:
     """``x [1, K] @ weight [N, K]^T`` -> ``[1, N]`` in x's dtype; with ``silu_mul`` x is
     ``[1, 2K]`` and ``silu(x[:, :K]) * x[:, K:]`` is the row multiplied; with ``norm_weight``
-    it is ``rmsnorm(x, norm_weight, eps)``. With ``residual [1, N]`` the product is added to
+    it is ``rmsnorm(x, norm_weight, eps)``. With ``silu_out`` the product ``p [1, N]`` becomes
+    ``silu(p[:, :N/2]) * p[:, N/2:]``, ``[1, N/2]``. With ``residual`` the result is added to
     it in place and ``residual`` is returned (``out`` must then be None)."""
     if x.dim() != 2 or weight.dim() != 2:
         raise ValueError(f"gemv needs x [1, K] and weight [N, K], got {tuple(x.shape)} and "
@@ -167,6 +187,12 @@ def gemv(
         raise ValueError("x and weight must be contiguous in K")
     if silu_mul and norm_weight is not None:
         raise ValueError("gemv normalises x or takes silu_and_mul of it, not both")
+    rows = n  # weight rows streamed
+    if silu_out:
+        if n % 2 or residual is not None:
+            raise ValueError(f"silu_out needs an even number of weight rows (gate, up), got {n}, "
+                             "and no residual")  # fmt: skip
+        n //= 2
     if norm_weight is not None and (norm_weight.shape != (k,) or norm_weight.stride(0) != 1):
         raise ValueError(f"norm_weight must be a contiguous [{k}], got {tuple(norm_weight.shape)}")
     if residual is not None:
@@ -179,7 +205,9 @@ def gemv(
     if out is None:
         out = torch.empty(1, n, dtype=x.dtype, device=x.device)
     if tiles is None:
-        tiles = choose_tiles(n, x.device.index or 0) if x.is_cuda else GemvTiles(4, 16, 1, 1)
+        tiles = choose_tiles(rows, x.device.index or 0) if x.is_cuda else GemvTiles(4, 16, 1, 1)
+        if silu_out:  # two weight rows an output: as many rows a program as a plain launch
+            tiles = dataclasses.replace(tiles, block_n=max(tiles.block_n // 2, 1))
     use_pdl = pdl.enabled(x)
     _launch(
         (triton.cdiv(n, tiles.block_n),),
@@ -189,7 +217,8 @@ def gemv(
         ),
         (n, k, weight.stride(0), eps),
         dict(
-            SILU_MUL=silu_mul, NORM=norm_weight is not None, RESIDUAL=residual is not None,
+            SILU_MUL=silu_mul, NORM=norm_weight is not None, SILU_OUT=silu_out,
+            RESIDUAL=residual is not None,
             PDL=use_pdl, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
             num_stages=tiles.num_stages, num_warps=tiles.num_warps, launch_pdl=use_pdl,
         ),

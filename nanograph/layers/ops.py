@@ -15,12 +15,13 @@ Invariants:
   captured: a graph replays whichever kernel it recorded). Under torch.compile it is off, so
   tc_piecewise keeps one compiled graph for every size.
 - Fused decode (``fused_decode_applies``): a one-row forward of a dense single-GPU layer runs
-  ``norm_linear`` (RMSNorm in the GEMV's prologue: q/k/v and gate/up) and ``linear_add`` (the
-  residual add in the GEMV's epilogue: o and down), so the residual stream is one tensor
-  updated in place and no norm kernel runs between the products. ``set_fused_decode("off")``
-  forces the unfused path (the benchmark's ``:unfused`` arm, the comparison tests); "always"
-  runs it for any one-row input and dtype, on CPU through the Triton interpreter (tests, with
-  ``TRITON_INTERPRET=1``). Like the GEMV switch, set it before graphs are captured.
+  ``norm_linear`` (RMSNorm in the GEMV's prologue: q/k/v, and gate/up with SiLU-and-mul in its
+  epilogue) and ``linear_add`` (the residual add in the GEMV's epilogue: o and down), so the
+  residual stream is one tensor updated in place and no norm kernel runs between products.
+  ``set_fused_decode("off")`` forces the unfused path (the benchmark's ``:unfused`` arm, the
+  comparison tests); "always" runs it for any one-row input and dtype, on CPU through the
+  Triton interpreter (tests, with ``TRITON_INTERPRET=1``). Like the GEMV switch, set it before
+  graphs are captured.
 """
 
 from __future__ import annotations
@@ -64,12 +65,14 @@ def fused_decode_applies(x: torch.Tensor) -> bool:
 
 
 def norm_linear(
-    x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor
-) -> torch.Tensor:
-    """``linear(rmsnorm(x, norm_weight, eps), weight)`` in one kernel (fused decode only)."""
+    x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
+    *, silu_and_mul: bool = False,
+) -> torch.Tensor:  # fmt: skip
+    """``linear(rmsnorm(x, norm_weight, eps), weight)`` in one kernel (fused decode only); with
+    ``silu_and_mul`` (weight = packed gate/up) only the MLP's activation of it is written."""
     from nanograph.kernels.gemv import gemv
 
-    return gemv(x, weight, norm_weight=norm_weight, eps=eps)
+    return gemv(x, weight, norm_weight=norm_weight, eps=eps, silu_out=silu_and_mul)
 
 
 def linear_add(

@@ -160,7 +160,8 @@ class DecoderLayer(nn.Module):
         self, positions: torch.Tensor, stream: torch.Tensor, cos_sin_cache: torch.Tensor
     ) -> torch.Tensor:
         """Four GEMVs around attention, updating the one-row ``stream`` in place: q/k/v and
-        gate/up normalise it on load, o and down add their product to it. Six kernels: the four
+        gate/up normalise it on load (gate/up writes only the activation), o and down add their
+        product to it. Six kernels: the four
         GEMVs, rope + KV store, and the attention kernel."""
         attn, mlp = self.self_attn, self.mlp
         pre, post = self.input_layernorm, self.post_attention_layernorm
@@ -168,8 +169,10 @@ class DecoderLayer(nn.Module):
         # the one row is a live token, which attention writes: no zero fill (a kernel) first
         out = stream.new_empty(1, attn.num_heads, attn.head_dim)
         ops.linear_add(attn.attend(positions, qkv, cos_sin_cache, out), attn.o_proj.weight, stream)
-        gate_up = ops.norm_linear(stream, post.weight, post.eps, mlp.gate_up_proj.weight)
-        return ops.linear_add(gate_up, mlp.down_proj.weight, stream, silu_mul=True)
+        act = ops.norm_linear(
+            stream, post.weight, post.eps, mlp.gate_up_proj.weight, silu_and_mul=True
+        )
+        return ops.linear_add(act, mlp.down_proj.weight, stream)
 
 
 class Backbone(nn.Module):

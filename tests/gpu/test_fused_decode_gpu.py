@@ -36,6 +36,24 @@ def test_norm_prologue_matches_float64(shape):
     torch.testing.assert_close(out.double(), want, rtol=1e-2, atol=2e-2)
 
 
+@pytest.mark.parametrize("shape", [(3072, 1024), (12288, 4096), (1001, 4095)])
+def test_norm_and_silu_epilogue_matches_float64(shape):
+    """The MLP's gate/up at qwen3-0.6b's and qwen3-8b's shapes (and odd ones): the normalised
+    row times the packed [2I, K] weight, only silu(gate) * up written."""
+    from nanograph.kernels import reference
+    from nanograph.kernels.gemv import gemv
+
+    inter, k = shape
+    x = _randn(1, k, seed=inter, scale=4.0)
+    w = _randn(2 * inter, k, seed=inter + 1, scale=k**-0.5)
+    norm_w = 1 + _randn(k, seed=inter + 2, scale=0.2)
+    out = gemv(x, w, norm_weight=norm_w, eps=1e-6, silu_out=True)
+    want = reference.gemv(x.double(), w.double(), norm_weight=norm_w.double(), eps=1e-6,
+                          silu_out=True)  # fmt: skip
+    assert out.shape == (1, inter)
+    torch.testing.assert_close(out.double(), want, rtol=1e-2, atol=2e-2)
+
+
 @pytest.mark.parametrize("silu_mul", [False, True])
 @pytest.mark.parametrize("shape", RESIDUAL_SHAPES)
 def test_residual_epilogue_matches_float64(shape, silu_mul):
