@@ -243,18 +243,23 @@ case $stage in
       --capture-modes eager,startup,background,background:auto --timeout 120 \
       --out "$out/capture_8b.json" 2>&1 | grep -v "^INFO" | tee "$out/capture_8b.log" ;;
   fusion)  # <= ~8.2 min (estimated, not yet measured; each command bounded): issue 18's
-    # batch-1 decode fusions (norm in the q/k/v and gate/up GEMVs, residual add in the o and
-    # down GEMVs). GPU tests of the fused GEMV variants at model shapes, fused vs unfused greedy
-    # decode and the kernel count; the decode GEMV's tests. Then bench decode full vs
+    # batch-1 decode fusions (norm in the q/k/v and gate/up GEMVs, SiLU in gate/up's, residual
+    # add in the o and down GEMVs, no zero fill before attention, rope+store as a PDL
+    # dependent; the last one is in both arms). GPU tests of the fused GEMV variants at model shapes, fused vs unfused greedy
+    # decode and the kernel count; the decode GEMV's and fused kernels' tests; no compile on a
+    # request path (the new variants compile at start-up). Then bench decode full vs
     # full:unfused at batch 1-128 with kernels per step (the profiler) on each model; JSON is
     # written after every arm, so a timeout keeps what finished.
-    timeout 170 python3 -m pytest -q -s -p no:cacheprovider --durations=8 -rfE \
-      tests/gpu/test_fused_decode_gpu.py tests/gpu/test_gemv_gpu.py > "$out/fusion_tests.log" 2>&1
+    timeout 180 python3 -m pytest -q -s -p no:cacheprovider --durations=8 -rfE \
+      tests/gpu/test_fused_decode_gpu.py tests/gpu/test_gemv_gpu.py \
+      tests/gpu/test_kernels_fused.py \
+      tests/gpu/test_hardening_gpu.py::test_no_kernel_compiles_on_a_request_path \
+      > "$out/fusion_tests.log" 2>&1
     grep -E "agreement|kernels a decode|passed|failed|Error" "$out/fusion_tests.log" | tail -20
     timeout 130 python3 -m nanograph bench decode --models qwen3-0.6b --arms full,full:unfused \
       --batches 1,8,32,128 --repeats 3 --out "$out/decode_fusion_06b.json" 2>&1 \
       | grep -v "^INFO" | tee "$out/decode_fusion_06b.log"
-    timeout 190 python3 -m nanograph bench decode --models qwen3-8b --arms full,full:unfused \
+    timeout 180 python3 -m nanograph bench decode --models qwen3-8b --arms full,full:unfused \
       --batches 1,8,32,128 --repeats 3 --out "$out/decode_fusion_8b.json" 2>&1 \
       | grep -v "^INFO" | tee "$out/decode_fusion_8b.log" ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;

@@ -10,7 +10,9 @@ Invariants:
   q and k are updated in place (optional per-head RMSNorm first, as Qwen3's q/k-norm), then
   k and v are written to ``k_cache``/``v_cache [num_slots, Hkv, D]`` at ``slot_mapping``;
   slot -1 marks a padded token and is not written. Rows at or past ``num_tokens`` (a device
-  int32 ``[1]``, optional) are skipped entirely, so their positions may hold anything.
+  int32 ``[1]``, optional) are skipped entirely, so their positions may hold anything. A
+  one-row launch on sm_90+ is a programmatic dependent launch that waits (``gdc_wait``) before
+  anything else.
 - The torch references with the same signatures live in ``nanograph.kernels.reference``.
 """
 
@@ -209,7 +211,12 @@ def _rope_store_kv_kernel(
     HAS_Q_NORM: tl.constexpr,
     HAS_K_NORM: tl.constexpr,
     HAS_NUM_TOKENS: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:
+        # launched as a programmatic dependent of the one-row q/k/v GEMV: its programs may be
+        # resident early, and wait here for every earlier kernel before reading or writing
+        tl.extra.cuda.gdc_wait()
     token = tl.program_id(0)
     if HAS_NUM_TOKENS:
         if token >= tl.load(num_tokens_ptr):
@@ -279,6 +286,9 @@ def rope_store_kv(
             raise ValueError(f"{name} must be contiguous in head_dim")
     if num_rows == 0:
         return
+    # one row (decode at batch 1): a programmatic dependent launch behind the GEMV that wrote
+    # q/k/v; larger launches stay plain
+    use_pdl = num_rows == 1 and pdl.enabled(q)
     _launch_rope_store_kv(
         (num_rows,),
         (
@@ -301,6 +311,8 @@ def rope_store_kv(
             HAS_Q_NORM=q_norm_weight is not None,
             HAS_K_NORM=k_norm_weight is not None,
             HAS_NUM_TOKENS=num_tokens is not None,
+            PDL=use_pdl,
             num_warps=4,
+            launch_pdl=use_pdl,
         ),
     )  # fmt: skip
