@@ -161,8 +161,7 @@ class DecoderLayer(nn.Module):
     ) -> torch.Tensor:
         """Four GEMVs around attention, updating the one-row ``stream`` in place: q/k/v and
         gate/up normalise it on load (gate/up writes only the activation), o and down add their
-        product to it. Six kernels: the four
-        GEMVs, rope + KV store, and the attention kernel."""
+        product to it. Six kernels: the four GEMVs, rope + KV store, and attention."""
         attn, mlp = self.self_attn, self.mlp
         pre, post = self.input_layernorm, self.post_attention_layernorm
         qkv = ops.norm_linear(stream, pre.weight, pre.eps, attn.qkv_proj.weight)
