@@ -137,7 +137,7 @@ def test_tc_piecewise_splits_only_at_host_planned_ops(hf_models, backend):
     from test_model_reference import TORCH_NATIVE
 
     from nanograph.attention.op import ForwardContext, forward_context
-    from nanograph.graph.piecewise import PiecewiseCompiler, trace_and_split
+    from nanograph.graph.piecewise_compiler import PiecewiseCompiler, trace_and_split
     from nanograph.runners.forward_batch import ForwardBatch
 
     folder = hf_models["gpt_oss"][1]
