@@ -21,6 +21,7 @@ import time
 
 import torch
 
+from nanograph.arith import ceil_div
 from nanograph.attention import get_attention_backend
 from nanograph.distributed.agreement import agree_equal, agree_min, agreed
 from nanograph.distributed.group import TensorParallel
@@ -297,7 +298,7 @@ class Startup:
         page = self.config.page_size
         batch = ForwardBatch(
             input_ids=[0] * n, positions=list(range(n)), seq_lens=[n], query_lens=[n],
-            page_tables=[[0] * -(-n // page)], slot_mapping=[-1] * n, sample_rows=[n - 1],
+            page_tables=[[0] * ceil_div(n, page)], slot_mapping=[-1] * n, sample_rows=[n - 1],
             page_size=page,
         )  # fmt: skip
         runner = ModelRunner(self.model, self.attention, scratch.k, scratch.v, self.device)
@@ -324,9 +325,9 @@ class Startup:
         else:
             budget = cfg.kv_cache_bytes
         # never more than every sequence slot at full length could use
-        cap = cfg.max_num_seqs * (-(-self.max_model_len // cfg.page_size)) + 1
+        cap = cfg.max_num_seqs * ceil_div(self.max_model_len, cfg.page_size) + 1
         if cfg.max_total_tokens is not None:
-            cap = min(cap, -(-cfg.max_total_tokens // cfg.page_size) + 1)
+            cap = min(cap, ceil_div(cfg.max_total_tokens, cfg.page_size) + 1)
         # every rank holds the same pages (rank 0 schedules them): the fewest any rank can hold
         num_pages = agree_min(self.tp, max(min(budget // per_page, cap), 0))
         if num_pages < 2:

@@ -31,7 +31,7 @@ import torch
 
 from nanograph.graph.base import Backend, Graph, GraphCaptureError, GraphStats
 from nanograph.graph.breaks import use_capture_stub
-from nanograph.graph.capture import SegmentRecorder, paused_gc
+from nanograph.graph.capture import WARMUP_RUNS, SegmentRecorder, paused_gc
 from nanograph.graph.factory import require_cuda
 from nanograph.graph.memory import GraphPool, new_pool
 from nanograph.graph.piecewise_compiler import (
@@ -102,7 +102,7 @@ class TcPiecewiseBackend(Backend):
         self,
         compile_backend: str | Callable[..., Any] = "inductor",
         split_ops: Mapping[Any, str] | None = None,
-        warmup: int = 2,
+        warmup: int = WARMUP_RUNS,
     ) -> None:
         self.warmup = max(1, warmup)
         # one compiler for every capture: closures of one function at other sizes reuse its
