@@ -25,7 +25,7 @@ from nanograph.graph import (
     weak_alias,
 )
 from nanograph.graph.breaks import SPLIT_OPS
-from nanograph.graph.piecewise import PiecewiseCompiler, trace_and_split
+from nanograph.graph.piecewise_compiler import CaptureSession, PiecewiseCompiler, trace_and_split
 from nanograph.graph.structure import OutputCopy, flatten, map_tensors
 
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA errors")
@@ -192,7 +192,7 @@ def test_tc_piecewise_split_ops_at_the_edges_and_with_tuple_outputs() -> None:
 def _assert_split_ops_called_directly(compiler: PiecewiseCompiler, count: int) -> None:
     # At replay each split op runs as a plain call of its implementation, not through the
     # dispatcher (whose bookkeeping for mutating custom ops costs more than the op's launches).
-    direct = [v for v in vars(compiler.split_gm).values() if type(v).__name__ == "_DirectSplit"]
+    direct = [v for v in vars(compiler.split_gm).values() if type(v).__name__ == "DirectSplit"]
     assert len(direct) == count
 
 
@@ -265,37 +265,31 @@ def test_tc_piecewise_replays_the_program_each_key_captured_with() -> None:
     next size compiles a more general program that dynamo then prefers for every size. Each
     key's replay must still reach the pieces that captured it: the program recorded at
     capture is called directly (no dynamo), and no piece falls back to running uncaptured."""
-    from nanograph.graph.piecewise import _dynamo_settings
+    from nanograph.graph.piecewise_compiler import dynamo_settings
 
     torch._dynamo.reset()
     torch.manual_seed(0)
     model, buffer = Stack(layers=2), torch.randn(16, 16)
     compiler = PiecewiseCompiler("eager")
-    compiler.recorder = _NoCudaRecorder()
     programs = {}
     with torch.no_grad():
         for key, rows in enumerate((16, 12, 8)):
             x = buffer[:rows]
             compiled = trace_and_split(lambda x=x: model(x), compiler)
-            compiler.capturing, compiler.active = True, key
-            with _dynamo_settings():
+            with CaptureSession(compiler, key, _NoCudaRecorder()), dynamo_settings():
                 compiled()
-            compiler.capturing, compiler.active = False, None
             programs[key] = (*compiler.programs.pop(key), compiled)
         assert compiler.compiles == 2
         uncaptured = []
         for piece in compiler.pieces:
             piece._run = lambda args, run=piece._run: uncaptured.append(1) or run(args)
         for key, (program, args, _, _) in programs.items():
-            compiler.active = key
-            program(*args)
-            compiler.active = None
+            with CaptureSession(compiler, key):
+                program(*args)
         assert not uncaptured
         # while dynamo itself would send the whole-buffer closure to the newer program
-        compiler.active = 0
-        with _dynamo_settings():
+        with CaptureSession(compiler, 0), dynamo_settings():
             programs[0][3]()
-        compiler.active = None
         assert uncaptured
 
 

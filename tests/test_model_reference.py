@@ -12,6 +12,7 @@ from nanograph.engine.kv_cache import KVCache
 from nanograph.loader import load_weights
 from nanograph.models import build_model
 from nanograph.models.config import ModelConfig
+from nanograph.runners.attention_inputs import eager_inputs
 from nanograph.runners.forward_batch import ForwardBatch
 
 CPU = torch.device("cpu")
@@ -32,7 +33,7 @@ def run_chunks(model, kv, ids: list[int], chunks: list[int]) -> torch.Tensor:
     out, done = [], 0
     for n in chunks:
         batch = ForwardBatch.build([ids[done : done + n]], [done], [pages], kv.page_size, [True])
-        ctx = ForwardContext(TORCH_NATIVE, batch.metadata(CPU), kv.k, kv.v)
+        ctx = ForwardContext(TORCH_NATIVE, eager_inputs(batch, CPU)[2], kv.k, kv.v)
         with forward_context(ctx):
             hidden = model(torch.tensor(batch.input_ids), torch.tensor(batch.positions))
         out.append(model.compute_logits(hidden))

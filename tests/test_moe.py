@@ -137,7 +137,8 @@ def test_tc_piecewise_splits_only_at_host_planned_ops(hf_models, backend):
     from test_model_reference import TORCH_NATIVE
 
     from nanograph.attention.op import ForwardContext, forward_context
-    from nanograph.graph.piecewise import PiecewiseCompiler, trace_and_split
+    from nanograph.graph.piecewise_compiler import PiecewiseCompiler, trace_and_split
+    from nanograph.runners.attention_inputs import eager_inputs
     from nanograph.runners.forward_batch import ForwardBatch
 
     folder = hf_models["gpt_oss"][1]
@@ -150,7 +151,7 @@ def test_tc_piecewise_splits_only_at_host_planned_ops(hf_models, backend):
     batch = ForwardBatch.build([ids], [0], [pages], kv.page_size, [True])
     tokens, positions = torch.tensor(batch.input_ids), torch.tensor(batch.positions)
     compiler = PiecewiseCompiler("eager")
-    with torch.no_grad(), forward_context(ForwardContext(TORCH_NATIVE, batch.metadata(CPU),
+    with torch.no_grad(), forward_context(ForwardContext(TORCH_NATIVE, eager_inputs(batch, CPU)[2],
                                                          kv.k, kv.v)):  # fmt: skip
         expected = model(tokens, positions)
         compiled = trace_and_split(lambda: model(tokens, positions), compiler)

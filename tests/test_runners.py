@@ -217,7 +217,7 @@ def test_model_traces_fullgraph_and_splits_at_attention(llm):
     """tc_piecewise's CPU half on the real model: dynamo traces the forward in one graph, it
     splits once per layer at the attention op, and the split program matches eager."""
     from nanograph.attention.op import ForwardContext, forward_context
-    from nanograph.graph.piecewise import PiecewiseCompiler, trace_and_split
+    from nanograph.graph.piecewise_compiler import PiecewiseCompiler, trace_and_split
 
     e = llm.engine
     batch = batch_of([(0, 9), (4, 3)])
@@ -238,7 +238,7 @@ def test_model_traces_fullgraph_and_splits_at_attention(llm):
     assert compiler.splits == {"nanograph::attend": layers}
     assert len(compiler.pieces) == layers + 1
     # the attention op (it mutates q and k) runs as a direct call, not through the dispatcher
-    direct = [v for v in vars(compiler.split_gm).values() if type(v).__name__ == "_DirectSplit"]
+    direct = [v for v in vars(compiler.split_gm).values() if type(v).__name__ == "DirectSplit"]
     assert len(direct) == layers
     torch.testing.assert_close(got[: batch.num_tokens], expected[: batch.num_tokens])
 
@@ -250,7 +250,7 @@ def test_one_compile_serves_every_shape_of_a_runner(llm, compile_backend):
     first shape spans the whole buffer and dynamo relates the view to its base; every later
     shape reuses the second compile. Every shape matches eager."""
     from nanograph.attention.op import ForwardContext, forward_context
-    from nanograph.graph.piecewise import PiecewiseCompiler, trace_and_split
+    from nanograph.graph.piecewise_compiler import PiecewiseCompiler, trace_and_split
 
     torch._dynamo.reset()  # dynamo remembers sizes that changed in earlier tests
     e = llm.engine

@@ -19,6 +19,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from nanograph.arith import ceil_div
 from nanograph.bench.common import (
     L2_FLUSH_BYTES,
     default_out,
@@ -61,7 +62,7 @@ def measure(n: int, k: int, silu_mul: bool, sweep: bool, rep_ms: int) -> dict:
     from nanograph.kernels.gemv import GemvTiles, choose_tiles, gemv
 
     nbytes = n * k * 2
-    copies = max(2, min(64, -(-L2_FLUSH_BYTES // nbytes)))
+    copies = max(2, min(64, ceil_div(L2_FLUSH_BYTES, nbytes)))
     weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
     x = torch.randn(1, 2 * k if silu_mul else k, device="cuda", dtype=torch.bfloat16)
 

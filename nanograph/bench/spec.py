@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from nanograph.arith import ceil_div
 from nanograph.bench.common import default_out, environment, figure, free_engine, median, timed
 from nanograph.bench.common import write as write_json
 from nanograph.runners.decode_runner import DecodeRunner
@@ -58,7 +59,7 @@ def scratch_batch(batch: int, query_len: int, context: int, page_size: int,
     return ForwardBatch(
         input_ids=[0] * n, positions=[context + i for _ in range(batch) for i in range(query_len)],
         seq_lens=[seq] * batch, query_lens=[query_len] * batch,
-        page_tables=[[0] * -(-seq // page_size)] * batch, slot_mapping=[-1] * n,
+        page_tables=[[0] * ceil_div(seq, page_size)] * batch, slot_mapping=[-1] * n,
         sample_rows=rows, page_size=page_size,
     )  # fmt: skip
 

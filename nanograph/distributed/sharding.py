@@ -23,13 +23,15 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from nanograph.arith import ceil_div
+
 if TYPE_CHECKING:  # models import this module: no import of models at run time
     from nanograph.models.config import ModelConfig
 
 
 def vocab_rows(vocab_size: int, size: int) -> int:
     """Embedding / LM-head rows per rank (the vocabulary padded to a multiple of ``size``)."""
-    return -(-vocab_size // size)
+    return ceil_div(vocab_size, size)
 
 
 def shard_config(config: ModelConfig, size: int) -> ModelConfig:

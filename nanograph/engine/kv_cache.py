@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from nanograph.arith import ceil_div
 from nanograph.models.config import ModelConfig
 
 
@@ -70,4 +71,4 @@ class KVCache:
         return self.allocator.num_usable * self.page_size
 
     def pages_needed(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.page_size)
+        return ceil_div(num_tokens, self.page_size)

@@ -4,12 +4,12 @@ For the decoding requests of a step (each with room for r_i drafts, ``Scheduler.
 the drafter proposes up to r_i tokens; the target runs one forward over each request's last
 token and its drafts (the ``verify`` runner; ``decode`` when no request has a draft) with every
 row's logits kept; verification (``nanograph.spec.acceptance``) keeps a + 1 tokens per request.
-The engine then appends them through the same checks as plain decoding (stop tokens, stop
-strings, max_tokens, the context length), advances ``num_computed`` by the tokens whose KV
-the verify forward wrote and kept (the last token and the a accepted drafts), and rolls back
-the rest (``Scheduler.roll_back``: whole pages past the request's tokens go back to the pool;
-positions inside a kept page are rewritten before any read, since reads stop at the sequence
-length). Only accepted tokens are ever below ``num_computed``, so only they can enter the
+``apply`` then appends them through the same checks as plain decoding (``StopChecker``: stop
+tokens, stop strings, max_tokens, the context length), advances ``num_computed`` by the tokens
+whose KV the verify forward wrote and kept (the last token and the a accepted drafts), and
+rolls back the rest (``Scheduler.roll_back``: whole pages past the request's tokens go back to
+the pool; positions inside a kept page are rewritten before any read, since reads stop at the
+sequence length). Only accepted tokens are ever below ``num_computed``, so only they can enter the
 prefix cache.
 
 Why the overlap schedule is off for speculative steps: the next step's input (how many tokens
@@ -21,7 +21,10 @@ the host reads before it can schedule again. Non-speculative forwards of the sam
 from __future__ import annotations
 
 import itertools
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -36,6 +39,12 @@ from nanograph.runners.model_runner import ModelRunner
 from nanograph.spec.acceptance import greedy_verify, rejection_verify
 from nanograph.spec.draft_model import DraftModelDrafter, Proposal
 from nanograph.spec.ngram import propose_ngram
+
+if TYPE_CHECKING:
+    from nanograph.engine.scheduler import Scheduler
+
+# a sampled token into a request's output_ids[index]: its finish reason or None (StopChecker)
+Accept = Callable[[Request, int, int], "str | None"]
 
 
 @dataclass
@@ -72,6 +81,56 @@ class SpeculativeDecoder:
         self.page_size = page_size
         self.drafter = drafter
         self.stats = SpeculativeStats()
+
+    def apply(
+        self,
+        requests: list[Request],
+        accepted: list[list[int]],
+        accept: Accept,
+        scheduler: Scheduler,
+    ) -> list[tuple[Request, str | Exception]]:
+        """Appends each request's accepted tokens (``step``'s result) through ``accept``, the
+        stop checks of plain decoding; advances ``num_computed`` by the tokens whose KV the
+        verify forward wrote and kept, and rolls back the rest (the target's pages through
+        ``Scheduler.roll_back``, the drafter's state). Returns the requests that ended, each
+        with its finish reason or the exception that reading one of its tokens raised: the
+        caller finishes and releases them."""
+        ended: list[tuple[Request, str | Exception]] = []
+        now = time.perf_counter()
+        for request, tokens in zip(requests, accepted):
+            # the verify forward wrote KV for the last token and the accepted drafts
+            request.num_computed += len(tokens)
+            if request.first_token_time is None:
+                request.first_token_time = now
+            reason, index = None, len(request.output_ids)
+            try:
+                for token in tokens:
+                    index = len(request.output_ids)
+                    request.output_ids.append(token)
+                    if reason := accept(request, index, token):
+                        break
+            except Exception as e:  # e.g. the tokenizer refusing a token: this request only
+                ended.append((request, e))
+                continue
+            if reason:
+                del request.output_ids[index + (reason != "stop-token") :]
+                ended.append((request, reason))
+                continue
+            scheduler.roll_back(request)
+            if self.drafter is not None:
+                self.drafter.accepted(request, len(tokens) - 1)
+        return ended
+
+    def keep_only(self, running: list[Request]) -> None:
+        """The drafter gives back the state of requests no longer running (preempted or
+        finished)."""
+        if self.drafter is not None:
+            self.drafter.keep_only(running)
+
+    def release(self, request_id: int) -> None:
+        """Forgets a finished request's drafter state."""
+        if self.drafter is not None:
+            self.drafter.release(request_id)
 
     def propose(self, requests: list[Request], limits: list[int]) -> Proposal:
         if self.drafter is not None:

@@ -32,7 +32,7 @@ import torch
 
 from nanograph.graph.base import Backend, Graph, GraphStats
 from nanograph.graph.breaks import break_handler, break_name, eager_on_graph
-from nanograph.graph.capture import SegmentRecorder, capture_segments, warm_up
+from nanograph.graph.capture import WARMUP_RUNS, SegmentRecorder, capture_segments, warm_up
 from nanograph.graph.factory import require_cuda
 from nanograph.graph.memory import AddressRanges, GraphPool, new_pool, weak_alias
 from nanograph.graph.structure import OutputCopy, map_tensors
@@ -135,7 +135,10 @@ class BreakableBackend(Backend):
     name = "breakable"
 
     def __init__(
-        self, debug: bool = False, warmup: int = 2, side_streams: Sequence[torch.cuda.Stream] = ()
+        self,
+        debug: bool = False,
+        warmup: int = WARMUP_RUNS,
+        side_streams: Sequence[torch.cuda.Stream] = (),
     ) -> None:
         self.debug = debug
         self.warmup = warmup

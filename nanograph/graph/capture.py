@@ -32,6 +32,10 @@ from nanograph.graph.base import GraphCaptureError
 from nanograph.graph.breaks import BreakHandler, break_handler
 from nanograph.graph.memory import GraphPool, replace_capture_stream
 
+# eager runs before a capture (the backends' default ``warmup``): the first initialises lazily,
+# the second runs as every later call will
+WARMUP_RUNS = 2
+
 
 def warm_up(fn: Callable[[], Any], stream: torch.cuda.Stream, times: int) -> None:
     """Run fn eagerly on the capture stream, so lazy initialisation (cuBLAS workspaces, autotune,

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from nanograph.graph.base import Backend, Graph, GraphStats
-from nanograph.graph.capture import SegmentRecorder, capture_segments, warm_up
+from nanograph.graph.capture import WARMUP_RUNS, SegmentRecorder, capture_segments, warm_up
 from nanograph.graph.factory import require_cuda
 from nanograph.graph.memory import GraphPool, new_pool
 
@@ -36,7 +36,9 @@ class FullGraph(Graph):
 class FullBackend(Backend):
     name = "full"
 
-    def __init__(self, warmup: int = 2, side_streams: Sequence[torch.cuda.Stream] = ()) -> None:
+    def __init__(
+        self, warmup: int = WARMUP_RUNS, side_streams: Sequence[torch.cuda.Stream] = ()
+    ) -> None:
         self.warmup = warmup
         self.side_streams = tuple(side_streams)
 

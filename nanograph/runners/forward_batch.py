@@ -10,18 +10,16 @@ Invariants:
 - ``future_rows[i]`` holds a token still on the device (overlap schedule): its host value is a
   placeholder, and runners write ``tokens[future_src[i]]`` of the step in flight into that row
   before the model reads it (``fill_future``).
+
+A batch becomes model inputs and attention metadata in one place: ``attention_inputs``.
 """
 
 from __future__ import annotations
 
 import functools
-import itertools
 from dataclasses import dataclass
 
-import numpy as np
 import torch
-
-from nanograph.attention.base import AttentionMetadata
 
 
 @dataclass(frozen=True)
@@ -111,27 +109,3 @@ class ForwardBatch:
         rows = torch.tensor(self.future_rows, dtype=torch.long).to(device, non_blocking=True)
         src = torch.tensor(self.future_src, dtype=torch.long).to(device, non_blocking=True)
         input_ids.index_copy_(0, rows, tokens.index_select(0, src).to(input_ids.dtype))
-
-    def metadata(self, device: torch.device) -> AttentionMetadata:
-        """Exact-size metadata for an eager forward (graph runners pad into static buffers)."""
-        # filled in numpy: a torch.tensor per request row cost ~1 ms a step at 128 requests
-        table = np.zeros((self.num_requests, self.max_pages), dtype=np.int32)
-        for r, pages in enumerate(self.page_tables):
-            table[r, : len(pages)] = pages
-        starts = [0, *itertools.accumulate(self.query_lens)]
-
-        def dev(values: list[int], dtype: torch.dtype) -> torch.Tensor:
-            return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
-
-        return AttentionMetadata(
-            page_table=torch.from_numpy(table).to(device, non_blocking=True),
-            seq_lens=dev(self.seq_lens, torch.int32),
-            query_lens=dev(self.query_lens, torch.int32),
-            query_start_loc=dev(starts, torch.int32),
-            slot_mapping=dev(self.slot_mapping, torch.int64),
-            num_tokens=dev([self.num_tokens], torch.int32),
-            page_size=self.page_size,
-            max_query_len=max(self.query_lens),
-            seq_lens_cpu=list(self.seq_lens),
-            query_lens_cpu=list(self.query_lens),
-        )

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
+from nanograph.arith import ceil_div
 from nanograph.attention.base import AttentionBackend
 from nanograph.attention.op import ForwardContext, forward_context
 from nanograph.distributed.agreement import agree_failure
@@ -186,7 +187,7 @@ class GraphRunner(ABC):
             positions=[0] * tokens,
             seq_lens=per_request,
             query_lens=per_request,
-            page_tables=[[0] * -(-q // page) for q in per_request],
+            page_tables=[[0] * ceil_div(q, page) for q in per_request],
             slot_mapping=[-1] * tokens,
             sample_rows=[],
             page_size=page,

@@ -67,9 +67,12 @@ class LiveRunner:
         self._planned_at = float("-inf")
         self.last_forward = float("-inf")  # when a batch last reached this runner
         self._lock = threading.Lock()
+        # prefill-like runners (``limit_padding``: a padded row is real GEMM work) price
+        # padding as prefill and refuse what their dispatch would refuse
+        prefill_like = runner.limit_padding
         self.costs = LadderCosts(
-            pad_cost=DECODE_PAD_COST if self.path == "decode" else PREFILL_PAD_COST,
-            max_padding_ratio=None if self.path == "decode" else MAX_TOKEN_PADDING_RATIO,
+            pad_cost=PREFILL_PAD_COST if prefill_like else DECODE_PAD_COST,
+            max_padding_ratio=MAX_TOKEN_PADDING_RATIO if prefill_like else None,
         )
         runner._captured = []
         runner.live = self
@@ -107,7 +110,7 @@ class LiveRunner:
         wanted = (
             choose_shape(
                 list(self.ladder), batch.num_tokens, batch.num_requests,
-                limit_padding=self.path == "prefill",
+                limit_padding=self.runner.limit_padding,
             ) if fits else None
         )  # fmt: skip
         with self._lock:

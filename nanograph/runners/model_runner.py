@@ -15,6 +15,7 @@ import torch
 from nanograph.attention.base import AttentionBackend
 from nanograph.attention.op import ForwardContext, forward_context
 from nanograph.models.llama import CausalLM
+from nanograph.runners.attention_inputs import eager_inputs
 from nanograph.runners.forward_batch import ForwardBatch
 from nanograph.runners.graph_runner import GraphRunner
 
@@ -68,9 +69,7 @@ class ModelRunner:
         self, batch: ForwardBatch, in_flight: torch.Tensor | None = None
     ) -> torch.Tensor:
         """Final hidden states of every row, without graphs."""
-        ids = torch.tensor(batch.input_ids, dtype=torch.long).to(self.device, non_blocking=True)
+        ids, pos, meta = eager_inputs(batch, self.device)
         batch.fill_future(ids, in_flight)
-        pos = torch.tensor(batch.positions, dtype=torch.long).to(self.device, non_blocking=True)
-        meta = batch.metadata(self.device)
         with forward_context(ForwardContext(self.attention, meta, self.k_caches, self.v_caches)):
             return self.model(ids, pos)

@@ -12,6 +12,8 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
+from nanograph.arith import ceil_div
+
 # SGLang found padding beyond 2x the real tokens costs more than the launches a graph saves.
 MAX_TOKEN_PADDING_RATIO = 2.0
 # Token buckets grow ~15% per step: about 40 shapes from 16 to 8192, so padding waste stays
@@ -42,7 +44,7 @@ def prefill_token_buckets(ceiling: int) -> list[int]:
     """Geometric ladder of 16-aligned token counts ending exactly at ``ceiling``."""
     buckets, t = [], float(PREFILL_MIN_BUCKET)
     while t < ceiling:
-        aligned = -(-int(t) // PREFILL_BUCKET_ALIGN) * PREFILL_BUCKET_ALIGN
+        aligned = ceil_div(int(t), PREFILL_BUCKET_ALIGN) * PREFILL_BUCKET_ALIGN
         if aligned < ceiling and (not buckets or aligned > buckets[-1]):
             buckets.append(aligned)
         t *= PREFILL_BUCKET_GROWTH

@@ -3,9 +3,8 @@
 Invariants:
 - Buffers never move: ``copy_from`` refills them in place, and every captured shape reads views
   (``[:num_tokens]``, ``[:num_slots]``) of the same storage.
-- Padding: token rows past the live count get token 0, position 0 and slot -1 (no KV write);
-  request slots past the live count are zero-length sentinels (seq_len = query_len = 0, page
-  table row on the scratch page 0, ``query_start_loc`` parked at the live token count).
+- The blocks' layout, the padding and the metadata views are ``attention_inputs``'s, the one
+  batch -> metadata builder (eager forwards use it too).
 - The host copies of the lengths are updated in place too, so an eager break that reads them
   at replay sees the live batch.
 - The pinned host mirrors the device buffers are copied from come in two sets, used in turn:
@@ -15,12 +14,10 @@ Invariants:
 
 from __future__ import annotations
 
-import itertools
-
-import numpy as np
 import torch
 
 from nanograph.attention.base import AttentionMetadata
+from nanograph.runners.attention_inputs import fill, views
 from nanograph.runners.forward_batch import ForwardBatch
 from nanograph.runners.shapes import ShapeKey
 
@@ -55,38 +52,16 @@ class StaticInputs:
         )
 
     def copy_from(self, batch: ForwardBatch, shape: ShapeKey) -> None:
-        """Writes ``batch`` padded to ``shape`` into the buffers (which must fit it).
-
-        Page-table entries past a request's page count are never read (lengths bound every
-        read), so only the columns this mirror's last batch and this batch use are cleared and
-        refilled.
-        """
-        s, t, r, m = shape.num_slots, batch.num_tokens, batch.num_requests, self.max_slots
+        """Writes ``batch`` padded to ``shape`` into the buffers (which must fit it), through
+        ``attention_inputs.fill`` into this turn's pinned mirror."""
+        m, r = self.max_slots, batch.num_requests
         mirror = self._mirrors[self._turn]
         self._turn ^= 1
         mirror.wait()
-        tokens = mirror.tokens_np
-        tokens[0, :t], tokens[1, :t], tokens[2, :t] = (
-            batch.input_ids, batch.positions, batch.slot_mapping,
-        )  # fmt: skip
-        tokens[:2, t:] = 0
-        tokens[2, t:] = -1
-        lens = mirror.lens_np
-        lens[:] = 0
-        lens[:r] = batch.seq_lens
-        lens[m : m + r] = batch.query_lens
-        starts = lens[2 * m : 3 * m + 1]
-        np.cumsum(batch.query_lens, out=starts[1 : r + 1])
-        starts[r + 1 :] = t  # sentinels parked after the real tokens
-        lens[3 * m + 1] = t
-        width = batch.max_pages
-        pages = mirror.pages_np
-        pages[:s, : max(width, mirror.page_width)] = 0  # sentinels point at scratch page 0
-        counts = [len(row) for row in batch.page_tables]
-        flat = np.fromiter(itertools.chain.from_iterable(batch.page_tables), np.int32, sum(counts))
-        row_starts = np.repeat(np.cumsum(counts) - counts, counts)
-        pages[np.repeat(np.arange(r), counts), np.arange(len(flat)) - row_starts] = flat
-        mirror.page_width = width
+        fill(batch, shape.num_slots, mirror.tokens_np, mirror.lens_np, mirror.pages_np,
+             mirror.page_width)  # fmt: skip
+        mirror.page_width = batch.max_pages
+        s = shape.num_slots
         self._tokens.copy_(mirror.tokens, non_blocking=True)
         self._lens.copy_(mirror.lens, non_blocking=True)
         self.page_table[:s].copy_(mirror.pages[:s], non_blocking=True)
@@ -95,21 +70,12 @@ class StaticInputs:
         self.query_lens_cpu[:] = batch.query_lens + [0] * (m - r)
 
     def metadata(self, shape: ShapeKey, max_query_len: int) -> AttentionMetadata:
-        """Views of the buffers for ``shape``; built once per captured shape."""
-        n, s = shape.num_tokens, shape.num_slots
-        return AttentionMetadata(
-            page_table=self.page_table[:s],
-            seq_lens=self.seq_lens[:s],
-            query_lens=self.query_lens[:s],
-            query_start_loc=self.query_start_loc[: s + 1],
-            slot_mapping=self.slot_mapping[:n],
-            num_tokens=self.num_tokens,
-            page_size=self.page_size,
-            max_query_len=max_query_len,
-            # the whole host lists: slots past the live ones are sentinels (length 0)
-            seq_lens_cpu=self.seq_lens_cpu,
-            query_lens_cpu=self.query_lens_cpu,
-        )
+        """Views of the buffers for ``shape``; built once per captured shape. The host lists
+        are the whole ones: slots past the live ones are sentinels (length 0)."""
+        return views(
+            self._tokens, self._lens, self.page_table, shape.num_tokens, shape.num_slots,
+            self.page_size, max_query_len, self.seq_lens_cpu, self.query_lens_cpu,
+        )  # fmt: skip
 
 
 class _HostMirror:

@@ -23,6 +23,7 @@ import time
 
 import torch
 
+from nanograph.arith import ceil_div
 from nanograph.runners.forward_batch import ForwardBatch
 from nanograph.runners.model_runner import ModelRunner
 
@@ -52,6 +53,6 @@ def scratch_batch(tokens: int, page_size: int) -> ForwardBatch:
     """One request of ``tokens`` tokens over the scratch page, writing no KV."""
     return ForwardBatch(
         input_ids=[0] * tokens, positions=list(range(tokens)), seq_lens=[tokens],
-        query_lens=[tokens], page_tables=[[0] * -(-tokens // page_size)],
+        query_lens=[tokens], page_tables=[[0] * ceil_div(tokens, page_size)],
         slot_mapping=[-1] * tokens, sample_rows=[tokens - 1], page_size=page_size,
     )  # fmt: skip

@@ -1,0 +1,63 @@
+"""When a sampled token ends its request: stop tokens, stop strings, max_tokens, the context.
+
+Invariant: ``accept`` is the one place a sampled token enters ``output_ids`` (plain and
+speculative steps alike), so every stop condition acts on it the same way. A stop token is not
+kept; a stop string cuts ``text`` before it; ``max_tokens`` and the context length end the
+request with ``"length"``. Stop strings are searched incrementally: each token decodes once, and
+only the new tail of the text is searched.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from nanograph.engine.request import Request
+
+if TYPE_CHECKING:
+    from nanograph.loader.tokenizer import IncrementalDecoder, Tokenizer
+
+
+class StopChecker:
+    def __init__(
+        self, eos_token_ids: set[int], tokenizer: Tokenizer | None, max_model_len: int
+    ) -> None:
+        self.eos_token_ids = eos_token_ids
+        self.tokenizer = tokenizer
+        self.max_model_len = max_model_len
+        self._decoders: dict[int, IncrementalDecoder] = {}  # stop-string requests only
+
+    def accept(self, request: Request, index: int, token: int) -> str | None:
+        """Puts a sampled token at ``output_ids[index]``; returns a finish reason when the
+        request is done ("stop-token": the token is a stop token and is not kept)."""
+        params = request.params
+        if token in params.stop_token_ids or (
+            token in self.eos_token_ids and not params.ignore_eos
+        ):
+            return "stop-token"
+        request.output_ids[index] = token
+        if params.stop and self.tokenizer is not None:
+            decoder = self._decoders.get(request.request_id)
+            if decoder is None:
+                decoder = self._decoders[request.request_id] = self.tokenizer.decode_stream()
+            seen = len(request.text)
+            request.text += decoder.step(token)
+            hits = [
+                i for stop in params.stop
+                if (i := request.text.find(stop, max(0, seen - len(stop) + 1))) >= 0
+            ]  # fmt: skip
+            if hits:
+                request.text = request.text[: min(hits)]
+                return "stop"
+        if (
+            index + 1 >= params.max_tokens
+            or len(request.prompt_ids) + index + 1 >= self.max_model_len
+        ):
+            return "length"
+        return None
+
+    def release(self, request_id: int) -> None:
+        """Forgets a finished request's text decoder."""
+        self._decoders.pop(request_id, None)
+
+
+__all__ = ["StopChecker"]

@@ -1,0 +1,115 @@
+"""The one way a ``ForwardBatch`` becomes model inputs and attention metadata.
+
+A batch is written into three blocks of one layout (m request slots, n token rows, w page
+columns), then the metadata is views of their device copies:
+
+- ``tokens`` [3, n] int64: input ids, positions, slot mapping;
+- ``lens`` [3m + 2] int32: seq_lens [m] | query_lens [m] | query_start_loc [m + 1] | num_tokens;
+- ``pages`` [m, w] int32: the page table.
+
+Invariants:
+- Padding: token rows past the live count get token 0, position 0 and slot -1 (no KV write);
+  request slots past the live count are zero-length sentinels (seq_len = query_len = 0, page
+  table row on the scratch page 0, ``query_start_loc`` parked at the live token count).
+- Graph runners fill pinned mirrors of their static buffers at their largest shape
+  (``StaticInputs``); an eager forward fills blocks of the batch's exact size
+  (``eager_inputs``). Both go through ``fill`` and ``views``, so both see the same metadata.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from nanograph.attention.base import AttentionMetadata
+
+if TYPE_CHECKING:
+    from nanograph.runners.forward_batch import ForwardBatch
+
+
+def fill(
+    batch: ForwardBatch,
+    num_slots: int,
+    tokens: np.ndarray,
+    lens: np.ndarray,
+    pages: np.ndarray,
+    stale_width: int = 0,
+) -> None:
+    """Writes ``batch`` padded to ``num_slots`` slots (and every token row of ``tokens``) into
+    host blocks of the layout above. Page-table entries past a request's page count are never
+    read (lengths bound every read), so only the first ``max(stale_width, batch.max_pages)``
+    columns are cleared and refilled (``stale_width``: what these blocks' last batch wrote)."""
+    s, t, r, m = num_slots, batch.num_tokens, batch.num_requests, pages.shape[0]
+    tokens[0, :t], tokens[1, :t], tokens[2, :t] = (
+        batch.input_ids, batch.positions, batch.slot_mapping,
+    )  # fmt: skip
+    tokens[:2, t:] = 0
+    tokens[2, t:] = -1
+    lens[:] = 0
+    lens[:r] = batch.seq_lens
+    lens[m : m + r] = batch.query_lens
+    starts = lens[2 * m : 3 * m + 1]
+    np.cumsum(batch.query_lens, out=starts[1 : r + 1])
+    starts[r + 1 :] = t  # sentinels parked after the real tokens
+    lens[3 * m + 1] = t
+    pages[:s, : max(batch.max_pages, stale_width)] = 0  # sentinels point at scratch page 0
+    counts = [len(row) for row in batch.page_tables]
+    flat = np.fromiter(itertools.chain.from_iterable(batch.page_tables), np.int32, sum(counts))
+    row_starts = np.repeat(np.cumsum(counts) - counts, counts)
+    pages[np.repeat(np.arange(r), counts), np.arange(len(flat)) - row_starts] = flat
+
+
+def views(
+    tokens: torch.Tensor,
+    lens: torch.Tensor,
+    page_table: torch.Tensor,
+    num_tokens: int,
+    num_slots: int,
+    page_size: int,
+    max_query_len: int,
+    seq_lens_cpu: list[int],
+    query_lens_cpu: list[int],
+) -> AttentionMetadata:
+    """The metadata of a forward over ``num_tokens`` rows and ``num_slots`` slots, as views of
+    device blocks of the layout above (``seq_lens_cpu``/``query_lens_cpu``: host copies of the
+    lengths, kept by reference so that whoever updates them in place updates the metadata)."""
+    m, n, s = page_table.shape[0], num_tokens, num_slots
+    return AttentionMetadata(
+        page_table=page_table[:s],
+        seq_lens=lens[:s],
+        query_lens=lens[m : m + s],
+        query_start_loc=lens[2 * m : 2 * m + s + 1],
+        slot_mapping=tokens[2, :n],
+        num_tokens=lens[3 * m + 1 :],
+        page_size=page_size,
+        max_query_len=max_query_len,
+        seq_lens_cpu=seq_lens_cpu,
+        query_lens_cpu=query_lens_cpu,
+    )
+
+
+def eager_inputs(
+    batch: ForwardBatch, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+    """Input ids, positions and exact-size metadata of an eager forward."""
+    m, n = batch.num_requests, batch.num_tokens
+    tokens = np.empty((3, n), dtype=np.int64)
+    lens = np.empty(3 * m + 2, dtype=np.int32)
+    pages = np.zeros((m, batch.max_pages), dtype=np.int32)
+    fill(batch, m, tokens, lens, pages)
+
+    def dev(block: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(block).to(device, non_blocking=True)
+
+    tokens_d = dev(tokens)
+    meta = views(
+        tokens_d, dev(lens), dev(pages), n, m, batch.page_size, max(batch.query_lens),
+        list(batch.seq_lens), list(batch.query_lens),
+    )  # fmt: skip
+    return tokens_d[0], tokens_d[1], meta
+
+
+__all__ = ["eager_inputs", "fill", "views"]
