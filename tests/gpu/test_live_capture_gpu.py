@@ -25,18 +25,8 @@ WAIT_S = 300  # for the capture thread to finish the ladder (seconds; ~20 small 
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    import transformers
-
-    config = transformers.Qwen3Config(
-        vocab_size=4096, hidden_size=512, intermediate_size=1024, num_hidden_layers=4,
-        num_attention_heads=8, num_key_value_heads=4, head_dim=64, max_position_embeddings=2048,
-        tie_word_embeddings=False,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("qwen3-live")
-    transformers.Qwen3ForCausalLM(config).save_pretrained(path)
-    return str(path)
+def model_dir(small_qwen3):
+    return small_qwen3("qwen3-live")
 
 
 def workload(n: int, seed: int):

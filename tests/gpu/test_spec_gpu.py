@@ -27,28 +27,14 @@ SMALL = dict(
 BACKENDS = ("full", "breakable", "tc_piecewise")
 
 
-def _save(tmp_path_factory, name: str, layers: int, hidden: int, seed: int) -> str:
-    import transformers
-
-    config = transformers.Qwen3Config(
-        vocab_size=4096, hidden_size=hidden, intermediate_size=2 * hidden,
-        num_hidden_layers=layers, num_attention_heads=8, num_key_value_heads=4, head_dim=64,
-        max_position_embeddings=2048, tie_word_embeddings=False,
-    )  # fmt: skip
-    torch.manual_seed(seed)
-    path = tmp_path_factory.mktemp(name)
-    transformers.Qwen3ForCausalLM(config).save_pretrained(path)
-    return str(path)
+@pytest.fixture(scope="module")
+def target_dir(small_qwen3):
+    return small_qwen3("spec-target", layers=4, hidden=512, seed=0)
 
 
 @pytest.fixture(scope="module")
-def target_dir(tmp_path_factory):
-    return _save(tmp_path_factory, "spec-target", 4, 512, 0)
-
-
-@pytest.fixture(scope="module")
-def drafter_dir(tmp_path_factory):
-    return _save(tmp_path_factory, "spec-drafter", 2, 256, 1)
+def drafter_dir(small_qwen3):
+    return small_qwen3("spec-drafter", layers=2, hidden=256, seed=1)
 
 
 def workload(seed: int):
