@@ -312,3 +312,35 @@ def test_layers_import_nothing_from_models():
     import nanograph.layers
 
     assert not [m for m in imported_modules(nanograph.layers) if m.startswith("nanograph.models")]
+
+
+def test_graph_callables_read_only_buffers_their_runner_keeps(llm):
+    """A CUDA graph keeps no reference to the tensors it reads, and a runner drops a shape's
+    callable once it is captured: every tensor a callable closes over must share storage with
+    a buffer the runner (or its static inputs) keeps. The draft loop's own ``arange`` was freed
+    after capture and reused, and the H200 replay indexed the page table with what landed there
+    (the eager backend here keeps the callable, so end-to-end CPU tests cannot see it)."""
+    from nanograph.runners.decode_runner import DraftRunner
+
+    e, kv = llm.engine, llm.engine.kv_cache
+    loop = DraftRunner(
+        e.model, e.attention, kv.k, kv.v, get_backend("eager"), decode_shapes([1, 2, 4]),
+        kv.pages_needed(e.max_model_len + 3), kv.page_size, CPU, loop_steps=2,
+    )  # fmt: skip
+    runners = [
+        make_runner(llm, "decode", decode_shapes([1, 2])),
+        make_runner(llm, "prefill", prefill_shapes([8, 16], 2)),
+        loop,
+    ]
+    for runner in runners:
+        kept = [*vars(runner).values(), *vars(runner.static).values()]
+        owned = {t.untyped_storage().data_ptr() for t in kept if isinstance(t, torch.Tensor)}
+        for shape in runner.shapes:
+            fn = runner._graph_fn(shape)
+            cells = [c.cell_contents for c in fn.__closure__ or ()]
+            tensors = [t for t in cells if isinstance(t, torch.Tensor)]
+            assert tensors, f"{type(runner).__name__} {shape}: the callable reads no buffer?"
+            for t in tensors:
+                assert t.untyped_storage().data_ptr() in owned, (
+                    f"{type(runner).__name__} {shape}: a graph input the runner does not keep"
+                )

@@ -37,7 +37,12 @@ def step_batch(llm, length: int, decode_batch: int = 0) -> tuple[object, list[li
 
     kv = llm.engine.kv_cache
     requests = max(decode_batch, 1)
-    pages = [kv.allocator.allocate(kv.pages_needed(length)) for _ in range(requests)]
+    # the prefix cache may hold the pages of finished requests: it gives them up first
+    cache = llm.engine.scheduler.cache
+    take = cache.allocate if cache is not None else kv.allocator.allocate
+    pages = [take(kv.pages_needed(length)) for _ in range(requests)]
+    if any(p is None for p in pages):
+        raise MemoryError(f"{requests} x {length} tokens do not fit the KV pool")
     ids = [torch.randint(0, llm.engine.model_config.vocab_size, (length,)).tolist()
            for _ in range(requests)]  # fmt: skip
     done, new = ([length - 1] * requests, [1] * requests) if decode_batch else ([0], [length])

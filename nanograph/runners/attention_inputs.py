@@ -4,7 +4,8 @@ A batch is written into three blocks of one layout (m request slots, n token row
 columns), then the metadata is views of their device copies:
 
 - ``tokens`` [3, n] int64: input ids, positions, slot mapping;
-- ``lens`` [3m + 2] int32: seq_lens [m] | query_lens [m] | query_start_loc [m + 1] | num_tokens;
+- ``lens`` [3S + 4] int32: seq_lens [m] | query_lens [m] | query_start_loc [m + 1] | num_tokens,
+  each segment starting at a multiple of S = ``lens_stride(m)`` entries (16 bytes);
 - ``pages`` [m, w] int32: the page table.
 
 Invariants:
@@ -24,10 +25,23 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from nanograph.arith import ceil_div
 from nanograph.attention.base import AttentionMetadata
 
 if TYPE_CHECKING:
     from nanograph.runners.forward_batch import ForwardBatch
+
+
+def lens_stride(num_slots: int) -> int:
+    """Entries between the starts of the ``lens`` block's segments: ``num_slots + 1`` rounded up
+    to 16 bytes. Triton compiles a kernel variant per pointer alignment (16 bytes or not), so
+    with unaligned segments the batch size would pick the variant and an eager forward of a
+    new batch size could compile on a request's path."""
+    return ceil_div(num_slots + 1, 4) * 4
+
+
+def lens_size(num_slots: int) -> int:
+    return 3 * lens_stride(num_slots) + 4
 
 
 def fill(
@@ -43,6 +57,7 @@ def fill(
     read (lengths bound every read), so only the first ``max(stale_width, batch.max_pages)``
     columns are cleared and refilled (``stale_width``: what these blocks' last batch wrote)."""
     s, t, r, m = num_slots, batch.num_tokens, batch.num_requests, pages.shape[0]
+    stride = lens_stride(m)
     tokens[0, :t], tokens[1, :t], tokens[2, :t] = (
         batch.input_ids, batch.positions, batch.slot_mapping,
     )  # fmt: skip
@@ -50,11 +65,11 @@ def fill(
     tokens[2, t:] = -1
     lens[:] = 0
     lens[:r] = batch.seq_lens
-    lens[m : m + r] = batch.query_lens
-    starts = lens[2 * m : 3 * m + 1]
+    lens[stride : stride + r] = batch.query_lens
+    starts = lens[2 * stride : 2 * stride + m + 1]
     np.cumsum(batch.query_lens, out=starts[1 : r + 1])
     starts[r + 1 :] = t  # sentinels parked after the real tokens
-    lens[3 * m + 1] = t
+    lens[3 * stride] = t
     pages[:s, : max(batch.max_pages, stale_width)] = 0  # sentinels point at scratch page 0
     counts = [len(row) for row in batch.page_tables]
     flat = np.fromiter(itertools.chain.from_iterable(batch.page_tables), np.int32, sum(counts))
@@ -76,14 +91,14 @@ def views(
     """The metadata of a forward over ``num_tokens`` rows and ``num_slots`` slots, as views of
     device blocks of the layout above (``seq_lens_cpu``/``query_lens_cpu``: host copies of the
     lengths, kept by reference so that whoever updates them in place updates the metadata)."""
-    m, n, s = page_table.shape[0], num_tokens, num_slots
+    n, s, stride = num_tokens, num_slots, lens_stride(page_table.shape[0])
     return AttentionMetadata(
         page_table=page_table[:s],
         seq_lens=lens[:s],
-        query_lens=lens[m : m + s],
-        query_start_loc=lens[2 * m : 2 * m + s + 1],
+        query_lens=lens[stride : stride + s],
+        query_start_loc=lens[2 * stride : 2 * stride + s + 1],
         slot_mapping=tokens[2, :n],
-        num_tokens=lens[3 * m + 1 :],
+        num_tokens=lens[3 * stride : 3 * stride + 1],
         page_size=page_size,
         max_query_len=max_query_len,
         seq_lens_cpu=seq_lens_cpu,
@@ -96,8 +111,9 @@ def eager_inputs(
 ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
     """Input ids, positions and exact-size metadata of an eager forward."""
     m, n = batch.num_requests, batch.num_tokens
-    tokens = np.empty((3, n), dtype=np.int64)
-    lens = np.empty(3 * m + 2, dtype=np.int32)
+    # an even row length keeps the positions row 16-byte aligned too (see ``lens_stride``)
+    tokens = np.empty((3, n + n % 2), dtype=np.int64)
+    lens = np.empty(lens_size(m), dtype=np.int32)
     pages = np.zeros((m, batch.max_pages), dtype=np.int32)
     fill(batch, m, tokens, lens, pages)
 
@@ -109,7 +125,7 @@ def eager_inputs(
         tokens_d, dev(lens), dev(pages), n, m, batch.page_size, max(batch.query_lens),
         list(batch.seq_lens), list(batch.query_lens),
     )  # fmt: skip
-    return tokens_d[0], tokens_d[1], meta
+    return tokens_d[0, :n], tokens_d[1, :n], meta
 
 
-__all__ = ["eager_inputs", "fill", "views"]
+__all__ = ["eager_inputs", "fill", "lens_size", "lens_stride", "views"]

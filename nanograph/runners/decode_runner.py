@@ -49,6 +49,10 @@ class DraftRunner(DecodeRunner):
         slots = self.static.max_slots
         self.drafts = torch.zeros(max(loop_steps, 1), slots, dtype=torch.long,
                                   device=self.output.device)  # fmt: skip
+        # owned here, not by the loop's closure: a graph keeps no reference to the tensors it
+        # reads, and the closure is dropped after capture (its own arange was freed and
+        # reused, and the replay indexed the page table with whatever landed there)
+        self.slot_rows = torch.arange(slots, device=self.output.device)
 
     def _graph_fn(self, shape: ShapeKey) -> Callable[[], torch.Tensor]:
         if not self.loop_steps:
@@ -56,7 +60,7 @@ class DraftRunner(DecodeRunner):
         s, static, page_size = shape.num_slots, self.static, self.static.page_size
         ids, positions = static.input_ids[:s], static.positions[:s]
         seq_lens, slots, table = static.seq_lens[:s], static.slot_mapping[:s], static.page_table
-        rows = torch.arange(s, device=ids.device)
+        rows = self.slot_rows[:s]
         drafts = self.drafts[:, :s]
 
         def loop() -> torch.Tensor:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from nanograph.attention.base import AttentionMetadata
-from nanograph.runners.attention_inputs import fill, views
+from nanograph.runners.attention_inputs import fill, lens_size, lens_stride, views
 from nanograph.runners.forward_batch import ForwardBatch
 from nanograph.runners.shapes import ShapeKey
 
@@ -32,13 +32,14 @@ class StaticInputs:
         # Three device blocks, each refilled by one host-to-device copy per step; the named
         # buffers are fixed views into them (graphs were captured against those addresses).
         self._tokens = torch.zeros(3, max_tokens, dtype=torch.long, device=device)
-        self._lens = torch.zeros(3 * m + 2, dtype=torch.int32, device=device)
+        self._lens = torch.zeros(lens_size(m), dtype=torch.int32, device=device)
         self.page_table = torch.zeros(m, max_pages, dtype=torch.int32, device=device)
         self.input_ids, self.positions, self.slot_mapping = self._tokens
+        stride = lens_stride(m)
         self.seq_lens = self._lens[:m]
-        self.query_lens = self._lens[m : 2 * m]
-        self.query_start_loc = self._lens[2 * m : 3 * m + 1]
-        self.num_tokens = self._lens[3 * m + 1 :]
+        self.query_lens = self._lens[stride : stride + m]
+        self.query_start_loc = self._lens[2 * stride : 2 * stride + m + 1]
+        self.num_tokens = self._lens[3 * stride : 3 * stride + 1]
         self._mirrors = [_HostMirror(max_tokens, m, max_pages, device) for _ in range(2)]
         self._turn = 0
         self.seq_lens_cpu: list[int] = [0] * m
@@ -85,7 +86,7 @@ class _HostMirror:
         pin = device.type == "cuda"
         m = max_slots
         self.tokens = torch.zeros(3, max_tokens, dtype=torch.long, pin_memory=pin)
-        self.lens = torch.zeros(3 * m + 2, dtype=torch.int32, pin_memory=pin)
+        self.lens = torch.zeros(lens_size(m), dtype=torch.int32, pin_memory=pin)
         self.pages = torch.zeros(m, max_pages, dtype=torch.int32, pin_memory=pin)
         self.tokens_np, self.lens_np, self.pages_np = (
             self.tokens.numpy(), self.lens.numpy(), self.pages.numpy(),
