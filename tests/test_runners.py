@@ -344,3 +344,22 @@ def test_graph_callables_read_only_buffers_their_runner_keeps(llm):
                 assert t.untyped_storage().data_ptr() in owned, (
                     f"{type(runner).__name__} {shape}: a graph input the runner does not keep"
                 )
+
+
+def test_page_table_past_each_request_is_scratch_after_any_batch_sequence():
+    """The draft loop reads page-table columns past a request's pages (steps beyond its drafts)
+    and must find the scratch page 0 there, whatever larger batches came before: many long
+    requests in a wide shape, then few short ones in a narrow shape, then many short ones in a
+    wide shape again (each pinned mirror in turn; sentinel slots included)."""
+    static = StaticInputs(max_tokens=8, max_slots=8, max_pages=16, page_size=4, device=CPU)
+    g = torch.Generator().manual_seed(0)
+    for requests, slots, pages in [(8, 8, 12), (8, 8, 12), (2, 2, 3), (2, 2, 3), (6, 8, 2),
+                                   (6, 8, 2), (5, 8, 16), (1, 1, 1), (3, 4, 4), (7, 8, 1),
+                                   (7, 8, 1)]:  # fmt: skip
+        tables = [torch.randint(1, 100, (pages,), generator=g).tolist() for _ in range(requests)]
+        batch = ForwardBatch.build([[1]] * requests, [pages * 4 - 1] * requests, tables, 4,
+                                   [True] * requests)  # fmt: skip
+        static.copy_from(batch, ShapeKey(8, slots))
+        table = static.page_table[:slots]
+        assert table[:requests, :pages].tolist() == tables
+        assert table[:, pages:].eq(0).all() and table[requests:].eq(0).all()

@@ -50,12 +50,14 @@ def fill(
     tokens: np.ndarray,
     lens: np.ndarray,
     pages: np.ndarray,
-    stale_width: int = 0,
+    stale: tuple[int, int] = (0, 0),
 ) -> None:
     """Writes ``batch`` padded to ``num_slots`` slots (and every token row of ``tokens``) into
-    host blocks of the layout above. Page-table entries past a request's page count are never
-    read (lengths bound every read), so only the first ``max(stale_width, batch.max_pages)``
-    columns are cleared and refilled (``stale_width``: what these blocks' last batch wrote)."""
+    host blocks of the layout above. Page-table entries past a request's pages are zero (the
+    scratch page): attention never reads them (lengths bound every read), but the draft loop
+    looks up pages for steps past a request's drafts there and must find only scratch. Only
+    what the blocks' last batch wrote can be non-zero: ``stale`` = its (rows, columns), cleared
+    with the rows and columns this batch takes."""
     s, t, r, m = num_slots, batch.num_tokens, batch.num_requests, pages.shape[0]
     stride = lens_stride(m)
     tokens[0, :t], tokens[1, :t], tokens[2, :t] = (
@@ -70,7 +72,8 @@ def fill(
     np.cumsum(batch.query_lens, out=starts[1 : r + 1])
     starts[r + 1 :] = t  # sentinels parked after the real tokens
     lens[3 * stride] = t
-    pages[:s, : max(batch.max_pages, stale_width)] = 0  # sentinels point at scratch page 0
+    rows, width = stale
+    pages[: max(s, rows), : max(batch.max_pages, width)] = 0  # sentinels: scratch page 0
     counts = [len(row) for row in batch.page_tables]
     flat = np.fromiter(itertools.chain.from_iterable(batch.page_tables), np.int32, sum(counts))
     row_starts = np.repeat(np.cumsum(counts) - counts, counts)

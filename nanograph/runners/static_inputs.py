@@ -60,8 +60,8 @@ class StaticInputs:
         self._turn ^= 1
         mirror.wait()
         fill(batch, shape.num_slots, mirror.tokens_np, mirror.lens_np, mirror.pages_np,
-             mirror.page_width)  # fmt: skip
-        mirror.page_width = batch.max_pages
+             mirror.page_extent)  # fmt: skip
+        mirror.page_extent = (batch.num_requests, batch.max_pages)
         s = shape.num_slots
         self._tokens.copy_(mirror.tokens, non_blocking=True)
         self._lens.copy_(mirror.lens, non_blocking=True)
@@ -91,7 +91,7 @@ class _HostMirror:
         self.tokens_np, self.lens_np, self.pages_np = (
             self.tokens.numpy(), self.lens.numpy(), self.pages.numpy(),
         )  # fmt: skip
-        self.page_width = 0  # page-table columns its last batch wrote
+        self.page_extent = (0, 0)  # page-table rows and columns its last batch wrote
         self._event = torch.cuda.Event() if pin else None
         self._pending = False
 
