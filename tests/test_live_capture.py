@@ -70,6 +70,17 @@ def test_planner_prices_graph_memory():
     assert plan_ladder({16: 500, 8192: 500}, buckets, costs) == [16, 8192]
 
 
+def test_planner_leaves_long_prefills_eager():
+    """A forward whose GPU work outlasts its launches gains nothing from a graph: long prompts
+    get no bucket (no pool held for them), short ones still do."""
+    costs = LadderCosts(pad_cost=1 / 256, bytes_per_token=50_000.0, max_padding_ratio=2.0,
+                        eager_bound_tokens=2048)  # fmt: skip
+    buckets = [16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192]
+    assert costs.eager_saving(1024) == 0.5 and costs.eager_saving(4096) == 0.0
+    assert plan_ladder({3728: 40, 4288: 40}, buckets, costs) == []
+    assert plan_ladder({64: 40, 3728: 40, 4288: 40}, buckets, costs) == [64]
+
+
 def _brute_force(histogram, candidates, costs, budget, max_shapes):
     def cost(ladder):
         total = 0.0
@@ -78,7 +89,8 @@ def _brute_force(histogram, candidates, costs, budget, max_shapes):
             too_padded = (
                 b is not None and costs.max_padding_ratio and b > costs.max_padding_ratio * n
             )
-            total += c * (costs.eager_cost if b is None or too_padded else costs.pad_cost * (b - n))
+            eager = b is None or too_padded
+            total += c * (costs.eager_saving(n) if eager else costs.pad_cost * (b - n))
         return total
 
     best_cost = cost([])
@@ -100,6 +112,7 @@ def test_planner_is_optimal_against_exhaustive_search(seed):
     costs = LadderCosts(
         pad_cost=[1 / 1024, 1 / 16, 1 / 4][seed % 3], bytes_per_token=100.0, shape_bytes=50.0,
         max_padding_ratio=2.0 if seed % 2 else None,
+        eager_bound_tokens=[None, 40.0, 20.0, 64.0][seed % 4],
     )  # fmt: skip
     budget, max_shapes = [None, 2500, 1000][seed % 3], 1 + seed % 4
     best_cost, cost = _brute_force(histogram, candidates, costs, budget, max_shapes)

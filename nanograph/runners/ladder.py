@@ -8,7 +8,11 @@ expected cost of serving that histogram:
   work: GEMM rows in prefill, almost nothing in weight-bound decode);
 - a batch that no chosen bucket takes (above the ceiling, or a prefill bucket more than
   ``max_padding_ratio`` x its tokens, which dispatch refuses) runs eagerly and costs
-  ``eager_cost`` (the launch overhead a graph saves);
+  ``eager_cost`` (the launch overhead a graph saves) — less for large forwards: launches are
+  asynchronous, so once a forward's GPU work outlasts them a graph saves nothing. The saving
+  falls linearly to zero at ``eager_bound_tokens`` (prefill: graphs won 2-6.5x at 256 tokens on
+  the H200 and were within 5% of eager from 2048), so a workload of long prompts does not
+  hold graph memory for shapes that do not make it faster;
 - the ladder must fit the graph memory budget. One pool per runner is shared by every shape, so
   its size is set by the largest bucket (``bytes_per_token`` x ceiling, at least ``floor_bytes``)
   plus what each shape keeps on its own (``shape_bytes``);
@@ -34,6 +38,8 @@ from dataclasses import dataclass
 # lean towards capturing (smaller models make tokens cheaper still).
 DECODE_PAD_COST = 1 / 1024
 PREFILL_PAD_COST = 1 / 256
+# Prefill forwards of this many tokens keep the GPU busy for longer than their launches take.
+PREFILL_EAGER_BOUND_TOKENS = 2048
 # A GiB of resident graph memory is worth capturing if it saves at least 1% of the forwards one
 # launch overhead each (on top of the budget, a hard limit): padding and launches are weighed
 # against memory in one unit.
@@ -48,6 +54,13 @@ class LadderCosts:
     shape_bytes: float = 0.0  # graph memory each captured shape keeps on its own
     floor_bytes: float = 0.0  # what the pool costs however small its shapes
     max_padding_ratio: float | None = None  # prefill: dispatch's 2x rule
+    eager_bound_tokens: float | None = None  # where a graph stops saving anything (module doc)
+
+    def eager_saving(self, n: int) -> float:
+        """What a graph saves a forward of ``n`` tokens (the cost of running it eagerly)."""
+        if self.eager_bound_tokens is None:
+            return self.eager_cost
+        return self.eager_cost * max(0.0, 1.0 - n / self.eager_bound_tokens)
 
     def memory(self, ceiling: int, num_shapes: int) -> float:
         pool = max(self.floor_bytes, self.bytes_per_token * ceiling)
@@ -71,10 +84,11 @@ def plan_ladder(
     k_max = min(max_shapes or len(buckets), len(buckets))
     total = sum(c for _, c in sizes)
     ns = [n for n, _ in sizes]
-    counts, weighted = [0], [0]  # prefix sums of c and of c x n over the sorted sizes
+    counts, weighted, saved = [0], [0], [0.0]  # prefix sums of c, c x n, c x saving(n)
     for n, c in sizes:
         counts.append(counts[-1] + c)
         weighted.append(weighted[-1] + c * n)
+        saved.append(saved[-1] + c * costs.eager_saving(n))
 
     def served(low: int, high: int) -> float:
         """Cost change of serving the sizes in (low, high] by bucket ``high`` instead of
@@ -86,7 +100,7 @@ def plan_ladder(
         if first >= last:
             return 0.0
         c, cn = counts[last] - counts[first], weighted[last] - weighted[first]
-        return costs.pad_cost * (high * c - cn) - costs.eager_cost * c
+        return costs.pad_cost * (high * c - cn) - (saved[last] - saved[first])
 
     table = {(i, j): served(buckets[i] if i >= 0 else 0, buckets[j])
              for j in range(len(buckets)) for i in range(-1, j)}  # fmt: skip

@@ -20,6 +20,7 @@ Invariants:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -31,6 +32,7 @@ import torch
 from nanograph.runners.forward_batch import ForwardBatch
 from nanograph.runners.ladder import (
     DECODE_PAD_COST,
+    PREFILL_EAGER_BOUND_TOKENS,
     PREFILL_PAD_COST,
     LadderCosts,
     plan_ladder,
@@ -73,6 +75,7 @@ class LiveRunner:
         self.costs = LadderCosts(
             pad_cost=PREFILL_PAD_COST if prefill_like else DECODE_PAD_COST,
             max_padding_ratio=MAX_TOKEN_PADDING_RATIO if prefill_like else None,
+            eager_bound_tokens=PREFILL_EAGER_BOUND_TOKENS if prefill_like else None,
         )
         runner._captured = []
         runner.live = self
@@ -135,12 +138,11 @@ class LiveRunner:
         if budget.limit is not None:
             others = [k for k in budget.captured() if k[0] != self.path]
             room = budget.limit - budget.predicted(others)
-        costs = LadderCosts(
-            pad_cost=self.costs.pad_cost,
+        costs = dataclasses.replace(
+            self.costs,
             bytes_per_token=budget.bytes_per_token.get(self.path, 0.0),
             shape_bytes=budget.shape_bytes,
             floor_bytes=budget.floor.get(self.path, 0.0),
-            max_padding_ratio=self.costs.max_padding_ratio,
         )
         by_tokens = {s.num_tokens: s for s in self.runner.shapes}
         ladder = tuple(by_tokens[t] for t in plan_ladder(histogram, list(by_tokens), costs, room))
