@@ -21,7 +21,8 @@
 #   tp (tensor parallelism, on nvidia-h200-x2: GPU tests, then decode and prefill on qwen3-8b
 #   with TP=1 and TP=2 side by side), capture (serve while capturing: its GPU tests, then the
 #   capture modes side by side on 0.6b and 8b), spec (speculative decoding: its GPU tests,
-#   then `bench spec` on qwen3-8b), fusion (the fused batch-1 decode: its GPU tests and the
+#   then `bench spec` on qwen3-8b), serve-gil (issue 13: the server at saturation with the
+#   default GIL switch interval and with 0.2 ms), fusion (the fused batch-1 decode: its GPU tests and the
 #   GEMV's, then decode fused vs unfused on qwen3-0.6b and qwen3-8b with kernels per step).
 # Run from the repo root; logs and JSON land in OUTDIR (copy them to benchmarks/results/).
 # Export NANOGRAPH_COMMIT=<short hash> first: the device copy's .git can be stale.
@@ -161,6 +162,23 @@ case $stage in
           --warmup 128 \
           --out "$out/serve_${model}_$arm.json" 2>&1 | tee "$out/serve_${model}_$arm.log"
       done
+    done ;;
+  serve-gil)  # ~5 min (estimated): issue 13's GIL question on qwen3-0.6b. The server's engine
+    # thread shares the GIL with the HTTP handlers (0.78x of offline throughput at saturation,
+    # 349d9fe). Saturation (rate inf, 128 prompts) with the default 5 ms switch interval, then
+    # with 0.2 ms in the server process only (a sitecustomize.py: at start-up `python3 -m
+    # nanograph serve` has argv ['-m', 'serve', ...], the bench client ['-m', 'bench', ...])
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
+      --find-links "${SERVE_WHEELS:-.whl}" -r benchmarks/serve_wheels.txt 2>&1 | tail -2
+    mkdir -p /tmp/gil && printf '%s\n' 'import sys' \
+      'if sys.argv[1:2] == ["serve"]: sys.setswitchinterval(float(__import__("os").environ.get("GIL_SWITCH_S", "0.005")))' \
+      > /tmp/gil/sitecustomize.py
+    export PYTHONPATH=/tmp/gil:/tmp/site:$PYTHONPATH
+    common="--model qwen3-0.6b --load-format dummy --max-num-seqs 128 --cuda-graph-max-bs 128 --quiet"
+    for switch in 0.005 0.0002; do
+      GIL_SWITCH_S=$switch timeout 130 python3 -m nanograph bench serve --launch "$common" --offline \
+        --dataset random,random --request-rate inf,inf --num-prompts 128,128 --warmup 128 \
+        --out "$out/serve_gil_$switch.json" 2>&1 | grep -v "^INFO" | tail -12
     done ;;
   prefix)  # ~6 min (at most 10): prefix caching on vs off (issue 14). The test: 3 prefill
     # backends on a small model (tc_piecewise compiles 19 shapes); the bench: two qwen3-8b
