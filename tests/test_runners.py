@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from nanograph import LLM, SamplingParams
 from nanograph.engine.config import EngineConfig
@@ -363,3 +365,42 @@ def test_page_table_past_each_request_is_scratch_after_any_batch_sequence():
         table = static.page_table[:slots]
         assert table[:requests, :pages].tolist() == tables
         assert table[:, pages:].eq(0).all() and table[requests:].eq(0).all()
+
+
+_BATCH = st.lists(st.tuples(st.integers(0, 40), st.integers(1, 5)), min_size=1, max_size=8)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(_BATCH, st.integers(0, 3)), min_size=1, max_size=6))
+def test_static_inputs_hold_exactly_the_live_batch_after_any_sequence(batches):
+    """Whatever came before, a graph's buffers after ``copy_from`` hold the live batch and the
+    padding rules, and their metadata equals an eager forward's on the live part; every lengths
+    segment starts 16-byte aligned in both (Triton compiles a variant per pointer alignment)."""
+    from nanograph.runners.attention_inputs import eager_inputs
+
+    static = StaticInputs(max_tokens=48, max_slots=12, max_pages=16, page_size=4, device=CPU)
+    for lengths, spare_slots in batches:
+        batch = batch_of(lengths)
+        r, t = batch.num_requests, batch.num_tokens
+        s = r + spare_slots
+        static.copy_from(batch, ShapeKey(48, s))
+        meta = static.metadata(ShapeKey(48, s), max_query_len=5)
+        _, _, eager = eager_inputs(batch, CPU)
+        for m in (meta, eager):
+            for lens in (m.seq_lens, m.query_lens, m.query_start_loc, m.num_tokens):
+                assert lens.data_ptr() % 16 == 0
+        assert meta.seq_lens[:r].tolist() == eager.seq_lens.tolist() == batch.seq_lens
+        assert meta.query_lens[:r].tolist() == eager.query_lens.tolist() == batch.query_lens
+        assert meta.query_start_loc[: r + 1].tolist() == eager.query_start_loc.tolist()
+        assert meta.seq_lens[r:].eq(0).all() and meta.query_lens[r:].eq(0).all()
+        assert meta.query_start_loc[r + 1 :].eq(t).all()
+        assert meta.num_tokens.tolist() == eager.num_tokens.tolist() == [t]
+        width = batch.max_pages
+        assert meta.page_table[:r, :width].tolist() == eager.page_table.tolist()
+        for row, pages in enumerate(batch.page_tables):
+            assert meta.page_table[row, len(pages) :].eq(0).all()
+        assert meta.page_table[r:].eq(0).all()
+        assert static.input_ids[:t].tolist() == batch.input_ids
+        assert static.positions[:t].tolist() == batch.positions
+        assert meta.slot_mapping[:t].tolist() == eager.slot_mapping.tolist()
+        assert static.input_ids[t:].eq(0).all() and meta.slot_mapping[t:].eq(-1).all()
