@@ -25,6 +25,7 @@ from nanograph.engine.front import EngineFront  # noqa: E402
 from nanograph.serve.app import build_app  # noqa: E402
 
 POISON = [255, 0, 255, 0]  # a prompt holding these tokens makes the forward raise
+ADD_POISON = [0, 255, 255, 0]  # a prompt starting with these makes add_request raise
 VOCAB = 255  # valid prompts stay below 255, so only the poisoned prompt holds the pattern
 ENGINE = dict(page_size=4, kv_cache_bytes=8 * 2**20, max_num_seqs=4, progress=False)
 
@@ -61,6 +62,14 @@ def server(tiny):
         return forward(batch, in_flight)
 
     engine.runner.forward = faulty_forward
+    add_request = engine.add_request
+
+    def faulty_add(prompt, params):
+        if list(prompt[: len(ADD_POISON)]) == ADD_POISON:
+            raise RuntimeError("injected admission fault")
+        return add_request(prompt, params)
+
+    engine.add_request = faulty_add
     front = EngineFront(engine)
     port = free_port()
     config = uvicorn.Config(
@@ -123,6 +132,20 @@ def test_internal_error_fails_that_request_only(server, reference):
     ):
         assert r.status_code == 200 and _tokens(r, stream) == reference(prompt, 6)
     assert wait_pages_free(base)["kv_pages_available"] == start["kv_pages_available"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_internal_error_at_admission_answers_500_not_a_hang(server, stream):
+    """The engine failing inside add_request (a bug, not the caller's mistake): that request
+    gets a 500 (streamed: an error event) at once; its first update was its last one."""
+    base, _ = server
+    with httpx.Client(base_url=base, timeout=20) as client:
+        r = client.post("/v1/completions", json=_body([*ADD_POISON, 5], 4, stream=stream))
+    if stream:
+        events = [line[6:] for line in r.text.splitlines() if line.startswith("data: ")]
+        assert any("internal error" in e for e in events) and events[-1] == "[DONE]"
+    else:
+        assert r.status_code == 500 and "internal error" in r.json()["error"]["message"]
 
 
 def test_full_queue_answers_503_with_retry_after(server, reference):

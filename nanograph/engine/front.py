@@ -110,6 +110,8 @@ class RequestStream:
         first = await self._updates.get()
         if first.rejected:
             raise RequestRejected(first.error or "the request was rejected")
+        if first.finished:  # admitted and failed at once (an internal error): ``updates`` says so
+            self._updates.put_nowait(first)
 
     async def updates(self) -> AsyncIterator[Update]:
         """Token updates until (and including) the finishing one; call after ``admitted``.
