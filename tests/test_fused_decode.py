@@ -25,6 +25,8 @@ if "nanograph.kernels.gemv" in sys.modules:
     gemv = importlib.reload(sys.modules["nanograph.kernels.gemv"])
 else:
     gemv = importlib.import_module("nanograph.kernels.gemv")
+if "nanograph.kernels.moe" in sys.modules:  # the MoE layer's experts (triton backend)
+    importlib.reload(sys.modules["nanograph.kernels.moe"])
 from nanograph.kernels import reference  # noqa: E402
 from nanograph.layers import ops  # noqa: E402
 
@@ -108,15 +110,25 @@ def test_gemv_refuses_bad_fusion_arguments():
         ops.set_fused_decode("on")
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+@pytest.mark.parametrize("arch", ["qwen3", "llama", "qwen3_moe"])
 def test_fused_decode_gives_the_unfused_greedy_tokens(tiny_model_dir, monkeypatch, arch):
     """A tiny random model in float32, two requests decoded one at a time (batch 1) and then
     together: greedy tokens with every one-row forward fused equal those of the unfused path,
-    and the fused GEMVs ran only when on (four per layer per one-row forward)."""
+    and the fused GEMVs ran only when on (four per layer per one-row forward; a MoE layer: the
+    q/k/v and o GEMVs, then its experts adding into the stream)."""
     from nanograph import LLM, SamplingParams
+    from nanograph.models.moe import MoE
 
-    calls = {"norm_linear": 0, "linear_add": 0}
-    for name in calls:
+    moe = arch == "qwen3_moe"
+    calls = {"norm_linear": 0, "linear_add": 0, "forward_add": 0}
+    real_add = MoE.forward_add
+
+    def counted_add(self, *args):
+        calls["forward_add"] += 1
+        return real_add(self, *args)
+
+    monkeypatch.setattr(MoE, "forward_add", counted_add)
+    for name in ("norm_linear", "linear_add"):
         real = getattr(ops, name)
 
         def counted(*args, _real=real, _name=name, **kwargs):
@@ -132,7 +144,8 @@ def test_fused_decode_gives_the_unfused_greedy_tokens(tiny_model_dir, monkeypatc
         ops.set_fused_decode(mode)
         try:
             llm = LLM(str(tiny_model_dir(arch)), dtype="float32", page_size=4,
-                      kv_cache_bytes=2**20, progress=False)  # fmt: skip
+                      kv_cache_bytes=2**20, progress=False,
+                      **({"moe_backend": "triton"} if moe else {}))  # fmt: skip
             alone = [llm.generate([p], params)[0].token_ids for p in prompts]
             together = [o.token_ids for o in llm.generate(prompts, params)]
             tokens[mode] = (alone, together)
@@ -142,6 +155,7 @@ def test_fused_decode_gives_the_unfused_greedy_tokens(tiny_model_dir, monkeypatc
         fused_calls = calls["norm_linear"]
         assert calls["norm_linear"] == calls["linear_add"]
         assert (fused_calls > 0) == (mode == "always")
-        assert fused_calls % (2 * layers) == 0
+        assert fused_calls % ((1 if moe else 2) * layers) == 0
+        assert calls["forward_add"] == (fused_calls if moe else 0)
     assert tokens["always"] == tokens["off"]
     assert all(len(t) == 8 for t in tokens["off"][0])

@@ -236,6 +236,29 @@ def test_fused_experts_match_float64_and_native(case, pairwise):
 
 
 @needs_triton
+@pytest.mark.parametrize("case", [c for c in CASES if c[1] <= 8], ids=lambda c: f"{c[1]}x{c[2]}")
+def test_pairwise_experts_add_into_out(case):
+    """``accumulate``: the experts' sum added to ``out`` in place (the fused decode's residual
+    stream) equals out + the sum in float64; the sorted path refuses it."""
+    routing, tokens, num_experts, top_k, activation = case
+    w13, w2, b13, b2 = _experts(activation, num_experts)
+    weights, ids = _routing(routing, tokens, num_experts, top_k)
+    g = torch.Generator().manual_seed(2)
+    x, stream = torch.randn(tokens, w13.shape[2], generator=g), torch.randn(tokens, w2.shape[1])
+    f64 = [None if t is None else t.double() for t in (x, w13, w2, b13, b2, weights)]
+    expected = stream.double() + reference.fused_experts(*f64[:5], f64[5], ids, activation)
+    tiles = moe_kernels.MoeTiles(16, 16, 32, 1, 1, True)
+    out = moe_kernels.fused_experts(x, w13, w2, b13, b2, weights, ids, activation, tiles=tiles,
+                                    out=stream, accumulate=True)  # fmt: skip
+    assert out is stream
+    torch.testing.assert_close(stream.double(), expected, atol=2e-4, rtol=2e-4)
+    with pytest.raises(ValueError, match="pairwise path only"):
+        sorted_tiles = moe_kernels.MoeTiles(16, 32, 32, 1, 1, False)
+        moe_kernels.fused_experts(x, w13, w2, b13, b2, weights, ids, activation,
+                                  tiles=sorted_tiles, out=stream, accumulate=True)  # fmt: skip
+
+
+@needs_triton
 @pytest.mark.parametrize("block_m", [16, 32])
 @pytest.mark.parametrize("routing", ["random", "one_expert", "two_experts"])
 def test_align_by_expert_invariants(routing, block_m):

@@ -301,10 +301,12 @@ def _pair_down_kernel(
     N, K, stride_am, stride_we, stride_wn, stride_be, stride_om, gate_stride, up_offset, alpha,
     limit,
     TOP_K: tl.constexpr, ACT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+    BLOCK_K: tl.constexpr, ACCUMULATE: tl.constexpr,
 ):  # fmt: skip
     """out[t, n] = sum_j weight[t, j] * (act(gate_up[t*K + j]) . w2[ids[t, j], n] (+ b2)) for
-    token t = program 0: the k experts summed in fp32 in one program, in order."""
+    token t = program 0: the k experts summed in fp32 in one program, in order. ACCUMULATE:
+    ``out[t, n] +=`` instead (the fused decode's residual stream; each program owns its
+    elements, so the read-modify-write needs no atomics)."""
     token = tl.program_id(0)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
@@ -329,8 +331,10 @@ def _pair_down_kernel(
                 tl.float32
             )
         total += tl.load(topk_weights_ptr + pair).to(tl.float32) * y
-    tl.store(out_ptr + token.to(tl.int64) * stride_om + offs_n,
-             total.to(out_ptr.dtype.element_ty), mask=n_mask)  # fmt: skip
+    out_row = out_ptr + token.to(tl.int64) * stride_om + offs_n
+    if ACCUMULATE:
+        total += tl.load(out_row, mask=n_mask, other=0).to(tl.float32)
+    tl.store(out_row, total.to(out_ptr.dtype.element_ty), mask=n_mask)
 
 
 _launch_pair_gate_up = LaunchCache(_pair_gate_up_kernel)
@@ -341,6 +345,7 @@ def _pairwise(
     x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, b13: torch.Tensor | None,
     b2: torch.Tensor | None, weights: torch.Tensor, ids: torch.Tensor, tiles: MoeTiles,
     act: int, gate_stride: int, up_offset: int, alpha: float, limit: float, out: torch.Tensor,
+    accumulate: bool,
 ) -> None:  # fmt: skip
     num_tokens, top_k = ids.shape
     two_i, hidden = w13.shape[1], w13.shape[2]
@@ -360,7 +365,8 @@ def _pairwise(
          b2.stride(0) if b2 is not None else 0, out.stride(0), gate_stride, up_offset,
          float(alpha), float(limit)),
         dict(TOP_K=top_k, ACT=act, HAS_BIAS=b2 is not None, BLOCK_N=tiles.block_n,
-             BLOCK_K=tiles.block_k, num_warps=tiles.num_warps, num_stages=tiles.num_stages),
+             BLOCK_K=tiles.block_k, ACCUMULATE=accumulate, num_warps=tiles.num_warps,
+             num_stages=tiles.num_stages),
     )  # fmt: skip
 
 
@@ -377,15 +383,19 @@ def fused_experts(
     limit: float = 7.0,
     tiles: MoeTiles | None = None,
     out: torch.Tensor | None = None,
+    accumulate: bool = False,
 ) -> torch.Tensor:
     """sum_k topk_weights[t, k] * expert_{topk_ids[t, k]}(x[t]) for ``x [T, H]``; see the
-    module docstring for the weight layouts. Returns ``out`` ([T, H] in x's dtype)."""
+    module docstring for the weight layouts. Returns ``out`` ([T, H] in x's dtype); with
+    ``accumulate`` the sum is added to ``out`` (given; the pairwise path of small batches)."""
     num_tokens, hidden = x.shape
     num_experts, two_i, _ = w13.shape
     top_k = topk_ids.shape[1]
     if x.stride(-1) != 1 or w13.stride(-1) != 1 or w2.stride(-1) != 1:
         raise ValueError("x and the expert weights must be contiguous in their last dim")
     tiles = tiles or choose_tiles(num_tokens, top_k, num_experts, x.device)
+    if accumulate and (out is None or not tiles.pairwise):
+        raise ValueError("accumulate adds into a given out, on the pairwise path only")
     if out is None:
         out = torch.empty_like(x)
     interleaved = activation == "clamped_swiglu"
@@ -395,7 +405,7 @@ def fused_experts(
     ids = topk_ids.contiguous()
     if tiles.pairwise:
         _pairwise(x, w13, w2, b13, b2, weights, ids, tiles, act, gate_stride, up_offset, alpha,
-                  limit, out)  # fmt: skip
+                  limit, out, accumulate)  # fmt: skip
         return out
     if min(tiles.block_m, tiles.block_n, tiles.block_k) < 16:
         raise ValueError(f"MoE tiles must be >= 16 (tl.dot), got {tiles}")

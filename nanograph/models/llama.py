@@ -128,11 +128,12 @@ class DecoderLayer(nn.Module):
         )  # fmt: skip
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        # one-row decode through fused GEMVs (norm prologue, residual epilogue): a dense MLP,
-        # no projection biases and no all-reduce between a product and its residual add
+        # one-row decode through fused GEMVs (norm prologue, residual epilogue): no projection
+        # biases and no all-reduce between a product and its residual add; a MoE layer only
+        # with experts that add into the stream themselves (triton)
         self.fusable = (
-            moe_backend is None and tp is None and not config.attention_bias
-            and not config.o_proj_bias
+            tp is None and not config.attention_bias and not config.o_proj_bias
+            and (moe_backend is None or self.mlp.adds_into_stream)
         )  # fmt: skip
 
     def forward(
@@ -161,13 +162,18 @@ class DecoderLayer(nn.Module):
     ) -> torch.Tensor:
         """Four GEMVs around attention, updating the one-row ``stream`` in place: q/k/v and
         gate/up normalise it on load (gate/up writes only the activation), o and down add their
-        product to it. Six kernels: the four GEMVs, rope + KV store, and attention."""
+        product to it. Six kernels: the four GEMVs, rope + KV store, and attention. A MoE layer
+        normalises once for the router and the experts, whose down projection adds into the
+        stream: nine kernels (norm, router, routing, gate/up, down after the attention half)
+        instead of eleven."""
         attn, mlp = self.self_attn, self.mlp
         pre, post = self.input_layernorm, self.post_attention_layernorm
         qkv = ops.norm_linear(stream, pre.weight, pre.eps, attn.qkv_proj.weight)
         # the one row is a live token, which attention writes: no zero fill (a kernel) first
         out = stream.new_empty(1, attn.num_heads, attn.head_dim)
         ops.linear_add(attn.attend(positions, qkv, cos_sin_cache, out), attn.o_proj.weight, stream)
+        if isinstance(mlp, MoE):
+            return mlp.forward_add(post(stream), stream)
         act = ops.norm_linear(
             stream, post.weight, post.eps, mlp.gate_up_proj.weight, silu_and_mul=True
         )

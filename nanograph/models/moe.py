@@ -13,6 +13,8 @@ Invariants:
   ``tc_piecewise``; ``full`` graphs cannot hold it (the engine refuses that combination).
 - The native experts write into a zeroed output allocated before the split op (inside the
   graph), like attention, so a break has nothing to copy out.
+- The fused batch-1 decode (``forward_add``, triton experts on one rank) adds the experts'
+  sum into the residual stream in the down projection's kernel.
 """
 
 from __future__ import annotations
@@ -56,6 +58,15 @@ class TritonMoE(MoEBackend):
         (_fused_moe_op if torch.compiler.is_compiling() else _fused_moe)(*args)
         return out
 
+    def forward_add(
+        self, layer: MoE, x: torch.Tensor, logits: torch.Tensor, stream: torch.Tensor
+    ) -> None:
+        """``stream += experts(x)`` for a one-row ``x`` (the fused decode's residual stream,
+        added by the down projection's kernel: no separate add)."""
+        _fused_moe(x, logits, layer.w13, layer.w2, layer.w13_bias, layer.w2_bias, layer.top_k,
+                   layer.softmax_first, layer.renormalize, layer.activation_id, layer.alpha,
+                   layer.limit, stream, accumulate=True)  # fmt: skip
+
 
 class TorchNativeMoE(MoEBackend):
     name = "torch_native"
@@ -87,12 +98,13 @@ def _fused_moe(
     x: torch.Tensor, logits: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     b13: torch.Tensor | None, b2: torch.Tensor | None, top_k: int, softmax_first: bool,
     renormalize: bool, activation: int, alpha: float, limit: float, out: torch.Tensor,
+    accumulate: bool = False,
 ) -> None:  # fmt: skip
     from nanograph.kernels import moe as kernels  # imports triton: only when used
 
     weights, ids = kernels.route(logits, top_k, softmax_first, renormalize)
     kernels.fused_experts(x, w13, w2, b13, b2, weights, ids, _ACTIVATIONS[activation], alpha,
-                          limit, out=out)  # fmt: skip
+                          limit, out=out, accumulate=accumulate)  # fmt: skip
 
 
 # What dynamo records while tracing (tc_piecewise): one opaque node inside a compiled piece.
@@ -178,3 +190,14 @@ class MoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         logits = ops.linear(x, self.router.weight, self.router.bias)
         return all_reduce(self.backend.forward(self, x, logits), self.tp)
+
+    @property
+    def adds_into_stream(self) -> bool:
+        """Whether ``forward_add`` can run: the triton experts on one rank."""
+        return isinstance(self.backend, TritonMoE) and (self.tp is None or not self.tp.enabled)
+
+    def forward_add(self, x: torch.Tensor, stream: torch.Tensor) -> torch.Tensor:
+        """``stream += self(x)`` in place for one row (the fused decode); returns ``stream``."""
+        logits = ops.linear(x, self.router.weight, self.router.bias)
+        self.backend.forward_add(self, x, logits, stream)
+        return stream

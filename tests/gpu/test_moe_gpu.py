@@ -147,6 +147,38 @@ def test_graph_backends_token_identical_to_eager(model_dirs, eager_tokens, arch,
     assert got == expected
 
 
+def test_fused_decode_of_a_moe_layer_matches_unfused(model_dirs, monkeypatch):
+    """Qwen3-MoE in bf16 with the triton experts, full decode graphs, requests decoded alone
+    (batch 1: the fused decode, whose experts add into the residual stream) and together:
+    greedy tokens fused vs unfused agree for nearly every position (bf16 sums in another order
+    may flip a near-tie), and the fused MoE ran only when on."""
+    from nanograph import LLM
+    from nanograph.layers import ops
+    from nanograph.models.moe import MoE
+
+    calls = []
+    real = MoE.forward_add
+    monkeypatch.setattr(MoE, "forward_add", lambda *a: calls.append(1) or real(*a))
+    prompts, params = requests(3, seed=2)
+    tokens = {}
+    for mode in ("off", "auto"):
+        ops.set_fused_decode(mode)
+        try:
+            calls.clear()
+            llm = LLM(str(model_dirs["qwen3_moe"]), moe_backend="triton", dtype="bfloat16",
+                      decode_cuda_graph="full", prefill_cuda_graph="none", **SMALL)  # fmt: skip
+            alone = [llm.generate([p], q)[0].token_ids for p, q in zip(prompts, params)]
+            tokens[mode] = alone + [o.token_ids for o in llm.generate(prompts, params)]
+            del llm
+        finally:
+            ops.set_fused_decode("auto")
+        assert bool(calls) == (mode == "auto")
+    pairs = [(a, b) for x, y in zip(tokens["off"], tokens["auto"]) for a, b in zip(x, y)]
+    agree = sum(a == b for a, b in pairs) / len(pairs)
+    print(f"\nqwen3_moe greedy agreement, fused vs unfused: {agree:.3f}")
+    assert agree > 0.9
+
+
 @pytest.mark.parametrize("path", ["decode", "prefill"])
 def test_full_graph_refuses_native_moe(model_dirs, path):
     from nanograph import LLM
