@@ -52,10 +52,7 @@ class TritonMoE(MoEBackend):
 
     def forward(self, layer: MoE, x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         out = torch.empty_like(x)  # every row is written
-        args = (x, logits, layer.w13, layer.w2, layer.w13_bias, layer.w2_bias, layer.top_k,
-                layer.softmax_first, layer.renormalize, layer.activation_id, layer.alpha,
-                layer.limit, out)  # fmt: skip
-        (_fused_moe_op if torch.compiler.is_compiling() else _fused_moe)(*args)
+        self._experts(layer, x, logits, out, accumulate=False)
         return out
 
     def forward_add(
@@ -63,9 +60,16 @@ class TritonMoE(MoEBackend):
     ) -> None:
         """``stream += experts(x)`` for a one-row ``x`` (the fused decode's residual stream,
         added by the down projection's kernel: no separate add)."""
-        _fused_moe(x, logits, layer.w13, layer.w2, layer.w13_bias, layer.w2_bias, layer.top_k,
-                   layer.softmax_first, layer.renormalize, layer.activation_id, layer.alpha,
-                   layer.limit, stream, accumulate=True)  # fmt: skip
+        self._experts(layer, x, logits, stream, accumulate=True)
+
+    @staticmethod
+    def _experts(
+        layer: MoE, x: torch.Tensor, logits: torch.Tensor, out: torch.Tensor, accumulate: bool
+    ) -> None:
+        args = (x, logits, layer.w13, layer.w2, layer.w13_bias, layer.w2_bias, layer.top_k,
+                layer.softmax_first, layer.renormalize, layer.activation_id, layer.alpha,
+                layer.limit, out, accumulate)  # fmt: skip
+        (_fused_moe_op if torch.compiler.is_compiling() else _fused_moe)(*args)
 
 
 class TorchNativeMoE(MoEBackend):
