@@ -45,6 +45,31 @@ def test_tile_variants_cover_every_batch_shape(heads, on_gpu, monkeypatch):
         assert len(variants) <= 2 * attention.SMALL_QUERY_ROWS.bit_length() + 3
 
 
+@pytest.mark.parametrize("heads", [(32, 8, 128), (16, 8, 128), (4, 4, 256)])
+def test_float32_on_a_gpu_compiles_one_variant(heads, monkeypatch):
+    """float32 (numerics checks) takes one configuration for every batch shape on a GPU: the
+    flat layout, one key-range slice, no prefetch; tile_variants lists exactly it."""
+    monkeypatch.setattr(attention, "_sm_count", lambda index: 132)
+    device = torch.device("cuda", 0)
+    hq, hkv, d = heads
+    variants = attention.tile_variants(device, hq, hkv, d, exact=True)
+    assert len(variants) == 1
+    only = variants[0][1]
+    assert not only.per_request and only.num_splits == 1 and not only.prefetch_pages
+    for seqs, tokens, max_query_len in [(1, 1, 1), (64, 64, 1), (4, 20, 5), (1, 8192, 8192),
+                                        (256, 256, 1), (3, 700, None)]:  # fmt: skip
+        tiles = attention.choose_tiles.__wrapped__(
+            device, tokens, seqs, hq, hkv, d, max_query_len, exact=True
+        )
+        assert tiles == only
+    # bf16 keeps its launch classes; on CPU exact changes nothing
+    assert len(attention.tile_variants(device, hq, hkv, d)) > 1
+    cpu = torch.device("cpu")
+    assert attention.tile_variants(cpu, hq, hkv, d, exact=True) == attention.tile_variants(
+        cpu, hq, hkv, d
+    )
+
+
 def test_per_request_variants_launch_exactly_their_query_length():
     """A per-request tile is compiled with Q_BLOCKS_PER_REQUEST = 1, as choose_tiles' own."""
     for tokens, tiles in attention.tile_variants(torch.device("cpu"), 32, 8, 128):

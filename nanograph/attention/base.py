@@ -52,8 +52,9 @@ class AttentionBackend(ABC):
     graph_safe: bool
 
     def launch_variants(
-        self, num_q_heads: int, num_kv_heads: int, head_dim: int, device: torch.device
-    ) -> list[tuple[int, AbstractContextManager]]:
+        self, num_q_heads: int, num_kv_heads: int, head_dim: int, device: torch.device,
+        dtype: torch.dtype,
+    ) -> list[tuple[int, AbstractContextManager]]:  # fmt: skip
         """Every compiled variant a batch can launch, as (query tokens of one request that
         launches it, a context that selects it). Start-up runs a forward under each, so no
         kernel compiles on a request's path. Backends that compile nothing return []."""

@@ -19,11 +19,13 @@ class TritonAttention(AttentionBackend):
     graph_safe = True
 
     def launch_variants(
-        self, num_q_heads: int, num_kv_heads: int, head_dim: int, device: torch.device
-    ) -> list[tuple[int, AbstractContextManager]]:
+        self, num_q_heads: int, num_kv_heads: int, head_dim: int, device: torch.device,
+        dtype: torch.dtype,
+    ) -> list[tuple[int, AbstractContextManager]]:  # fmt: skip
         from nanograph.kernels.attention import forced_tiles, tile_variants
 
-        variants = tile_variants(device, num_q_heads, num_kv_heads, head_dim)
+        exact = dtype == torch.float32  # one variant: see kernels.attention.choose_tiles
+        variants = tile_variants(device, num_q_heads, num_kv_heads, head_dim, exact)
         return [(tokens, forced_tiles(tiles)) for tokens, tiles in variants]
 
     def forward(

@@ -467,11 +467,20 @@ def choose_tiles(
     head_dim: int,
     max_query_len: int | None,
     num_splits: int | None = None,
+    exact: bool = False,
 ) -> AttentionTiles:
-    """Launch configuration from static sizes only (graph-safe: the same for every replay)."""
+    """Launch configuration from static sizes only (graph-safe: the same for every replay).
+    ``exact`` (float32 on a GPU: numerics checks, IEEE dots): one configuration for every
+    batch, the flat layout with one key-range slice, so a float32 engine compiles one variant
+    instead of one per launch class (each took tens of seconds to compile cold; its speed is
+    not the point of float32)."""
     group_pad = _next_pow2(num_q_heads // num_kv_heads)
     on_gpu = device.type == "cuda"
-    small = max_query_len is not None and _next_pow2(max_query_len) * group_pad <= SMALL_QUERY_ROWS
+    exact = exact and on_gpu
+    small = (
+        not exact and max_query_len is not None
+        and _next_pow2(max_query_len) * group_pad <= SMALL_QUERY_ROWS
+    )  # fmt: skip
     # GPU values from the H200 sweep of ``nanograph bench attention --sweep`` (qwen3-8b layout);
     # CPU values are small so the interpreter tests cover several blocks per request.
     if small:
@@ -484,7 +493,7 @@ def choose_tiles(
         # the smaller key block wins (32 x 256: 0.130 vs 0.155 ms; 1 x 8192 prefers 64).
         target_rows = (128 if head_dim <= 128 else 64) if on_gpu else 16
         block_q = max(1, target_rows // group_pad)
-        short = num_tokens <= SHORT_REQUEST_TOKENS * max(num_seqs, 1)
+        short = exact or num_tokens <= SHORT_REQUEST_TOKENS * max(num_seqs, 1)
         block_n = (64 if head_dim <= 128 and not short else 32) if on_gpu else 16
         num_warps, num_stages = 4, (3 if head_dim <= 128 else 2)
     # tl.dot needs at least 16 rows: pad the group further when the tile is too short.
@@ -495,7 +504,7 @@ def choose_tiles(
         programs = (num_tokens // block_q + num_seqs) * num_kv_heads
     if num_splits is None:
         num_splits = 1
-        if on_gpu:
+        if on_gpu and not exact:
             wanted = PROGRAMS_PER_SM * _sm_count(device.index or 0)
             num_splits = min(_next_pow2(triton.cdiv(wanted, max(programs, 1))), MAX_SPLITS)
     if num_splits & (num_splits - 1):
@@ -519,13 +528,17 @@ def choose_tiles(
 
 
 def tile_variants(
-    device: torch.device, num_q_heads: int, num_kv_heads: int, head_dim: int
+    device: torch.device, num_q_heads: int, num_kv_heads: int, head_dim: int, exact: bool = False
 ) -> list[tuple[int, AttentionTiles]]:
     """Every launch configuration ``choose_tiles`` can return for these heads, each with a query
     length that launches it (per-request tiles hold exactly that many tokens; flat tiles take
     any). The set is what ``choose_tiles`` gives for each small-query class and for short and
     long extends, at every split count it can pick, so it covers every batch shape; tiles that
-    differ only in their split count share a compiled kernel and appear once."""
+    differ only in their split count share a compiled kernel and appear once. ``exact``: the
+    one configuration of float32 on a GPU."""
+    if exact and device.type == "cuda":
+        tiles = choose_tiles(device, 1, 1, num_q_heads, num_kv_heads, head_dim, 1, exact=True)
+        return [(1, tiles)]
     group_pad = _next_pow2(num_q_heads // num_kv_heads)
     small_block_q = [1 << i for i in range((SMALL_QUERY_ROWS // group_pad).bit_length())]
     long_query = SMALL_QUERY_ROWS + 1  # not a small query; flat layout
@@ -607,7 +620,7 @@ def paged_attention(
     if tiles is None:
         tiles = _FORCED_TILES.get() or choose_tiles(
             q.device, num_tokens, num_seqs, num_q_heads, num_kv_heads, head_dim, max_query_len,
-            num_splits,
+            num_splits, q.dtype == torch.float32,
         )  # fmt: skip
     if out is None:
         out = torch.zeros_like(q)

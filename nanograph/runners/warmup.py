@@ -33,9 +33,11 @@ def warm_up_kernels(runner: ModelRunner, page_size: int, progress: bool = False)
     batch-1 decode; returns the seconds it took."""
     start = time.perf_counter()
     config = runner.model.config
+    dtype = runner.model.model.embed_tokens.weight.dtype
     variants = runner.attention.launch_variants(
-        config.num_attention_heads, config.num_key_value_heads, config.head_dim, runner.device
-    )
+        config.num_attention_heads, config.num_key_value_heads, config.head_dim, runner.device,
+        dtype,
+    )  # fmt: skip
     variants = [(1, contextlib.nullcontext()), *variants]
     if progress:
         from tqdm import tqdm

@@ -68,6 +68,16 @@ def test_extend_other_dtypes(dtype):
     _check(_batch([100, 0], [300, 257], dtype=dtype, seed=2), dtype=dtype)
 
 
+def test_float32_decode_takes_the_one_exact_variant():
+    """float32 launches one configuration for every batch (flat, one slice: numerics checks
+    compile one variant); decode of requests up to 5k tokens through it matches the
+    reference."""
+    gen = torch.Generator().manual_seed(4)
+    contexts = torch.randint(0, 5000, (14,), generator=gen).tolist() + [0, 4999]
+    batch = _batch(contexts, [1] * 16, sentinels=2, pad=2, dtype=torch.float32, seed=4)
+    _check(batch, dtype=torch.float32, max_query_len=1)
+
+
 def test_decode_128_requests():
     gen = torch.Generator().manual_seed(3)
     contexts = torch.randint(0, 2048, (120,), generator=gen).tolist() + [0, 2047]
