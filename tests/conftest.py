@@ -208,3 +208,27 @@ def assert_pages_back(llm) -> None:
     cache = engine.prefix_cache
     if cache is not None:  # nothing still locked, every cached page evictable
         assert cache.stats().evictable_pages == cache.stats().cached_pages
+
+
+def fused_decode_agreement(build: Callable, prompts: list, params, ran: list) -> float:
+    """Greedy tokens of an engine from ``build()`` with the fused batch-1 decode off, then on
+    ("auto"): each request alone (batch 1), then all together. ``ran`` is a list the caller's
+    counter appends to when a fused call runs: it must stay empty when off and fill when on.
+    Returns the share of positions whose tokens agree."""
+    from nanograph.layers import ops
+
+    tokens = {}
+    for mode in ("off", "auto"):
+        ops.set_fused_decode(mode)
+        try:
+            ran.clear()
+            llm = build()
+            each = params if isinstance(params, list) else [params] * len(prompts)
+            alone = [llm.generate([p], q)[0].token_ids for p, q in zip(prompts, each)]
+            tokens[mode] = alone + [o.token_ids for o in llm.generate(prompts, params)]
+            del llm
+        finally:
+            ops.set_fused_decode("auto")
+        assert bool(ran) == (mode == "auto")
+    pairs = [(a, b) for x, y in zip(tokens["off"], tokens["auto"]) for a, b in zip(x, y)]
+    return sum(a == b for a, b in pairs) / len(pairs)

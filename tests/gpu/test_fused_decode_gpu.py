@@ -82,6 +82,8 @@ def test_decode_fused_matches_unfused(monkeypatch):
     """qwen3-0.6b (random weights), full decode graphs at batch 1 and 2: greedy tokens fused
     equal those unfused for nearly every position (bf16 sums in another order may flip a
     near-tie), and the fused GEMVs ran only when on."""
+    from conftest import fused_decode_agreement
+
     from nanograph import SamplingParams
     from nanograph.layers import ops
 
@@ -91,20 +93,7 @@ def test_decode_fused_matches_unfused(monkeypatch):
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 151936, (n,), generator=g).tolist() for n in (40, 70)]
     params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
-    tokens = {}
-    for mode in ("off", "auto"):
-        ops.set_fused_decode(mode)
-        try:
-            calls.clear()
-            llm = _engine("full")
-            alone = [llm.generate([p], params)[0].token_ids for p in prompts]
-            tokens[mode] = alone + [o.token_ids for o in llm.generate(prompts, params)]
-            del llm
-        finally:
-            ops.set_fused_decode("auto")
-        assert bool(calls) == (mode == "auto")
-    pairs = [(a, b) for x, y in zip(tokens["off"], tokens["auto"]) for a, b in zip(x, y)]
-    agree = sum(a == b for a, b in pairs) / len(pairs)
+    agree = fused_decode_agreement(lambda: _engine("full"), prompts, params, calls)
     print(f"\ngreedy agreement, fused vs unfused: {agree:.3f}")
     assert agree > 0.9
 

@@ -152,29 +152,20 @@ def test_fused_decode_of_a_moe_layer_matches_unfused(model_dirs, monkeypatch):
     (batch 1: the fused decode, whose experts add into the residual stream) and together:
     greedy tokens fused vs unfused agree for nearly every position (bf16 sums in another order
     may flip a near-tie), and the fused MoE ran only when on."""
+    from conftest import fused_decode_agreement
+
     from nanograph import LLM
-    from nanograph.layers import ops
     from nanograph.models.moe import MoE
 
     calls = []
     real = MoE.forward_add
     monkeypatch.setattr(MoE, "forward_add", lambda *a: calls.append(1) or real(*a))
-    prompts, params = requests(3, seed=2)
-    tokens = {}
-    for mode in ("off", "auto"):
-        ops.set_fused_decode(mode)
-        try:
-            calls.clear()
-            llm = LLM(str(model_dirs["qwen3_moe"]), moe_backend="triton", dtype="bfloat16",
-                      decode_cuda_graph="full", prefill_cuda_graph="none", **SMALL)  # fmt: skip
-            alone = [llm.generate([p], q)[0].token_ids for p, q in zip(prompts, params)]
-            tokens[mode] = alone + [o.token_ids for o in llm.generate(prompts, params)]
-            del llm
-        finally:
-            ops.set_fused_decode("auto")
-        assert bool(calls) == (mode == "auto")
-    pairs = [(a, b) for x, y in zip(tokens["off"], tokens["auto"]) for a, b in zip(x, y)]
-    agree = sum(a == b for a, b in pairs) / len(pairs)
+
+    def build():
+        return LLM(str(model_dirs["qwen3_moe"]), moe_backend="triton", dtype="bfloat16",
+                   decode_cuda_graph="full", prefill_cuda_graph="none", **SMALL)  # fmt: skip
+
+    agree = fused_decode_agreement(build, *requests(3, seed=2), calls)
     print(f"\nqwen3_moe greedy agreement, fused vs unfused: {agree:.3f}")
     assert agree > 0.9
 
