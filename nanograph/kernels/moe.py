@@ -332,7 +332,8 @@ def _pair_down_kernel(
             )
         total += tl.load(topk_weights_ptr + pair).to(tl.float32) * y
     out_row = out_ptr + token.to(tl.int64) * stride_om + offs_n
-    if ACCUMULATE:
+    if ACCUMULATE:  # rounded first, as the unfused path stores the sum before adding it
+        total = total.to(out_ptr.dtype.element_ty).to(tl.float32)
         total += tl.load(out_row, mask=n_mask, other=0).to(tl.float32)
     tl.store(out_row, total.to(out_ptr.dtype.element_ty), mask=n_mask)
 
