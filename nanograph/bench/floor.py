@@ -42,6 +42,9 @@ def step_batch(llm, length: int, decode_batch: int = 0) -> tuple[object, list[li
     take = cache.allocate if cache is not None else kv.allocator.allocate
     pages = [take(kv.pages_needed(length)) for _ in range(requests)]
     if any(p is None for p in pages):
+        for p in pages:
+            if p is not None:
+                kv.allocator.free(p)
         raise MemoryError(f"{requests} x {length} tokens do not fit the KV pool")
     ids = [torch.randint(0, llm.engine.model_config.vocab_size, (length,)).tolist()
            for _ in range(requests)]  # fmt: skip
