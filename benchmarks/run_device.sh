@@ -139,11 +139,15 @@ case $stage in
     # and --offline (LLM.generate on the saturation prompts, batch-1 decode step). Arms eager
     # and full/full: two rates each. Every arm caps the batch at 128 (fewer decode graphs to
     # capture) and first sends 128 untimed 8-token requests at once (kernels that compile on
-    # first use do so there). Each command is bounded by `timeout`; MODELS narrows the run.
+    # first use do so there). Every arm captures at start-up (the engine's default on CUDA is
+    # background capture): the graph arms are compared with their graphs in place, and the
+    # --offline LLM takes the same flags. Each command is bounded by `timeout`; MODELS narrows
+    # the run.
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
       --find-links "${SERVE_WHEELS:-.whl}" -r benchmarks/serve_wheels.txt 2>&1 | tail -2
     export PYTHONPATH=/tmp/site:$PYTHONPATH
-    common="--load-format dummy --max-num-seqs 128 --cuda-graph-max-bs 128 --quiet"
+    common="--load-format dummy --max-num-seqs 128 --cuda-graph-max-bs 128 --quiet \
+      --cuda-graph-capture startup"
     for model in ${MODELS:-qwen3-0.6b qwen3-8b}; do
       if [ "$model" = qwen3-8b ]; then
         rates=inf,1,4,16,inf,4,inf prompts=6,8,24,64,128,24,128 budget=210 fast=4,inf
@@ -174,7 +178,9 @@ case $stage in
       'if sys.argv[1:2] == ["serve"]: sys.setswitchinterval(float(__import__("os").environ.get("GIL_SWITCH_S", "0.005")))' \
       > /tmp/gil/sitecustomize.py
     export PYTHONPATH=/tmp/gil:/tmp/site:$PYTHONPATH
-    common="--model qwen3-0.6b --load-format dummy --max-num-seqs 128 --cuda-graph-max-bs 128 --quiet"
+    # start-up capture, as in the serve stage it is compared with
+    common="--model qwen3-0.6b --load-format dummy --max-num-seqs 128 --cuda-graph-max-bs 128 \
+      --quiet --cuda-graph-capture startup"
     for switch in 0.005 0.0002; do
       GIL_SWITCH_S=$switch timeout 130 python3 -m nanograph bench serve --launch "$common" --offline \
         --dataset random,random --request-rate inf,inf --num-prompts 128,128 --warmup 128 \

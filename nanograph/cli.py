@@ -46,7 +46,8 @@ ENGINE_HELP = {
     "prefill_graph_slots": "request slots per prefill graph; more requests run eagerly",
     "cuda_graph_capture": "auto | startup (capture, then serve) | background (serve at once, "
     "capture on a thread, hottest shapes first) | lazy (capture a shape the 2nd time a batch "
-    "needs it); auto = startup on CUDA for now",
+    "needs it); auto = background on CUDA, startup with speculative decoding, tensor "
+    "parallelism, a tc_piecewise path, no graph backend, or on CPU",
     "cuda_graph_memory": "graph memory budget of background/lazy capture: bytes (2GiB, 500MB) "
     "or a fraction of free memory (0.05); least recently replayed graphs are evicted to stay "
     "under it (default: estimated from the activation peak)",

@@ -444,6 +444,43 @@ def test_capture_flags_are_validated_on_cpu():
         EngineConfig(cuda_graph_memory="lots")
 
 
+STARTUP_ONLY = [
+    dict(speculative_algorithm="ngram"),
+    dict(tensor_parallel_size=2),
+    dict(decode_cuda_graph="tc_piecewise"),
+    dict(prefill_cuda_graph="tc_piecewise"),
+    dict(decode_cuda_graph="none", prefill_cuda_graph="none"),
+]
+
+
+def test_auto_capture_is_background_on_cuda_and_startup_where_background_is_refused(
+    monkeypatch,
+):
+    """The config only reads the device type, so a CUDA machine is mocked."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert EngineConfig().capture_mode == "background"
+    assert EngineConfig(decode_cuda_graph="none").capture_mode == "background"  # prefill's
+    learned = EngineConfig(cuda_graph_ladder="auto", cuda_graph_memory="1GiB")
+    assert learned.capture_mode == "background"
+    assert EngineConfig(device="cpu").capture_mode == "startup"  # nothing is captured on CPU
+    for kwargs in STARTUP_ONLY:
+        assert EngineConfig(**kwargs).capture_mode == "startup", kwargs
+    assert EngineConfig(cuda_graph_capture="lazy", **STARTUP_ONLY[2]).capture_mode == "lazy"
+
+
+def test_explicit_background_keeps_its_refusals_and_their_advice_holds(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    refusals = ["'startup' \\(or 'auto'\\)", "startup \\(or auto\\)", "lazy, startup or auto",
+                "lazy, startup or auto"]  # fmt: skip
+    for kwargs, message in zip(STARTUP_ONLY, refusals):
+        with pytest.raises(ValueError, match=message):
+            EngineConfig(cuda_graph_capture="background", **kwargs)
+        for advice in ("startup", "auto"):  # what the message says to use instead
+            assert EngineConfig(cuda_graph_capture=advice, **kwargs).capture_mode == "startup"
+    with pytest.raises(ValueError, match="start-up capture captures the whole configured ladder"):
+        EngineConfig(cuda_graph_ladder="auto", **STARTUP_ONLY[1])  # auto resolved to startup
+
+
 def test_capture_flags_reach_the_config_from_the_command_line():
     args = build_parser().parse_args(
         ["generate", "--prompt", "hi", "--cuda-graph-capture", "startup",

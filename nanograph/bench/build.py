@@ -9,7 +9,14 @@ from __future__ import annotations
 
 import argparse
 
-from nanograph.bench.common import default_out, environment, free_engine, require_cuda, write
+from nanograph.bench.common import (
+    STARTUP_CAPTURE,
+    default_out,
+    environment,
+    free_engine,
+    require_cuda,
+    write,
+)
 
 BACKENDS = ("full", "breakable", "tc_piecewise")
 
@@ -20,7 +27,7 @@ def measure(model: str, backend: str, chunk: int, tokens: tuple[int, ...] | None
     llm = LLM(
         model, load_format="dummy", decode_cuda_graph="none", prefill_cuda_graph=backend,
         chunked_prefill_size=chunk, prefill_graph_tokens=tokens, max_num_seqs=2,
-        max_model_len=chunk + 16, progress=False,
+        max_model_len=chunk + 16, progress=False, **STARTUP_CAPTURE,
     )  # fmt: skip
     runner = llm.engine.runner.graph_runners["prefill"]
     compile_s = sum(g.stats.compile_s for g in runner.graphs.values())

@@ -77,6 +77,10 @@ EAGER = "eager"
 GRAPH_ARMS = ("full", "breakable", "tc_piecewise")
 ARMS = (EAGER, *GRAPH_ARMS)
 ARM_ALIASES = {"none": EAGER}  # the engine's graph flags call the eager path "none"
+# Engine arguments of every bench that times graphs from its first call on: start-up capture.
+# On CUDA the engine's default is background capture, which serves (eagerly) before its graphs
+# exist. The capture-mode comparison (bench startup --capture-modes) picks its modes itself.
+STARTUP_CAPTURE = {"cuda_graph_capture": "startup"}
 
 
 class Unavailable(ValueError):

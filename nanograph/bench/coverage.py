@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from nanograph.bench.common import (
+    STARTUP_CAPTURE,
     Unavailable,
     default_out,
     environment,
@@ -48,6 +49,7 @@ def _engine(model: str, moe: str, backend: str, args: argparse.Namespace):
         cuda_graph_bs=tuple(args.decode_batches), prefill_graph_tokens=(args.prefill_tokens,),
         chunked_prefill_size=args.prefill_tokens, max_num_seqs=max(args.decode_batches),
         max_model_len=args.prefill_tokens + args.new_tokens + 16, progress=False, **extra,
+        **STARTUP_CAPTURE,
     )  # fmt: skip
 
 

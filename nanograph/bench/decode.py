@@ -28,6 +28,7 @@ import torch
 
 from nanograph.bench.common import (
     ARMS,
+    STARTUP_CAPTURE,
     TP_MODIFIERS,
     default_out,
     device,
@@ -112,6 +113,7 @@ def _measure(model: str, backend: str, serial: bool, batches: list[int], prompt_
         cuda_graph_bs=tuple(batches), max_num_seqs=max(batches),
         max_model_len=prompt_len + new_tokens + 16, progress=False,
         disable_overlap_schedule=serial, moe_backend=moe_backend, tensor_parallel_size=tp,
+        **STARTUP_CAPTURE,
     )  # fmt: skip
     params = SamplingParams(max_tokens=new_tokens, temperature=0, ignore_eos=True)
     vocab = llm.engine.model_config.vocab_size

@@ -19,6 +19,7 @@ import torch
 from nanograph.bench.common import (
     ARMS,
     EAGER,
+    STARTUP_CAPTURE,
     default_out,
     environment,
     free_engine,
@@ -129,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         prefill_graph_tokens=None if args.decode_batch else tuple(lengths),
         chunked_prefill_size=max(lengths), max_num_seqs=max(2, args.decode_batch),
         max_model_len=max(lengths) + 16,
-        progress=False,
+        progress=False, **STARTUP_CAPTURE,
     )  # fmt: skip
     report = {"bench": "floor", "env": environment(), "config": vars(args), "lengths": {}}
     for length in lengths:

@@ -19,6 +19,7 @@ import torch
 
 from nanograph.bench.common import (
     ARMS,
+    STARTUP_CAPTURE,
     default_out,
     environment,
     free_engine,
@@ -41,6 +42,7 @@ def engine_for(model: str, workload: str, arm: str, tokens: int, batch: int, new
         model, load_format="dummy", decode_cuda_graph=graph_flag(arm), prefill_cuda_graph="none",
         cuda_graph_bs=(batch,), max_num_seqs=batch, max_model_len=tokens + new_tokens + 16,
         progress=False, disable_prefix_caching=True,  # repeated prompts must be recomputed
+        **STARTUP_CAPTURE,
     )  # fmt: skip
 
 

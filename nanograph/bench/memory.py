@@ -13,6 +13,7 @@ import argparse
 import torch
 
 from nanograph.bench.common import (
+    STARTUP_CAPTURE,
     default_out,
     environment,
     figure,
@@ -33,6 +34,7 @@ def measure(model: str, backend: str, chunk: int, ceiling: int | None) -> dict:
         model, load_format="dummy", decode_cuda_graph="none",
         prefill_cuda_graph=backend if ceiling else "none", chunked_prefill_size=chunk,
         prefill_graph_tokens=tokens, max_num_seqs=1, max_model_len=chunk + 16, progress=False,
+        **STARTUP_CAPTURE,
     )  # fmt: skip
     prompt = torch.randint(0, 1000, (chunk,)).tolist()
     torch.cuda.synchronize()

@@ -24,6 +24,7 @@ import torch
 from nanograph.bench.common import (
     ARMS,
     EAGER,
+    STARTUP_CAPTURE,
     TP_MODIFIERS,
     default_out,
     device,
@@ -54,7 +55,7 @@ def engine_for(model: str, arm: str, lengths: list[int], load_format: str = "dum
         prefill_graph_tokens=tuple(lengths), chunked_prefill_size=max(lengths),
         max_num_seqs=2, max_model_len=max(lengths) + 16, progress=False,
         disable_prefix_caching=True,  # the same prompt repeats: every call must compute it all
-        **extra,
+        **STARTUP_CAPTURE, **extra,
     )  # fmt: skip
 
 

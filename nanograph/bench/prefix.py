@@ -27,7 +27,14 @@ from pathlib import Path
 
 import torch
 
-from nanograph.bench.common import environment, figure, free_engine, median, write
+from nanograph.bench.common import (
+    STARTUP_CAPTURE,
+    environment,
+    figure,
+    free_engine,
+    median,
+    write,
+)
 
 # a small chunk spreads the few requests over steps, so later ones find what earlier ones cached
 SMOKE = dict(
@@ -116,6 +123,7 @@ def measure_arm(args: argparse.Namespace, caching: bool) -> dict:
     llm = LLM(
         args.model, load_format=args.load_format, disable_prefix_caching=not caching,
         chunked_prefill_size=args.chunk, max_num_seqs=args.max_num_seqs, progress=False,
+        **STARTUP_CAPTURE,
     )  # fmt: skip
     work = Workloads(llm, args)
     warm = torch.randint(0, work.vocab, (args.system + args.user,)).tolist()

@@ -29,7 +29,15 @@ from pathlib import Path
 import torch
 
 from nanograph.arith import ceil_div
-from nanograph.bench.common import default_out, environment, figure, free_engine, median, timed
+from nanograph.bench.common import (
+    STARTUP_CAPTURE,
+    default_out,
+    environment,
+    figure,
+    free_engine,
+    median,
+    timed,
+)
 from nanograph.bench.common import write as write_json
 from nanograph.runners.decode_runner import DecodeRunner
 from nanograph.runners.forward_batch import ForwardBatch
@@ -126,7 +134,7 @@ def measure_arm(args: argparse.Namespace, arm: str, batches: list[int]) -> dict:
         load_format="dummy", decode_cuda_graph="auto" if cuda else "none",
         prefill_cuda_graph="none", cuda_graph_bs=tuple(batches), max_num_seqs=max(batches),
         max_model_len=args.prompt_len + args.new_tokens + 32, disable_prefix_caching=True,
-        progress=False,
+        progress=False, **STARTUP_CAPTURE,
     )  # fmt: skip
     if algorithm is not None:
         drafter = args.target if arm.startswith("self") else args.drafter

@@ -4,7 +4,8 @@ a fresh process, with a cold or a warm kernel cache.
 What it shows: whether a request pays for compilation. Each arm starts an engine (process start
 to ``LLM`` ready), then runs three requests one after another: a short prompt, a long one, and
 the short one again. A kernel compiled on a request's path shows up as the difference between
-the first short request and its repeat.
+the first short request and its repeat. Graph arms capture at start-up, so that difference is
+not also a graph arriving between the two.
 "Cold" points Triton's and Inductor's caches at empty folders (a fresh machine); "warm" runs
 again over the caches the cold run filled.
 With ``--capture-modes`` it compares the graph capture modes under a steady request stream
@@ -22,7 +23,15 @@ import tempfile
 import time
 
 from nanograph.bench import capture_modes
-from nanograph.bench.common import default_out, environment, figure, graph_flag, parse_arms, write
+from nanograph.bench.common import (
+    STARTUP_CAPTURE,
+    default_out,
+    environment,
+    figure,
+    graph_flag,
+    parse_arms,
+    write,
+)
 
 CHILD_FLAG = "--child"
 REQUESTS = ("short", "long", "short_again")
@@ -102,10 +111,11 @@ def main(argv: list[str] | None = None) -> int:
     for dtype in args.dtypes.split(","):
         for graphs in arms:
             flag = graphs if graphs == "auto" else graph_flag(graphs)
-            # no prefix caching: the repeated short prompt must be computed again
+            # no prefix caching: the repeated short prompt must be computed again; start-up
+            # capture (the module's docstring says why)
             engine_args = {"load_format": args.load_format, "dtype": dtype,
                            "decode_cuda_graph": flag, "prefill_cuda_graph": flag,
-                           "disable_prefix_caching": True}  # fmt: skip
+                           "disable_prefix_caching": True, **STARTUP_CAPTURE}  # fmt: skip
             with tempfile.TemporaryDirectory() as cache:
                 caches = {"TRITON_CACHE_DIR": f"{cache}/triton",
                           "TORCHINDUCTOR_CACHE_DIR": f"{cache}/inductor"}  # fmt: skip

@@ -22,10 +22,11 @@ SPECULATIVE_ALGORITHMS = ("ngram", "draft_model")
 MAX_DRAFT_TOKENS = 16
 CAPTURE_CHOICES = ("auto", "startup", "background", "lazy")
 LADDER_CHOICES = ("default", "auto")
-# What --cuda-graph-capture auto means on CUDA. Background capture (serve at once, capture
-# while serving) becomes the default once its GPU tests (tests/gpu/test_live_capture_gpu.py)
-# have passed on the device; until then start-up capture, which they compare against.
-CAPTURE_DEFAULT_ON_CUDA = "startup"
+# What --cuda-graph-capture auto means on CUDA: serve at once and capture while serving (its GPU
+# tests, tests/gpu/test_live_capture_gpu.py, passed on the H200 at b04ff55). auto still means
+# start-up capture wherever background capture is refused or has nothing to capture
+# (EngineConfig.capture_mode).
+CAPTURE_DEFAULT_ON_CUDA = "background"
 _BYTE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10,
                "mib": 2**20, "gib": 2**30}  # fmt: skip
 
@@ -86,7 +87,7 @@ class EngineConfig:
     speculative_draft_cuda_graph: str = "auto"
     # when graphs are captured: startup (before serving), background (serve at once, capture
     # on a thread, hottest shapes first), lazy (when a batch needs a shape the 2nd time);
-    # auto = CAPTURE_DEFAULT_ON_CUDA on CUDA (nothing is captured on CPU)
+    # auto = CAPTURE_DEFAULT_ON_CUDA on CUDA, startup where that is refused (see capture_mode)
     cuda_graph_capture: str = "auto"
     # graph memory budget of background/lazy capture: bytes ("2GiB", "500MB", "2e9") or a
     # fraction of the free memory after the weights ("0.05"); least recently replayed graphs
@@ -243,23 +244,37 @@ class EngineConfig:
             raise ValueError(
                 "cuda_graph_capture background/lazy captures on one rank's own schedule, but with "
                 f"tensor_parallel_size={self.tensor_parallel_size} every rank must capture (and "
-                "replay) the same graphs together: use cuda_graph_capture startup"
+                "replay) the same graphs together: use cuda_graph_capture startup (or auto)"
             )
         if self.capture_mode == "background" and "tc_piecewise" in (
             self.graph_backend("decode"), self.graph_backend("prefill"),
         ):  # fmt: skip
             raise ValueError(
                 "tc_piecewise compiles with torch.compile, which nanograph does not run on a "
-                "second thread while the serving thread replays: use cuda_graph_capture lazy or "
-                "startup with it, or the full/breakable backends"
+                "second thread while the serving thread replays: use cuda_graph_capture lazy, "
+                "startup or auto with it, or the full/breakable backends"
             )
 
     @property
     def capture_mode(self) -> str:
-        """When graphs are captured: "startup", "background" or "lazy"."""
+        """When graphs are captured: "startup", "background" or "lazy". An explicit choice is
+        kept (and refused where it cannot apply); "auto" is CAPTURE_DEFAULT_ON_CUDA, or
+        "startup" where background capture is refused or has nothing to capture."""
         if self.cuda_graph_capture != "auto":
             return self.cuda_graph_capture
-        return CAPTURE_DEFAULT_ON_CUDA if self.torch_device.type == "cuda" else "startup"
+        return "startup" if self._startup_capture_only() else CAPTURE_DEFAULT_ON_CUDA
+
+    def _startup_capture_only(self) -> bool:
+        """Where "auto" means start-up capture: the cases _check_speculative and _check_capture
+        refuse background capture in, and engines with no graph to capture."""
+        paths = (self.graph_backend("decode"), self.graph_backend("prefill"))
+        return (
+            self.torch_device.type != "cuda"  # nothing is captured
+            or self.speculative_algorithm is not None  # verify and draft graphs: at start-up
+            or self.tensor_parallel_size > 1  # every rank captures the same graphs together
+            or "tc_piecewise" in paths  # no torch.compile beside the serving thread's replays
+            or paths == ("none", "none")  # no graph backend: no capture thread to start
+        )
 
     def _ladder(self, name: str, limit_name: str, what: str) -> None:
         values = getattr(self, name)

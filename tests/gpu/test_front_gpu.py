@@ -27,6 +27,7 @@ def test_front_on_cuda_matches_generate_alone(small_qwen3):
         prefill_cuda_graph="breakable",
         max_model_len=1024,
         progress=False,
+        cuda_graph_capture="startup",  # the graphs are in place before the first request
     )
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 4096, (int(n),), generator=g).tolist() for n in (5, 40, 300, 17)]

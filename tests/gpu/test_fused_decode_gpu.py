@@ -75,7 +75,8 @@ def _engine(graph: str):
     from nanograph import LLM
 
     return LLM("qwen3-0.6b", load_format="dummy", decode_cuda_graph=graph,
-               cuda_graph_bs=(1, 2), max_num_seqs=2, mem_fraction=0.3, progress=False)  # fmt: skip
+               cuda_graph_bs=(1, 2), max_num_seqs=2, mem_fraction=0.3, progress=False,
+               cuda_graph_capture="startup")  # fmt: skip
 
 
 def test_decode_fused_matches_unfused(monkeypatch):

@@ -47,7 +47,7 @@ def test_decode_with_the_gemv_matches_cublas():
         try:
             before = gemv_module._launch.direct_launches
             llm = LLM("qwen3-0.6b", load_format="dummy", cuda_graph_bs=(1, 2), max_num_seqs=2,
-                      mem_fraction=0.3, progress=False)  # fmt: skip
+                      mem_fraction=0.3, progress=False, cuda_graph_capture="startup")  # fmt: skip
             tokens[on] = [o.token_ids for o in llm.generate(prompts, params)]
             ran = gemv_module._launch.direct_launches - before
             del llm

@@ -25,7 +25,7 @@ def test_kv_pressure_float32_graphs_equal_an_ample_pool(tiny_model_dir):
     params = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
     batch = prompts(8, seed=5)
     common = dict(dtype="float32", page_size=8, max_num_seqs=8, chunked_prefill_size=64,
-                  cuda_graph_max_bs=8, progress=False)  # fmt: skip
+                  cuda_graph_max_bs=8, progress=False, cuda_graph_capture="startup")  # fmt: skip
     ample = LLM(path, **common)
     ref = [o.token_ids for o in ample.generate(batch, params)]
     small = LLM(path, max_total_tokens=160, **common)
@@ -66,7 +66,7 @@ def test_no_kernel_compiles_on_a_request_path(tiny_model_dir, dtype, graphs):
 
     llm = LLM(str(tiny_model_dir("qwen3")), dtype=dtype, decode_cuda_graph=graphs,
               prefill_cuda_graph=graphs, chunked_prefill_size=256, max_num_seqs=32,
-              cuda_graph_max_bs=16, progress=False)  # fmt: skip
+              cuda_graph_max_bs=16, progress=False, cuda_graph_capture="startup")  # fmt: skip
     before = _compiled_variants()
     params = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
     for n, (lo, hi) in [(1, (1, 2)), (1, (450, 451)), (3, (2, 40)), (17, (5, 90)), (24, (1, 8)),

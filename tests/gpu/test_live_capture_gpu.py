@@ -1,7 +1,7 @@
 """Serve while capturing on CUDA: a stream of mixed requests that starts the moment the engine
 is ready gives the same greedy tokens under background and lazy capture as an all-eager engine
 and a start-up-capture engine; memory stops growing once capture is done; eviction under a
-small budget keeps tokens identical.
+small budget keeps tokens identical; left at auto, the capture mode on CUDA is background.
 
 float32 keeps greedy ties out of the comparison (as in test_prefix_gpu.py), so tokens must be
 identical whether a request ran before, during or after its shape was captured. Full decode and
@@ -81,6 +81,19 @@ def test_startup_capture_matches_eager(model_dir, eager_tokens):
     e = engine(model_dir, cuda_graph_capture="startup")
     assert run_stream(e, workload(24, 0)) == eager_tokens[0]
     assert all(r.replays > 0 for r in e.runner.graph_runners.values())
+
+
+def test_auto_capture_on_cuda_serves_while_capturing(model_dir):
+    """cuda_graph_capture left at auto (the default): a capture thread, started as the engine
+    became ready (the modes themselves are checked above and below)."""
+    e = engine(model_dir)
+    try:
+        live = e.live_capture
+        assert e.config.capture_mode == "background"
+        assert live is not None and live.mode == "background"
+        assert live.worker.alive or e.wait_for_graphs(0)  # or it has captured the whole ladder
+    finally:
+        e.close()
 
 
 @pytest.mark.parametrize("mode", ["background", "lazy"])

@@ -17,7 +17,7 @@ ARCHS = ["qwen3_moe", "gpt_oss"]
 SMALL = dict(
     page_size=16, chunked_prefill_size=256, prefill_graph_tokens=(64, 128, 256),
     prefill_graph_slots=4, cuda_graph_bs=(1, 2, 4, 8), max_num_seqs=8, mem_fraction=0.3,
-    progress=False,
+    progress=False, cuda_graph_capture="startup",
 )  # fmt: skip
 
 

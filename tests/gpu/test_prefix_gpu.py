@@ -16,7 +16,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 
 CONFIG = dict(
     dtype="float32", page_size=16, chunked_prefill_size=512, cuda_graph_max_bs=16,
-    max_num_seqs=32, mem_fraction=0.3, progress=False,
+    max_num_seqs=32, mem_fraction=0.3, progress=False, cuda_graph_capture="startup",
 )  # fmt: skip
 
 

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 SMALL = dict(
     page_size=16, chunked_prefill_size=256, prefill_graph_tokens=(64, 128, 256),
     prefill_graph_slots=4, cuda_graph_max_bs=8, max_num_seqs=16, mem_fraction=0.3,
-    progress=False,
+    progress=False, cuda_graph_capture="startup",
 )  # fmt: skip
 
 
