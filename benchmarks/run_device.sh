@@ -22,7 +22,8 @@
 #   with TP=1 and TP=2 side by side), capture (serve while capturing: its GPU tests, then the
 #   capture modes side by side on 0.6b and 8b), spec (speculative decoding: its GPU tests,
 #   then `bench spec` on qwen3-8b), serve-gil (issue 13: the server at saturation with the
-#   default GIL switch interval and with 0.2 ms), fusion (the fused batch-1 decode: its GPU tests and the
+#   default GIL switch interval and with 0.2 ms), serve-process (issue 13's other arm: the same
+#   saturation point with the engine in a thread and in its own process), fusion (the fused batch-1 decode: its GPU tests and the
 #   GEMV's, then decode fused vs unfused on qwen3-0.6b and qwen3-8b with kernels per step).
 # Run from the repo root; logs and JSON land in OUTDIR (copy them to benchmarks/results/).
 # Export NANOGRAPH_COMMIT=<short hash> first: the device copy's .git can be stale.
@@ -185,6 +186,19 @@ case $stage in
       GIL_SWITCH_S=$switch timeout 130 python3 -m nanograph bench serve --launch "$common" --offline \
         --dataset random,random --request-rate inf,inf --num-prompts 128,128 --warmup 128 \
         --out "$out/serve_gil_$switch.json" 2>&1 | grep -v "^INFO" | tail -12
+    done ;;
+  serve-process)  # ~5 min (estimated): issue 13's other arm on qwen3-0.6b, beside serve-gil.
+    # Saturation (rate inf, 128 prompts) with the engine's loop in a thread of the server (the
+    # default) and in a spawned child process (--engine-process: a GIL of its own)
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
+      --find-links "${SERVE_WHEELS:-.whl}" -r benchmarks/serve_wheels.txt 2>&1 | tail -2
+    export PYTHONPATH=/tmp/site:$PYTHONPATH
+    common="--model qwen3-0.6b --load-format dummy --max-num-seqs 128 --cuda-graph-max-bs 128 --quiet"
+    for arm in thread process; do
+      flags=$common; [ $arm = process ] && flags="$common --engine-process"
+      timeout 130 python3 -m nanograph bench serve --launch "$flags" --offline \
+        --dataset random,random --request-rate inf,inf --num-prompts 128,128 --warmup 128 \
+        --out "$out/serve_process_$arm.json" 2>&1 | grep -v "^INFO" | tail -12
     done ;;
   prefix)  # ~6 min (at most 10): prefix caching on vs off (issue 14). The test: 3 prefill
     # backends on a small model (tc_piecewise compiles 19 shapes); the bench: two qwen3-8b

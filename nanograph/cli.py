@@ -333,6 +333,11 @@ def _add_serve(sub) -> None:
         "--shutdown-timeout", type=float, default=10.0,
         help="on SIGINT/SIGTERM, seconds in-flight requests get to finish before abort [10]",
     )  # fmt: skip
+    s.add_argument(
+        "--engine-process", action="store_true",
+        help="run the engine in its own process instead of a thread of the server, so the "
+        "HTTP handlers do not hold the GIL the engine needs between steps",
+    )  # fmt: skip
     add_engine_args(serve)
     serve.set_defaults(func=_serve)
 

@@ -1,4 +1,5 @@
-"""Helpers for the server tests: free ports, a server subprocess, and polling /health."""
+"""Helpers for the server tests: free ports, a server subprocess, polling /health, and engines
+with injected faults (module-level, so that a process front can build them in its child)."""
 
 from __future__ import annotations
 
@@ -94,3 +95,38 @@ class ServerProcess:
     def output(self) -> str:
         self.log.seek(0)
         return self.log.read()
+
+
+POISON = [255, 0, 255, 0]  # a prompt holding these tokens makes the forward of faulty_engine raise
+ADD_POISON = [0, 255, 255, 0]  # a prompt starting with these makes its add_request raise
+
+
+def faulty_engine(config):
+    """An Engine whose forward raises on a batch holding POISON, and whose add_request raises
+    on a prompt starting with ADD_POISON."""
+    from nanograph.engine.engine import Engine
+
+    engine = Engine(config)
+    forward = engine.runner.forward
+
+    def faulty_forward(batch, in_flight=None):
+        ids, n = batch.input_ids, len(POISON)
+        if any(ids[i : i + n] == POISON for i in range(len(ids) - n + 1)):
+            raise RuntimeError("injected fault")
+        return forward(batch, in_flight)
+
+    engine.runner.forward = faulty_forward
+    add_request = engine.add_request
+
+    def faulty_add(prompt, params):
+        if list(prompt[: len(ADD_POISON)]) == ADD_POISON:
+            raise RuntimeError("injected admission fault")
+        return add_request(prompt, params)
+
+    engine.add_request = faulty_add
+    return engine
+
+
+def dead_engine(config):
+    """A child that dies at start-up without a word (as a crash or the OOM killer would)."""
+    os._exit(3)

@@ -1,5 +1,7 @@
 """`nanograph serve` over real HTTP on loopback: SmolLM2 on CPU in a subprocess, driven by the
-official ``openai`` client (and raw httpx where the client would hide the wire format).
+official ``openai`` client (and raw httpx where the client would hide the wire format). A subset
+(answers against offline, concurrency, cancellation, bad input, metrics, SIGTERM) runs again
+against a second server with ``--engine-process``.
 
 References: the same requests through the offline ``LLM`` (greedy), the same request alone,
 streamed against non-streamed, and the KV pool's free count before and after.
@@ -28,18 +30,38 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 COMPLETION_PROMPT = "The three primary colours are"
 
 
+SERVER_ARGS = ("--api-key", KEY, "--max-model-len", str(MAX_LEN), "--quiet",
+               "--shutdown-timeout", "20")  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def server():
-    server = ServerProcess(
-        "--api-key", KEY, "--max-model-len", str(MAX_LEN), "--quiet", "--shutdown-timeout", "20"
-    )
+    server = ServerProcess(*SERVER_ARGS)
     yield server
     server.stop()
 
 
 @pytest.fixture(scope="module")
-def client(server):
+def process_server():
+    """The same server with the engine in its own process (``--engine-process``)."""
+    server = ServerProcess(*SERVER_ARGS, "--engine-process")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["thread", "process"])
+def any_server(request):
+    """Each of the two servers in turn: the tests of the engine process's subset take it."""
+    return request.getfixturevalue("server" if request.param == "thread" else "process_server")
+
+
+def _openai(server) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{server.base}/v1", api_key=KEY, max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return _openai(server)
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +84,8 @@ def test_models_and_health(server, client):
     assert health["status"] == "ok" and health["kv_pages_total"] > 0
 
 
-def test_chat_matches_offline_and_stream_matches_whole(client, reference):
+def test_chat_matches_offline_and_stream_matches_whole(any_server, reference):
+    client = _openai(any_server)
     expected = reference["chat"]
     whole = client.chat.completions.create(
         model="smollm2-135m", messages=QUESTION, max_tokens=16, temperature=0
@@ -161,7 +184,8 @@ def test_seeded_sampling_is_reproducible(client):
     assert streamed == first
 
 
-def test_eight_concurrent_requests_equal_each_alone(server, client):
+def test_eight_concurrent_requests_equal_each_alone(any_server):
+    server, client = any_server, _openai(any_server)
     prompts = [f"Count from {i} to {i + 5}:" for i in range(8)]
     alone = [
         client.completions.create(model="smollm2-135m", prompt=p, max_tokens=8, temperature=0)
@@ -194,7 +218,8 @@ def test_eight_concurrent_requests_equal_each_alone(server, client):
     wait_pages_free(server.base)
 
 
-def test_cancelled_stream_frees_its_pages(server, client):
+def test_cancelled_stream_frees_its_pages(any_server):
+    server, client = any_server, _openai(any_server)
     start = wait_pages_free(server.base)
     stream = client.chat.completions.create(
         model="smollm2-135m",
@@ -254,7 +279,8 @@ BAD = [  # (body or raw bytes, endpoint, status, param)
 
 
 @pytest.mark.parametrize("body,endpoint,status,param", BAD)
-def test_bad_input_gets_a_4xx_with_an_openai_error(server, body, endpoint, status, param):
+def test_bad_input_gets_a_4xx_with_an_openai_error(any_server, body, endpoint, status, param):
+    server = any_server
     kwargs = {"content": body} if isinstance(body, bytes) else {"json": body}
     r = httpx.post(f"{server.base}/v1/{endpoint}", headers=_auth(), timeout=30, **kwargs)
     assert r.status_code == status, r.text
@@ -274,7 +300,8 @@ def test_wrong_api_key_and_server_keeps_serving(server, client):
     wait_pages_free(server.base)
 
 
-def test_metrics_parse(server):
+def test_metrics_parse(any_server):
+    server = any_server
     families = {
         f.name: f
         for f in text_string_to_metric_families(
@@ -369,7 +396,8 @@ def test_a_repeated_prompt_reports_cached_tokens(server, client):
     assert 0 < _metric(server, "nanograph_prefix_cache_hit_rate") <= 1
 
 
-def test_sigterm_exits_cleanly_after_finishing_in_flight(server):
+def test_sigterm_exits_cleanly_after_finishing_in_flight(any_server):
+    server = any_server
     """The last test: SIGTERM while a request streams; it completes, then the process exits 0."""
     body = {"prompt": "Once upon a time", "max_tokens": 24, "ignore_eos": True, "stream": True}
     with httpx.stream(

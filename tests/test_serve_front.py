@@ -1,12 +1,18 @@
-"""The server in-process on a tiny random Qwen3 (token-id prompts): an internal error fails one
-request only, a full queue answers 503, and arbitrary request bodies mixed with valid ones
-(hypothesis) leave valid requests with the tokens they get alone and the KV pool as it was.
+"""The server in-process on a tiny random Qwen3 (token-id prompts), over both fronts (the
+engine's loop in a thread, and in a child process): an internal error fails one request only, a
+full queue answers 503, and arbitrary request bodies mixed with valid ones (hypothesis) leave
+valid requests with the tokens they get alone and the KV pool as it was. Then the fronts alone:
+abort frees pages at once (read through the stats), stop with requests in flight, and for the
+process front, a child that fails or dies at start-up or while serving.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -16,18 +22,28 @@ httpx = pytest.importorskip("httpx")
 import uvicorn  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
-from serving import free_port, health, wait_pages_free, wait_until  # noqa: E402
+from serving import (  # noqa: E402
+    ADD_POISON,
+    POISON,
+    ROOT,
+    dead_engine,
+    faulty_engine,
+    free_port,
+    health,
+    wait_pages_free,
+    wait_until,
+)
 
 from nanograph import LLM, SamplingParams  # noqa: E402
 from nanograph.engine.config import EngineConfig  # noqa: E402
 from nanograph.engine.engine import Engine  # noqa: E402
-from nanograph.engine.front import EngineFront  # noqa: E402
+from nanograph.engine.front import EngineFront, ShuttingDown, Update  # noqa: E402
+from nanograph.engine.process_front import ProcessFront  # noqa: E402
 from nanograph.serve.app import build_app  # noqa: E402
 
-POISON = [255, 0, 255, 0]  # a prompt holding these tokens makes the forward raise
-ADD_POISON = [0, 255, 255, 0]  # a prompt starting with these makes add_request raise
 VOCAB = 255  # valid prompts stay below 255, so only the poisoned prompt holds the pattern
 ENGINE = dict(page_size=4, kv_cache_bytes=8 * 2**20, max_num_seqs=4, progress=False)
+FRONTS = ["thread", "process"]
 
 
 @pytest.fixture(scope="module")
@@ -50,27 +66,14 @@ def reference(tiny):
     return tokens
 
 
-@pytest.fixture(scope="module")
-def server(tiny):
-    engine = Engine(EngineConfig(model=tiny, **ENGINE))
-    forward = engine.runner.forward
+def _front(kind: str, tiny: str, build=Engine):
+    config = EngineConfig(model=tiny, **ENGINE)
+    return EngineFront(build(config)) if kind == "thread" else ProcessFront(config, build=build)
 
-    def faulty_forward(batch, in_flight=None):
-        ids, n = batch.input_ids, len(POISON)
-        if any(ids[i : i + n] == POISON for i in range(len(ids) - n + 1)):
-            raise RuntimeError("injected fault")
-        return forward(batch, in_flight)
 
-    engine.runner.forward = faulty_forward
-    add_request = engine.add_request
-
-    def faulty_add(prompt, params):
-        if list(prompt[: len(ADD_POISON)]) == ADD_POISON:
-            raise RuntimeError("injected admission fault")
-        return add_request(prompt, params)
-
-    engine.add_request = faulty_add
-    front = EngineFront(engine)
+@pytest.fixture(scope="module", params=FRONTS)
+def server(request, tiny):
+    front = _front(request.param, tiny, faulty_engine)
     port = free_port()
     config = uvicorn.Config(
         build_app(front, "tiny"), host="127.0.0.1", port=port, log_level="error"
@@ -84,6 +87,7 @@ def server(tiny):
     server.should_exit = True
     thread.join(30)
     assert not front.running
+    front.close()
 
 
 def _body(prompt, max_tokens, stream=False) -> dict:
@@ -227,6 +231,142 @@ def test_arbitrary_bodies_mixed_with_valid_requests(server, reference, requests)
             if r.status_code != 200:
                 assert set(r.json()["error"]) == {"message", "type", "param", "code"}
     assert wait_pages_free(base)["kv_pages_available"] == start["kv_pages_available"]
+
+
+def _on_server_loop(front, coroutine, timeout: float = 60):
+    """Runs ``coroutine`` on the event loop the front delivers to (the server's)."""
+    return asyncio.run_coroutine_threadsafe(coroutine, front._loop).result(timeout)
+
+
+LONG = SamplingParams(max_tokens=1000, temperature=0, ignore_eos=True)
+
+
+def test_abort_frees_pages_at_once(server, reference):
+    base, front = server
+    start = wait_pages_free(base)
+
+    async def abort_after_first_tokens():
+        stream = front.submit([5, 6, 7, 8, 9], LONG)
+        await stream.admitted()
+        updates = stream.updates()
+        first = await anext(updates)
+        front.abort(stream)
+        rest = [u async for u in updates]
+        # the snapshot that came with the finishing update already counts the pages free
+        return first, rest[-1], front.stats
+
+    first, last, stats = _on_server_loop(front, abort_after_first_tokens())
+    assert (
+        first.token_ids
+        and first.token_ids == reference([5, 6, 7, 8, 9], 1000)[: len(first.token_ids)]
+    )
+    assert last.finished and last.finish_reason == "abort"
+    assert stats.kv_pages_available == start["kv_pages_available"]
+    assert stats.running == 0 and stats.waiting == 0
+
+
+@pytest.mark.parametrize("kind", FRONTS)
+def test_stop_finishes_or_aborts_requests_in_flight(tiny, reference, kind):
+    front = _front(kind, tiny)
+
+    async def stop_while_serving():
+        front.start()
+        short = front.submit(
+            [1, 2, 3], SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
+        )
+        long = front.submit([4, 5, 6], LONG)
+        for stream in (short, long):
+            await stream.admitted()
+        first = await anext(long.updates())
+        assert first.token_ids
+        await asyncio.to_thread(front.stop, 0.3)
+        with pytest.raises(ShuttingDown):
+            front.submit([1], LONG)
+        ends = []
+        for stream in (short, long):
+            ends.append([u async for u in stream.updates()][-1])
+        return ends
+
+    try:
+        short, long = asyncio.run(asyncio.wait_for(stop_while_serving(), 120))
+    finally:
+        front.close()
+    assert short.finish_reason == "length" and long.finish_reason == "abort"
+    assert "shut down" in long.error
+    assert not front.running
+    assert front.stats.kv_pages_available == front.stats.kv_pages_total
+    if kind == "process":
+        assert front._process.exitcode == 0
+
+
+def test_process_front_child_death_fails_live_streams(tiny):
+    front = ProcessFront(EngineConfig(model=tiny, **ENGINE))
+
+    async def kill_while_serving():
+        front.start()
+        stream = front.submit([4, 5, 6], LONG)
+        await stream.admitted()
+        await anext(stream.updates())
+        front._process.kill()
+        last = [u async for u in stream.updates()][-1]
+        await asyncio.to_thread(wait_until, lambda: not front.running, 30, "running to turn False")
+        with pytest.raises(ShuttingDown):
+            front.submit([1], LONG)
+        return last
+
+    try:
+        last = asyncio.run(asyncio.wait_for(kill_while_serving(), 120))
+    finally:
+        front.close()
+    assert last.finished and last.finish_reason == "error"
+    assert "engine process ended" in last.error
+
+
+def test_process_front_reports_a_child_that_dies_at_start_up(tiny):
+    with pytest.raises(RuntimeError, match="exited with code 3 before it was ready"):
+        ProcessFront(EngineConfig(model=tiny, **ENGINE), build=dead_engine)
+
+
+def test_serve_exits_2_with_the_childs_start_up_error(tmp_path):
+    (tmp_path / "config.json").write_text('{"model_type": "nosuch"}')
+    (tmp_path / "model.safetensors").touch()
+    r = subprocess.run(
+        [sys.executable, "-m", "nanograph", "serve", "--engine-process", "--model", str(tmp_path)],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 2, r.stderr
+    assert "unsupported model_type 'nosuch'" in r.stderr.splitlines()[-1]
+
+
+def test_wire_reads_every_waiting_message_at_once_and_frames_survive_any_split():
+    from nanograph.engine import process_wire as wire
+
+    updates = [Update([1, 2]), Update([], rejected=True, finished=True, error="too long"),
+               Update([3], True, "stop", None, "text", cached_tokens=16)]  # fmt: skip
+    assert [wire.from_wire(wire.to_wire(k, u)) for k, u in enumerate(updates)] == list(
+        enumerate(updates)
+    )
+    r, w = os.pipe()
+    reader = wire.Reader(r)
+    small = [("step", i, list(range(i))) for i in range(3)]
+    for message in small:
+        wire.write_message(w, message)
+    assert reader.read() == small  # all three in one read: the receiver drains in bursts
+    big = ("big", list(range(300_000)))  # larger than the pipe: written in parts, read whole
+    writer = threading.Thread(target=lambda: [wire.write_message(w, m) for m in (big, small[1])])
+    writer.start()
+    got = []
+    while len(got) < 2:
+        got += reader.read()
+    writer.join()
+    assert got == [big, small[1]]
+    os.close(w)
+    with pytest.raises(EOFError):
+        reader.read()
+    os.close(r)
 
 
 def test_server_imports_nothing_below_the_engine():

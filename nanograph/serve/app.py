@@ -28,7 +28,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from nanograph.engine.front import (
-    EngineFront,
+    Front,
     QueueFull,
     RequestRejected,
     RequestStream,
@@ -45,7 +45,7 @@ RETRY_AFTER_S = 1  # what a 503 (queue full) tells the client to wait
 
 
 def build_app(
-    front: EngineFront, model_name: str, api_key: str | None = None, shutdown_timeout: float = 10
+    front: Front, model_name: str, api_key: str | None = None, shutdown_timeout: float = 10
 ) -> FastAPI:
     metrics = ServerMetrics(front)
 
@@ -189,7 +189,7 @@ class _Answer:
     """One admitted request's answer, as a whole or as OpenAI stream chunks."""
 
     def __init__(
-        self, front: EngineFront, stream: RequestStream, request: Any, chat: bool, model: str,
+        self, front: Front, stream: RequestStream, request: Any, chat: bool, model: str,
         metrics: ServerMetrics,
     ) -> None:  # fmt: skip
         self.front, self.stream, self.request, self.chat = front, stream, request, chat

@@ -13,7 +13,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-from nanograph.engine.front import EngineFront
+from nanograph.engine.front import Front
 
 # seconds; from a few decode steps of a small model on a GPU up to long CPU prefills
 LATENCY_BUCKETS = (
@@ -37,7 +37,7 @@ LATENCY_BUCKETS = (
 
 
 class _FrontCollector:
-    def __init__(self, front: EngineFront) -> None:
+    def __init__(self, front: Front) -> None:
         self.front = front
 
     def collect(self):
@@ -133,7 +133,7 @@ def _capture_metrics(stats: dict):
 
 
 class ServerMetrics:
-    def __init__(self, front: EngineFront) -> None:
+    def __init__(self, front: Front) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(_FrontCollector(front))
         self.ttft = Histogram(

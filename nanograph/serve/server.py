@@ -2,7 +2,8 @@
 
 Shutdown: uvicorn stops accepting connections, waits up to ``--shutdown-timeout`` seconds for
 the answers in progress (then cancels them, which aborts their requests), and the app's
-lifespan stops the engine thread. The process then exits 0.
+lifespan stops the engine's loop (its thread, or with ``--engine-process`` its child process).
+The process then exits 0. The server talks to the engine only through its front.
 """
 
 from __future__ import annotations
@@ -11,6 +12,11 @@ import argparse
 import logging
 import signal
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from nanograph.engine.config import EngineConfig
+    from nanograph.engine.front import Front
 
 logger = logging.getLogger("nanograph")
 
@@ -24,16 +30,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {e.name} is missing: pip install 'nanograph[serve]'", file=sys.stderr)
         return 2
     from nanograph.cli import engine_config_from
-    from nanograph.engine.engine import Engine
-    from nanograph.engine.front import EngineFront
 
     try:
-        engine = Engine(engine_config_from(args))
+        engine_config = engine_config_from(args)
+        front = _front(engine_config, args)
     except (ValueError, FileNotFoundError, MemoryError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    name = args.served_model_name or engine.config.model
-    front = EngineFront(engine, max_queue=args.max_queue)
+    name = args.served_model_name or engine_config.model
     app = build_app(front, name, args.api_key, args.shutdown_timeout)
     config = uvicorn.Config(
         app,
@@ -49,6 +53,19 @@ def run(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: None)
     logger.info("serving %s on http://%s:%d/v1", name, args.host, args.port)
-    server.run()
-    engine.close()  # the background capture thread, if one still runs
+    try:
+        server.run()
+    finally:  # also when uvicorn exits (a port in use): the engine's process must not outlive us
+        front.close()  # the engine (and its process or background capture thread), if still up
     return 0 if server.started else 1
+
+
+def _front(config: EngineConfig, args: argparse.Namespace) -> Front:
+    if args.engine_process:
+        from nanograph.engine.process_front import ProcessFront
+
+        return ProcessFront(config, max_queue=args.max_queue)
+    from nanograph.engine.engine import Engine
+    from nanograph.engine.front import EngineFront
+
+    return EngineFront(Engine(config), max_queue=args.max_queue)

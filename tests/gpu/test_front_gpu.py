@@ -3,7 +3,9 @@ the main thread captured. Requests through the front, concurrent, get the tokens
 ``LLM.generate`` gives each alone (greedy), and every page comes back. float32 keeps greedy ties
 of the random weights out of the comparison (alone runs batch 1, the front batches four). The
 small Qwen3 of the other GPU tests: its float32 kernels are theirs (qwen3-0.6b's took minutes
-to compile on a fresh machine)."""
+to compile on a fresh machine). The process front (``--engine-process``) passes the same test
+with its engine built in a spawned child from the same config: CUDA initialised there, not
+inherited."""
 
 from __future__ import annotations
 
@@ -55,3 +57,50 @@ def test_front_on_cuda_matches_generate_alone(small_qwen3):
         assert g_ids == a_ids, f"prompt {i} ({len(prompts[i])} tokens): front {g_ids} alone {a_ids}"
     assert engine.runner.forward_counts()["decode"]["graph"] > before  # graphs replayed
     assert engine.scheduler.num_available_pages == engine.kv_cache.allocator.num_usable
+
+
+def test_process_front_on_cuda_matches_generate_alone(small_qwen3):
+    from nanograph import LLM, SamplingParams
+    from nanograph.engine.config import EngineConfig
+    from nanograph.engine.process_front import ProcessFront
+
+    # a KV pool capped by max_num_seqs x max_model_len: the child's fits beside this process's
+    kwargs = dict(
+        dtype="float32",
+        cuda_graph_bs=(1, 2, 4, 8),
+        max_num_seqs=8,
+        prefill_cuda_graph="breakable",
+        max_model_len=1024,
+        progress=False,
+    )
+    model = small_qwen3("front")
+    llm = LLM(model, **kwargs)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 4096, (int(n),), generator=g).tolist() for n in (5, 40, 300, 17)]
+    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+    alone = [llm.generate([p], params)[0].token_ids for p in prompts]
+    front = ProcessFront(EngineConfig(model=model, **kwargs))
+
+    async def through_front() -> list[list[int]]:
+        front.start()
+        streams = [front.submit(p, params) for p in prompts]
+
+        async def collect(stream) -> list[int]:
+            await stream.admitted()
+            return [t async for u in stream.updates() for t in u.token_ids]
+
+        try:
+            return await asyncio.wait_for(asyncio.gather(*map(collect, streams)), 120)
+        finally:
+            await asyncio.to_thread(front.stop, 10)
+
+    try:
+        got = asyncio.run(through_front())
+    finally:
+        front.close()
+    for i, (g_ids, a_ids) in enumerate(zip(got, alone)):
+        assert g_ids == a_ids, f"prompt {i} ({len(prompts[i])} tokens): front {g_ids} alone {a_ids}"
+    stats = front.stats  # the child's last snapshot, from before it exited
+    assert stats.forward_counts["decode"]["graph"] > 0  # the child captured and replayed
+    assert stats.kv_pages_available == stats.kv_pages_total
+    assert front._process.exitcode == 0
