@@ -81,11 +81,13 @@ def test_logits_match_transformers(model_dirs, arch, moe, dtype):
 
     torch_dtype = getattr(torch, dtype)
     hf = _transformers(model_dirs[arch], torch_dtype)
+    truth = _transformers(model_dirs[arch], torch.float32) if dtype != "float32" else None
     llm = LLM(str(model_dirs[arch]), moe_backend=moe, dtype=dtype, decode_cuda_graph="none",
               prefill_cuda_graph="none", **SMALL)  # fmt: skip
     ids = requests(1, seed=5)[0][0][:200]
     with torch.no_grad():
         ref = hf(torch.tensor([ids], device=CUDA)).logits[0].float()
+        exact = ref if truth is None else truth(torch.tensor([ids], device=CUDA)).logits[0]
     kv = llm.engine.kv_cache
     pages = kv.allocator.allocate(kv.pages_needed(len(ids)))
     batch = ForwardBatch.build([ids], [0], [pages], kv.page_size, [True])
@@ -97,8 +99,18 @@ def test_logits_match_transformers(model_dirs, arch, moe, dtype):
     print(f"\n{arch} {moe} {dtype} vs transformers: rel err {rel:.2e}, argmax agree {agree:.3f}")
     if dtype == "float32":
         torch.testing.assert_close(got, ref, atol=2e-3, rtol=2e-3)
-    else:
-        assert rel < 3e-2 and agree > 0.9
+        return
+    # bf16 against float32 transformers, beside transformers' own bf16 error: on these random
+    # models bf16 alone moves the logits by ~3e-2 (gpt-oss on CPU: transformers bf16 2.96e-2,
+    # ours 2.62e-2), so a fixed bf16-vs-bf16 bound tests rounding luck, not the model
+    ours, theirs = (((x - exact).norm() / exact.norm()).item() for x in (got, ref))
+    ours_agree, theirs_agree = ((x.argmax(-1) == exact.argmax(-1)).float().mean().item()
+                                for x in (got, ref))  # fmt: skip
+    print(
+        f"vs float32: ours rel {ours:.2e} agree {ours_agree:.3f}, "
+        f"transformers bf16 rel {theirs:.2e} agree {theirs_agree:.3f}"
+    )
+    assert ours <= 1.25 * theirs + 1e-3 and ours_agree >= theirs_agree - 0.05
 
 
 def _transformers(folder, dtype):
