@@ -334,9 +334,10 @@ def _add_serve(sub) -> None:
         help="on SIGINT/SIGTERM, seconds in-flight requests get to finish before abort [10]",
     )  # fmt: skip
     s.add_argument(
-        "--engine-process", action="store_true",
-        help="run the engine in its own process instead of a thread of the server, so the "
-        "HTTP handlers do not hold the GIL the engine needs between steps",
+        "--engine-process", action=argparse.BooleanOptionalAction, default=True,
+        help="run the engine in its own process (default), so the HTTP handlers do not hold "
+        "the GIL the engine needs between steps; --no-engine-process runs it in a thread of "
+        "the server (qwen3-0.6b at saturation on an H200: 0.885x vs 0.74x of offline)",
     )  # fmt: skip
     add_engine_args(serve)
     serve.set_defaults(func=_serve)

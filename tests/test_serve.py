@@ -1,7 +1,7 @@
 """`nanograph serve` over real HTTP on loopback: SmolLM2 on CPU in a subprocess, driven by the
 official ``openai`` client (and raw httpx where the client would hide the wire format). A subset
 (answers against offline, concurrency, cancellation, bad input, metrics, SIGTERM) runs again
-against a second server with ``--engine-process``.
+against a second server with ``--no-engine-process`` (the engine in a thread).
 
 References: the same requests through the offline ``LLM`` (greedy), the same request alone,
 streamed against non-streamed, and the KV pool's free count before and after.
@@ -42,17 +42,17 @@ def server():
 
 
 @pytest.fixture(scope="module")
-def process_server():
-    """The same server with the engine in its own process (``--engine-process``)."""
-    server = ServerProcess(*SERVER_ARGS, "--engine-process")
+def thread_server():
+    """The same server with the engine in a thread of the server (``--no-engine-process``)."""
+    server = ServerProcess(*SERVER_ARGS, "--no-engine-process")
     yield server
     server.stop()
 
 
 @pytest.fixture(params=["thread", "process"])
 def any_server(request):
-    """Each of the two servers in turn: the tests of the engine process's subset take it."""
-    return request.getfixturevalue("server" if request.param == "thread" else "process_server")
+    """Each of the two servers in turn: the tests of the thread front's subset take it."""
+    return request.getfixturevalue("server" if request.param == "process" else "thread_server")
 
 
 def _openai(server) -> openai.OpenAI:

@@ -1,9 +1,10 @@
 """The engine's async front: asyncio callers submit requests and read their tokens as the engine
 resolves them, while the Engine keeps its continuous batch in a loop of its own
 (``serving_loop.ServingLoop``). Two fronts run that same loop:
-- ``EngineFront`` (the default): the loop in a thread of the server process.
-- ``ProcessFront`` (``process_front``, ``nanograph serve --engine-process``): the loop in a child
-  process, as SGLang and vLLM do. The reason is the GIL: the engine thread blocks on a CUDA sync
+- ``EngineFront`` (``nanograph serve --no-engine-process``): the loop in a thread of the server
+  process.
+- ``ProcessFront`` (``process_front``, the server's default): the loop in a child process, as
+  SGLang and vLLM do. The reason is the GIL: the engine thread blocks on a CUDA sync
   once a step and may then wait up to the interpreter's switch interval (5 ms) while the event
   loop detokenizes and encodes chunks for every stream; a small model's decode step is shorter.
 

@@ -1,4 +1,4 @@
-"""The engine in its own process: ``nanograph serve --engine-process``.
+"""The engine in its own process: ``nanograph serve``'s default (``--engine-process``).
 
 Why: with the thread front the engine thread shares the GIL with the event loop. Once a step it
 blocks on a CUDA sync (the overlap schedule) and may then wait up to the interpreter's switch

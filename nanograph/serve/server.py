@@ -2,7 +2,7 @@
 
 Shutdown: uvicorn stops accepting connections, waits up to ``--shutdown-timeout`` seconds for
 the answers in progress (then cancels them, which aborts their requests), and the app's
-lifespan stops the engine's loop (its thread, or with ``--engine-process`` its child process).
+lifespan stops the engine's loop (its child process, or with ``--no-engine-process`` its thread).
 The process then exits 0. The server talks to the engine only through its front.
 """
 
