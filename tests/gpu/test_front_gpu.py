@@ -38,21 +38,8 @@ def test_front_on_cuda_matches_generate_alone(small_qwen3):
     engine = llm.engine
     front = EngineFront(engine)
 
-    async def through_front() -> list[list[int]]:
-        front.start()
-        streams = [front.submit(p, params) for p in prompts]
-
-        async def collect(stream) -> list[int]:
-            await stream.admitted()
-            return [t async for u in stream.updates() for t in u.token_ids]
-
-        try:
-            return await asyncio.wait_for(asyncio.gather(*map(collect, streams)), 120)
-        finally:
-            await asyncio.to_thread(front.stop, 10)
-
     before = engine.runner.forward_counts()["decode"]["graph"]
-    got = asyncio.run(through_front())
+    got = asyncio.run(through_front(front, prompts, params))
     for i, (g_ids, a_ids) in enumerate(zip(got, alone)):
         assert g_ids == a_ids, f"prompt {i} ({len(prompts[i])} tokens): front {g_ids} alone {a_ids}"
     assert engine.runner.forward_counts()["decode"]["graph"] > before  # graphs replayed
@@ -81,21 +68,8 @@ def test_process_front_on_cuda_matches_generate_alone(small_qwen3):
     alone = [llm.generate([p], params)[0].token_ids for p in prompts]
     front = ProcessFront(EngineConfig(model=model, **kwargs))
 
-    async def through_front() -> list[list[int]]:
-        front.start()
-        streams = [front.submit(p, params) for p in prompts]
-
-        async def collect(stream) -> list[int]:
-            await stream.admitted()
-            return [t async for u in stream.updates() for t in u.token_ids]
-
-        try:
-            return await asyncio.wait_for(asyncio.gather(*map(collect, streams)), 120)
-        finally:
-            await asyncio.to_thread(front.stop, 10)
-
     try:
-        got = asyncio.run(through_front())
+        got = asyncio.run(through_front(front, prompts, params))
     finally:
         front.close()
     for i, (g_ids, a_ids) in enumerate(zip(got, alone)):
@@ -104,3 +78,19 @@ def test_process_front_on_cuda_matches_generate_alone(small_qwen3):
     assert stats.forward_counts["decode"]["graph"] > 0  # the child captured and replayed
     assert stats.kv_pages_available == stats.kv_pages_total
     assert front._process.exitcode == 0
+
+
+async def through_front(front, prompts, params) -> list[list[int]]:
+    """Each prompt's tokens, all submitted at once through a started ``front``, which is stopped
+    afterwards."""
+    front.start()
+    streams = [front.submit(p, params) for p in prompts]
+
+    async def collect(stream) -> list[int]:
+        await stream.admitted()
+        return [t async for u in stream.updates() for t in u.token_ids]
+
+    try:
+        return await asyncio.wait_for(asyncio.gather(*map(collect, streams)), 120)
+    finally:
+        await asyncio.to_thread(front.stop, 10)
