@@ -132,3 +132,19 @@ def test_bench_spec_refuses_an_unknown_arm(capsys, tmp_path):
     out = tmp_path / "spec.json"
     assert main(["bench", "spec", "--arms", "off,eagle:2", "--out", str(out)]) == 2
     assert "unknown arm 'eagle:2'" in capsys.readouterr().err and not out.exists()
+
+
+def test_bench_startup_reports_phases_and_compiles_on_cpu(tiny_model_dir, tmp_path):
+    out = tmp_path / "startup.json"
+    argv = ["bench", "startup", "--model", str(tiny_model_dir("llama")), "--load-format",
+            "auto", "--dtypes", "float32", "--graphs", "eager", "--short", "4", "--long", "9",
+            "--new-tokens", "2", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    arms = json.loads(out.read_text())["arms"]
+    assert set(arms) == {"float32/eager/cold", "float32/eager/warm"}
+    for arm in arms.values():
+        assert {"weights", "kv_pool"} <= set(arm["phases"]), arm
+        assert sum(arm["phases"].values()) <= arm["ready_s"]
+        assert arm["requests"]["long"]["tokens"] == 9
+        for window in ("compiles_to_ready", "compiles_after_ready"):
+            assert {"compiled", "cache_hits", "compile_s", "top"} <= set(arm[window])

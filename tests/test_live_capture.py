@@ -581,3 +581,19 @@ def test_planned_budget_estimates_from_the_activation_peak_or_takes_the_flag():
     assert budget.bytes_per_token == {"decode": 25600.0, "prefill": 25600.0}
     assert budget.limit == 64 * 2**20 + 200 * 2**20
     assert GraphBudget.planned({"decode": 256}, 100 * 2**20, 8192, limit=10**9).limit == 10**9
+
+
+def test_capture_bench_repeats_report_the_median_run():
+    from nanograph.bench.capture_modes import median_run
+
+    def run(ready, steady):
+        return {"ready_s": ready, "load_s": ready, "phases": {"weights": 1.0},
+                "ttft_first_s": 0.1, "capture_done_s": None, "steady_tokens_per_s": steady,
+                "graph_bytes": 7, "curve": {"t_s": [ready], "tokens_per_s": [steady]}}  # fmt: skip
+
+    arm = median_run([run(9.0, 100.0), {"error": ["boom"]}, run(5.0, 300.0), run(7.0, 200.0)])
+    assert arm["ready_s"] == 7.0 and arm["steady_tokens_per_s"] == 200.0
+    assert arm["curve"] == {"t_s": [7.0], "tokens_per_s": [200.0]}  # the median-ready run's
+    assert arm["failed_runs"] == 1 and len(arm["runs"]) == 4
+    assert arm["runs"][1] == {"error": ["boom"]}
+    assert median_run([{"error": ["x"]}]) == {"error": ["x"]}

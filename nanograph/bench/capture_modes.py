@@ -41,6 +41,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     g.add_argument("--duration", type=float, default=30.0, help="seconds of stream per arm")
     g.add_argument("--concurrency", type=int, default=16, help="requests in flight")
+    g.add_argument(
+        "--capture-repeats", type=int, default=1,
+        help="runs per arm, interleaved (arm A, B, ..., A, B, ...); an arm reports the median "
+        "of its runs' ready times and steady states, and the curve of its median-ready run",
+    )  # fmt: skip
     g.add_argument("--graph-memory", default=None, help="--cuda-graph-memory of live arms")
     g.add_argument(
         "--no-warm-cache", action="store_true",
@@ -55,6 +60,8 @@ def engine_args(arm: str, args: argparse.Namespace) -> dict:
     # default max_num_seqs and ladders: the stream's concurrency, not the config, bounds the batch
     out = {"load_format": args.load_format, "dtype": args.dtypes.split(",")[0],
            "disable_prefix_caching": True}  # fmt: skip
+    if args.mem_fraction is not None:
+        out["mem_fraction"] = args.mem_fraction
     if mode == "eager":
         return out | {"decode_cuda_graph": "none", "prefill_cuda_graph": "none"}
     if mode not in ("startup", "background", "lazy"):
@@ -99,7 +106,7 @@ def child(args: argparse.Namespace) -> None:
     stats = engine.graph_capture_stats()
     print(json.dumps({
         "ready_s": ready - start, "load_s": engine.load_seconds,
-        "ttft_first_s": (first.first_token_time - first_submit
+        "phases": engine.startup_phases, "ttft_first_s": (first.first_token_time - first_submit
                          if first is not None and first.first_token_time else None),
         "capture_done_s": capture_done, "samples": samples,
         "graph_bytes": sum(report.graph_pools.values()), "graph_pools": report.graph_pools,
@@ -148,6 +155,24 @@ def run_arm(args: argparse.Namespace, arm: str, duration: float | None = None) -
     return result
 
 
+def median_run(runs: list[dict]) -> dict:
+    """One arm's runs as one: the run of median ready time, with the median ready time and
+    steady state of all runs and every run's figures under ``runs``."""
+    ok = [r for r in runs if "error" not in r]
+    if not ok:
+        return runs[-1]
+    middle = sorted(ok, key=lambda r: r["ready_s"])[(len(ok) - 1) // 2]
+    steady = [r["steady_tokens_per_s"] for r in ok if r["steady_tokens_per_s"]]
+    keep = ("ready_s", "load_s", "phases", "ttft_first_s", "capture_done_s",
+            "steady_tokens_per_s", "graph_bytes")  # fmt: skip
+    return middle | {
+        "ready_s": statistics.median(r["ready_s"] for r in ok),
+        "steady_tokens_per_s": statistics.median(steady) if steady else None,
+        "failed_runs": len(runs) - len(ok),
+        "runs": [{k: r.get(k) for k in keep} if "error" not in r else r for r in runs],
+    }
+
+
 def compare(arms: dict[str, dict]) -> dict:
     """The issue's aims, from the arms that ran."""
     out: dict = {}
@@ -192,10 +217,15 @@ def main(args: argparse.Namespace) -> int:
         warm = run_arm(args, "startup" if cuda else "eager", duration=0.0)
         report["cache_warmup"] = warm.get("error") or {"ready_s": warm["ready_s"]}
         print(f"kernel caches warmed by an untimed start-up: {report['cache_warmup']}", flush=True)
+    runs: dict[str, list[dict]] = {arm: [] for arm in arms}
+    for repeat in range(args.capture_repeats):
+        for arm in arms:  # interleaved: a drifting machine shifts every arm alike
+            runs[arm].append(result := run_arm(args, arm))
+            report["arms"][arm] = median_run(runs[arm])
+            write(args.out, report)
+            print(f"[{repeat + 1}/{args.capture_repeats}] " + _line(arm, result), flush=True)
     for arm in arms:
-        report["arms"][arm] = result = run_arm(args, arm)
-        write(args.out, report)
-        print(_line(arm, result), flush=True)
+        print("median " + _line(arm, report["arms"][arm]), flush=True)
     report["compare"] = compare(report["arms"])
     print(json.dumps(report["compare"], indent=1), flush=True)
     series = {
@@ -212,8 +242,9 @@ def _line(name: str, arm: dict) -> str:
     if "error" in arm:
         return f"{name:<18} failed: {arm['error']}"
     done, ttft = arm["capture_done_s"], arm["ttft_first_s"] or 0.0
+    phases = ", ".join(f"{k} {v:.1f}" for k, v in arm["phases"].items())
     return (
-        f"{name:<18} ready {arm['ready_s']:6.1f} s  first TTFT {ttft * 1e3:7.0f} ms"
+        f"{name:<18} ready {arm['ready_s']:6.1f} s ({phases})  first TTFT {ttft * 1e3:7.0f} ms"
         f"  steady {arm['steady_tokens_per_s'] or 0:8.0f} tok/s  graphs "
         f"{arm['graph_bytes'] / 2**20:7.0f} MiB"
         + (f"  capture done at {done:6.1f} s" if done is not None else "")

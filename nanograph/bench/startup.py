@@ -32,6 +32,7 @@ from nanograph.bench.common import (
     parse_arms,
     write,
 )
+from nanograph.bench.compiles import triton_compiles
 
 CHILD_FLAG = "--child"
 REQUESTS = ("short", "long", "short_again")
@@ -40,6 +41,15 @@ REQUESTS = ("short", "long", "short_again")
 def child(args: argparse.Namespace) -> None:
     """Runs in the measured process: prints one JSON line."""
     start = time.perf_counter()
+    with triton_compiles(echo=sys.stderr) as compiles:
+        result = _measure(args, start)
+    ready = result["ready_s"] - (compiles.started - start)  # on the log's clock
+    result["compiles_to_ready"] = compiles.summary(until_s=ready)
+    result["compiles_after_ready"] = compiles.summary(after_s=ready)
+    print(json.dumps(result))
+
+
+def _measure(args: argparse.Namespace, start: float) -> dict:
     from nanograph import LLM, SamplingParams
 
     engine_args = json.loads(args.engine_args)
@@ -55,10 +65,8 @@ def child(args: argparse.Namespace) -> None:
         requests[name] = {"tokens": length, "latency_s": time.perf_counter() - t0,
                           "ttft_s": out.ttft_s}  # fmt: skip
     engine = llm.engine
-    print(json.dumps({
-        "ready_s": ready, "load_s": engine.load_seconds,
-        "requests": requests,
-    }))  # fmt: skip
+    return {"ready_s": ready, "load_s": engine.load_seconds, "phases": engine.startup_phases,
+            "requests": requests}  # fmt: skip
 
 
 def run_arm(args: argparse.Namespace, engine_args: dict, caches: dict[str, str]) -> dict:
@@ -71,8 +79,11 @@ def run_arm(args: argparse.Namespace, engine_args: dict, caches: dict[str, str])
     start = time.perf_counter()
     try:
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
-    except subprocess.TimeoutExpired:
-        return {"error": [f"not done after {args.timeout} s"]}
+    except subprocess.TimeoutExpired as e:
+        # what compiled before the timeout (the child prints a line per compile)
+        err = e.stderr.decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
+        compiled = [line for line in err.splitlines() if line.startswith("compiled ")]
+        return {"error": [f"not done after {args.timeout} s"], "compiles_seen": compiled}
     if done.returncode != 0:
         return {"error": done.stderr.strip().splitlines()[-1:] or ["failed"]}
     result = json.loads(done.stdout.strip().splitlines()[-1])
@@ -95,6 +106,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--long", type=int, default=900, help="tokens of the long prompt")
     parser.add_argument("--new-tokens", type=int, default=16)
     parser.add_argument("--timeout", type=int, default=600, help="seconds per arm")
+    parser.add_argument(
+        "--mem-fraction", type=float, default=None,
+        help="each engine's --mem-fraction (lower it to run several benches on one GPU)",
+    )  # fmt: skip
     parser.add_argument("--out", default=default_out("startup.json"))
     parser.add_argument(CHILD_FLAG, action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--engine-args", default="{}", help=argparse.SUPPRESS)
@@ -116,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
             engine_args = {"load_format": args.load_format, "dtype": dtype,
                            "decode_cuda_graph": flag, "prefill_cuda_graph": flag,
                            "disable_prefix_caching": True, **STARTUP_CAPTURE}  # fmt: skip
+            if args.mem_fraction is not None:
+                engine_args["mem_fraction"] = args.mem_fraction
             with tempfile.TemporaryDirectory() as cache:
                 caches = {"TRITON_CACHE_DIR": f"{cache}/triton",
                           "TORCHINDUCTOR_CACHE_DIR": f"{cache}/inductor"}  # fmt: skip
@@ -136,13 +153,21 @@ def main(argv: list[str] | None = None) -> int:
 
 def _line(name: str, arm: dict) -> str:
     if "error" in arm:
-        return f"{name:<26} failed: {arm['error']}"
+        seen = arm.get("compiles_seen", [])
+        return f"{name:<26} failed: {arm['error']}" + (
+            f"; {len(seen)} Triton compiles before it, the last: {seen[-3:]}" if seen else ""
+        )
     r = arm["requests"]
+    phases = ", ".join(f"{k} {v:.1f}" for k, v in arm["phases"].items())
+    before, after = arm["compiles_to_ready"], arm["compiles_after_ready"]
+    slowest = ", ".join(f"{t['kernel']} {t['seconds']:.1f} s" for t in before["top"][:3])
     return (
-        f"{name:<26} ready {arm['ready_s']:6.1f} s (weights {arm['load_s']:5.1f} s)"
+        f"{name:<26} ready {arm['ready_s']:6.1f} s ({phases})"
         f"  first short {r['short']['latency_s'] * 1e3:7.0f} ms, long "
         f"{r['long']['latency_s'] * 1e3:7.0f} ms, short again "
-        f"{r['short_again']['latency_s'] * 1e3:7.0f} ms"
+        f"{r['short_again']['latency_s'] * 1e3:7.0f} ms\n"
+        f"{'':<26} Triton compiles: {before['compiled']} to ready ({before['compile_s']:.1f} s; "
+        f"{slowest or 'none'}), {after['compiled']} after"
     )
 
 

@@ -117,7 +117,7 @@ class Engine:
         self.model, self.draft_model = parts.model, parts.draft_model
         self.max_model_len = parts.max_model_len
         self.graph_backends = parts.graph_backends
-        self.memory, self.kernel_warmup_seconds = parts.memory, parts.kernel_warmup_seconds
+        self.memory, self.startup_phases = parts.memory, parts.phases
         self.kv_cache, self.draft_kv = parts.kv_cache, parts.draft_kv
         self.runner, self.draft_runner = parts.runner, parts.draft_runner
         self.live_capture = parts.live_capture

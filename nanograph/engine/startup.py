@@ -15,9 +15,11 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import time
+from collections.abc import Iterator
 
 import torch
 
@@ -69,19 +71,19 @@ class Startup:
         self.device = tp.device
         self.dtype = config.torch_dtype
         self.live_capture: LiveCapture | None = None  # background/lazy capture (one rank only)
-        with agreed(tp, "loading the model"):
+        # seconds per start-up phase, in order (a device synchronises before each phase ends)
+        self.phases: dict[str, float] = {}
+        with agreed(tp, "loading the model"), self._phase("weights"):
             self._load_model()
         self.max_model_len = min(
             config.max_model_len or self.model_config.max_position_embeddings,
             self.model_config.max_position_embeddings,
         )
-        self.draft_model = (
-            load_draft_model(config, self.model_config, self.max_model_len)
-            if config.speculative_algorithm == "draft_model" else None
-        )  # fmt: skip
-        if self.draft_model is not None:
+        self.draft_model = None
+        if config.speculative_algorithm == "draft_model":
+            with self._phase("draft_weights"):
+                self.draft_model = load_draft_model(config, self.model_config, self.max_model_len)
             self.graph_backends |= self._draft_graph_backends()
-        self.kernel_warmup_seconds = 0.0  # CUDA: compiling every kernel variant at start-up
         models = [self.model] + ([self.draft_model] if self.draft_model is not None else [])
         self.memory = MemoryReport(
             weights=sum(p.numel() * p.element_size() for m in models for p in m.parameters()),
@@ -91,6 +93,17 @@ class Startup:
         self.draft_kv: KVCache | None = None
         self.draft_runner: ModelRunner | None = None
         self.kv_cache, self.runner = self._build_kv_cache_and_runners()
+        logger.info(
+            "start-up phases: %s", ", ".join(f"{k} {v:.1f} s" for k, v in self.phases.items())
+        )
+
+    @contextlib.contextmanager
+    def _phase(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        yield
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.phases[name] = self.phases.get(name, 0.0) + time.perf_counter() - start
 
     def _load_model(self) -> None:
         from nanograph.loader import init_dummy_weights, load_weights, resolve_model
@@ -208,25 +221,27 @@ class Startup:
         # ranks started separately (torchrun) parse their own flags: they must capture alike
         agree_equal(self.tp, "graph shapes", {path: self._shapes(path) for path in backends})
         if self.device.type == "cuda":
-            # a two-page pool is enough to measure: measurement batches read the scratch page
-            scratch = {False: self._kv_cache(2)} | (
-                {True: self._kv_cache(2, True)} if has_draft else {}
-            )
-            self.memory.activation_peak = self._measure_activation_peak(scratch[False])
-            if mode == "startup":
-                self._measure_graph_reserve(scratch)
-            elif backends:
-                budget = self._graph_budget()
-                self.memory.graph_reserve = budget.limit
-                # a capture's warm-up forwards run eagerly beside the serving thread's
-                self.memory.capture_warmup_reserve = self.memory.activation_peak
-            del scratch
-            gc.collect()
-            torch.cuda.empty_cache()
-        num_pages = self._num_pages()
-        kv = self._kv_cache(num_pages)
-        self.draft_kv = self._kv_cache(num_pages, draft=True) if has_draft else None
-        self.memory.kv_pool = kv.nbytes + (self.draft_kv.nbytes if has_draft else 0)
+            with self._phase("memory_plan"):
+                # a two-page pool is enough to measure: measurement batches read the scratch page
+                scratch = {False: self._kv_cache(2)} | (
+                    {True: self._kv_cache(2, True)} if has_draft else {}
+                )
+                self.memory.activation_peak = self._measure_activation_peak(scratch[False])
+                if mode == "startup":
+                    self._measure_graph_reserve(scratch)
+                elif backends:
+                    budget = self._graph_budget()
+                    self.memory.graph_reserve = budget.limit
+                    # a capture's warm-up forwards run eagerly beside the serving thread's
+                    self.memory.capture_warmup_reserve = self.memory.activation_peak
+                del scratch
+                gc.collect()
+                torch.cuda.empty_cache()
+        with self._phase("kv_pool"):
+            num_pages = self._num_pages()
+            kv = self._kv_cache(num_pages)
+            self.draft_kv = self._kv_cache(num_pages, draft=True) if has_draft else None
+            self.memory.kv_pool = kv.nbytes + (self.draft_kv.nbytes if has_draft else 0)
         runners = {
             path: self._graph_runner(
                 path, backend, self.draft_kv if path in _DRAFT_PATHS else kv, self._shapes(path)
@@ -235,7 +250,8 @@ class Startup:
         }
         if mode == "startup":
             for path, graph_runner in runners.items():
-                graph_runner.capture(progress=self.config.progress)
+                with self._phase("capture"):
+                    graph_runner.capture(progress=self.config.progress)
                 self.memory.graph_pools[path] = graph_runner.pool_bytes()
         elif budget is not None:
             self.live_capture = LiveCapture(
@@ -251,13 +267,11 @@ class Startup:
         if self.device.type == "cuda":
             # after start-up capture, which compiled the variants its graphs hold: this compiles
             # the rest (with background/lazy capture: all of them, before serving begins)
-            start = time.perf_counter()
             for model, pool in ((self.model, kv), (self.draft_model, self.draft_kv)):
                 if model is not None:
-                    eager = ModelRunner(model, self.attention, pool.k, pool.v, self.device)
-                    warm_up_kernels(eager, self.config.page_size, self.config.progress)
-            self.kernel_warmup_seconds = time.perf_counter() - start
-            logger.info("kernels warmed up in %.1f s", self.kernel_warmup_seconds)
+                    with self._phase("kernel_warmup"):
+                        eager = ModelRunner(model, self.attention, pool.k, pool.v, self.device)
+                        warm_up_kernels(eager, self.config.page_size, self.config.progress)
         return kv, runner
 
     def _measure_graph_reserve(self, scratch: dict[bool, KVCache]) -> None:
