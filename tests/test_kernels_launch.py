@@ -105,3 +105,64 @@ def test_programmatic_dependent_launch_only_from_sm90(monkeypatch):
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i, c=capability: c)
         assert pdl._supported(0) is expected
     pdl._supported.cache_clear()
+
+
+class FakeAheadKernel(FakeKernel):
+    """A kernel whose ``warmup`` (compile without launching) is recorded."""
+
+    def warmup(self, *args, grid, **kwargs):
+        self.log.append(("warmup", grid, args, kwargs))
+
+
+def test_compile_ahead_launches_nothing_inside_parallel_compiles_only():
+    pytest.importorskip("triton.runtime._async_compile")
+    from nanograph.kernels.launch import parallel_compiles
+
+    ahead, plain = FakeAheadKernel(), FakeAheadKernel()
+    ahead_cache, plain_cache = LaunchCache(ahead, compile_ahead=True), LaunchCache(plain)
+    x = torch.zeros(64)
+    with parallel_compiles(2) as compiles:
+        assert compiles == []  # Triton's async mode is on; nothing submitted by fakes
+        assert ahead_cache((4,), (x,), (64,), dict(BLOCK=16, num_warps=4)) is False
+        assert plain_cache((4,), (x,), (64,), dict(BLOCK=16, num_warps=4)) is True
+    assert ahead.log == [("warmup", (4,), (x, 64), dict(BLOCK=16, num_warps=4))]
+    assert [entry[0] for entry in plain.log] == ["jit"]
+    assert not ahead_cache.runners  # a compile-only call records no launcher
+    assert ahead_cache((4,), (x,), (64,), dict(BLOCK=16, num_warps=4)) is True  # outside: launches
+    assert [entry[0] for entry in ahead.log] == ["warmup", "jit"]
+
+
+def test_parallel_compiles_is_off_under_the_interpreter(monkeypatch):
+    from nanograph.kernels.launch import parallel_compiles
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    kernel = FakeAheadKernel()
+    with parallel_compiles(2) as compiles:
+        assert compiles is None
+        LaunchCache(kernel, compile_ahead=True)((4,), (torch.zeros(4),), (4,), dict(BLOCK=4))
+    assert [entry[0] for entry in kernel.log] == ["jit"]
+
+
+def test_a_launch_compiled_asynchronously_still_records_its_launcher():
+    """Inside Triton's async mode the JIT returns a FutureKernel: the cache unwraps it."""
+    from concurrent.futures import Future
+
+    FutureKernel = pytest.importorskip("triton.runtime._async_compile").FutureKernel
+
+    class AsyncKernel(FakeKernel):
+        def __getitem__(self, grid):
+            launch = super().__getitem__(grid)
+
+            def future_launch(*args, **kwargs):
+                done = Future()
+                done.set_result(launch(*args, **kwargs))
+                return FutureKernel(lambda kernel: None, lambda kernel: None, done)
+
+            return future_launch
+
+    kernel = AsyncKernel()
+    cache = LaunchCache(kernel)
+    x = torch.zeros(64)
+    for _ in range(2):
+        cache((4,), (x,), (64,), dict(BLOCK=16, num_warps=4))
+    assert [entry[0] for entry in kernel.log] == ["jit", "direct"]

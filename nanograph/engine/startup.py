@@ -49,7 +49,7 @@ from nanograph.runners.shapes import (
     verify_shapes,
 )
 from nanograph.runners.verify_runner import DraftExtendRunner, VerifyRunner
-from nanograph.runners.warmup import warm_up_kernels
+from nanograph.runners.warmup import compile_kernels, warm_up_kernels
 
 logger = logging.getLogger("nanograph")
 
@@ -221,11 +221,21 @@ class Startup:
         # ranks started separately (torchrun) parse their own flags: they must capture alike
         agree_equal(self.tp, "graph shapes", {path: self._shapes(path) for path in backends})
         if self.device.type == "cuda":
+            # a two-page pool is enough to measure and compile: those batches read the scratch
+            # page and write no KV
+            scratch = {False: self._kv_cache(2)} | (
+                {True: self._kv_cache(2, True)} if has_draft else {}
+            )
+            with self._phase("kernel_compile"):  # every variant first, in parallel
+                for draft, model in ((False, self.model), (True, self.draft_model)):
+                    if model is not None:
+                        pool = scratch[draft]
+                        compile_kernels(
+                            ModelRunner(model, self.attention, pool.k, pool.v, self.device),
+                            self.config.page_size, self.config.progress,
+                        )  # fmt: skip
+                        del pool
             with self._phase("memory_plan"):
-                # a two-page pool is enough to measure: measurement batches read the scratch page
-                scratch = {False: self._kv_cache(2)} | (
-                    {True: self._kv_cache(2, True)} if has_draft else {}
-                )
                 self.memory.activation_peak = self._measure_activation_peak(scratch[False])
                 if mode == "startup":
                     self._measure_graph_reserve(scratch)

@@ -420,7 +420,8 @@ def _merge_rows(out_ptr, part_out_ptr, part_lse_ptr, sinks_ptr, r0, q_start, q_b
                 stride_o_tok, stride_o_head, HEAD_DIM, HAS_SINKS)  # fmt: skip
 
 
-_launch_attention = LaunchCache(_paged_attention_kernel)
+# its variants compile ahead in parallel at start-up (launch.py: parallel_compiles)
+_launch_attention = LaunchCache(_paged_attention_kernel, compile_ahead=True)
 _COUNTERS: dict[tuple[torch.device, int | str], list[torch.Tensor]] = {}
 
 
@@ -492,10 +493,15 @@ def choose_tiles(
         # on average (a static ratio of the padded batch) have few key blocks per program, where
         # the smaller key block wins (32 x 256: 0.130 vs 0.155 ms; 1 x 8192 prefers 64).
         target_rows = (128 if head_dim <= 128 else 64) if on_gpu else 16
-        block_q = max(1, target_rows // group_pad)
-        short = exact or num_tokens <= SHORT_REQUEST_TOKENS * max(num_seqs, 1)
+        short = num_tokens <= SHORT_REQUEST_TOKENS * max(num_seqs, 1)
         block_n = (64 if head_dim <= 128 and not short else 32) if on_gpu else 16
         num_warps, num_stages = 4, (3 if head_dim <= 128 else 2)
+        if exact:
+            # IEEE float32 dots lower to unrolled FMAs: their count per thread (tile rows x
+            # key block x head_dim / threads) drives ptxas time. 32 x 16 tiles keep it at
+            # 1/16 of the bf16 tile's, one pipeline stage
+            target_rows, block_n, num_stages = 32, 16, 1
+        block_q = max(1, target_rows // group_pad)
     # tl.dot needs at least 16 rows: pad the group further when the tile is too short.
     group_pad = max(group_pad, 16 // block_q)
     if small:
@@ -650,7 +656,7 @@ def paged_attention(
     # Without softcap, fold log2(e) into the scale so the loop uses exp2 directly.
     qk_scale = scale if use_softcap else scale * math.log2(math.e)
     counters = _split_counters(q.device, grid0 * num_kv_heads)
-    _launch_attention(
+    launched = _launch_attention(
         (grid0, num_kv_heads, tiles.num_splits),
         (
             q, k_cache, v_cache, out, part_out, part_lse, counters,
@@ -689,4 +695,6 @@ def paged_attention(
             num_stages=tiles.num_stages,
         ),
     )  # fmt: skip
+    if not launched:  # compiled only (start-up): what follows reads defined values
+        out.zero_()
     return out

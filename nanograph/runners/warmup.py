@@ -10,8 +10,11 @@ is compiled with the very arguments a request passes), and the same forwards com
 norm, rope and GEMV kernels. Compiled kernels land in Triton's disk cache, so later start-ups
 on the same machine load them instead of compiling.
 
-It runs after graph capture, which compiled the variants its graphs hold, so it compiles only
-the rest (the shapes eager fallbacks can reach).
+On CUDA, ``compile_kernels`` first compiles every variant at once, right after the weights
+load: the same forwards, with the attention launches only submitting their compiles to a
+thread pool (kernels/launch.py: ``parallel_compiles``). Capture and ``warm_up_kernels`` then
+find every variant compiled. ``warm_up_kernels`` runs after graph capture and launches every
+variant once, compiling whatever the ahead pass could not (no asynchronous Triton).
 
 Invariant: the warm-up reads only the scratch page 0 and writes no KV (every slot is -1).
 """
@@ -19,26 +22,55 @@ Invariant: the warm-up reads only the scratch page 0 and writes no KV (every slo
 from __future__ import annotations
 
 import contextlib
+import logging
+import os
 import time
+from concurrent.futures import as_completed
 
 import torch
 
 from nanograph.arith import ceil_div
+from nanograph.kernels.launch import parallel_compiles
 from nanograph.runners.forward_batch import ForwardBatch
 from nanograph.runners.model_runner import ModelRunner
+
+logger = logging.getLogger("nanograph")
+
+# threads compiling attention variants at once: the host's cores, at most the variant count
+MAX_COMPILE_THREADS = 16
+
+
+def compile_kernels(runner: ModelRunner, page_size: int, progress: bool = False) -> float:
+    """Compiles every kernel variant the warm-up launches, the attention variants in parallel;
+    returns the seconds it took. CUDA only: the forwards run, with attention outputs zeroed."""
+    start = time.perf_counter()
+    variants = _variants(runner)
+    workers = max(1, min(MAX_COMPILE_THREADS, os.cpu_count() or 1, len(variants)))
+    with parallel_compiles(workers) as compiles:
+        if compiles is None:
+            return 0.0  # warm_up_kernels compiles them, one after another
+        for tokens, selected in variants:
+            with selected:
+                runner.forward(scratch_batch(tokens, page_size))
+        if progress and compiles:
+            from tqdm import tqdm
+
+            done = as_completed(list(compiles))  # cache hits finish at once
+            for _ in tqdm(done, total=len(compiles), desc="compiling kernels", unit="variant",
+                          leave=False):  # fmt: skip
+                pass
+    torch.cuda.synchronize(runner.device)
+    seconds = time.perf_counter() - start
+    logger.info("compiled %d attention variants on %d threads in %.1f s", len(variants), workers,
+                seconds)  # fmt: skip
+    return seconds
 
 
 def warm_up_kernels(runner: ModelRunner, page_size: int, progress: bool = False) -> float:
     """Runs one eager forward (and its logits) per attention launch variant, plus a plain
     batch-1 decode; returns the seconds it took."""
     start = time.perf_counter()
-    config = runner.model.config
-    dtype = runner.model.model.embed_tokens.weight.dtype
-    variants = runner.attention.launch_variants(
-        config.num_attention_heads, config.num_key_value_heads, config.head_dim, runner.device,
-        dtype,
-    )  # fmt: skip
-    variants = [(1, contextlib.nullcontext()), *variants]
+    variants = _variants(runner)
     if progress:
         from tqdm import tqdm
 
@@ -49,6 +81,18 @@ def warm_up_kernels(runner: ModelRunner, page_size: int, progress: bool = False)
     if runner.device.type == "cuda":
         torch.cuda.synchronize(runner.device)
     return time.perf_counter() - start
+
+
+def _variants(runner: ModelRunner) -> list[tuple[int, contextlib.AbstractContextManager]]:
+    """(query tokens, a context selecting the launch) per attention variant, and a plain
+    batch-1 decode."""
+    config = runner.model.config
+    dtype = runner.model.model.embed_tokens.weight.dtype
+    variants = runner.attention.launch_variants(
+        config.num_attention_heads, config.num_key_value_heads, config.head_dim, runner.device,
+        dtype,
+    )  # fmt: skip
+    return [(1, contextlib.nullcontext()), *variants]
 
 
 def scratch_batch(tokens: int, page_size: int) -> ForwardBatch:
