@@ -76,3 +76,50 @@ def test_no_kernel_compiles_on_a_request_path(tiny_model_dir, dtype, graphs):
         after = _compiled_variants()
         late = {k: sorted(v - before[k]) for k, v in after.items() if v - before[k]}
         assert not late, f"{n} prompts of {lo}-{hi} tokens compiled on a request path: {late}"
+
+
+_COLD_START = """
+import json, sys, time
+from nanograph import LLM, SamplingParams
+from nanograph.bench.compiles import triton_compiles
+import nanograph.engine.startup as startup
+
+ahead_done = []
+compile_ahead = startup.compile_kernels
+
+def timed(*args, **kwargs):
+    seconds = compile_ahead(*args, **kwargs)
+    ahead_done.append(time.perf_counter())
+    return seconds
+
+startup.compile_kernels = timed
+with triton_compiles() as log:
+    llm = LLM(sys.argv[1], dtype=sys.argv[2], progress=False, cuda_graph_capture="startup",
+              max_num_seqs=16, cuda_graph_max_bs=16, chunked_prefill_size=256)
+    params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    llm.generate([[1, 2, 3], list(range(300))], params)
+end = ahead_done[0] - log.started
+compiled = [(name, at) for at, name, _, hit in log.events if not hit]
+print(json.dumps({"attention_ahead": sum(1 for n, at in compiled if "attention" in n and at <= end),
+                  "late": [n for n, at in compiled if at > end]}))
+"""
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_a_cold_start_compiles_every_attention_variant_ahead(tiny_model_dir, tmp_path, dtype):
+    """With an empty Triton cache, every attention variant compiles in the start-up's
+    parallel pass: nothing of attention compiles later (capture, warm-up, requests)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "triton"))
+    done = subprocess.run(
+        [sys.executable, "-c", _COLD_START, str(tiny_model_dir("qwen3")), dtype],
+        env=env, capture_output=True, text=True, timeout=400,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["attention_ahead"] >= (2 if dtype == "bfloat16" else 1), result
+    assert not [n for n in result["late"] if "attention" in n], result
