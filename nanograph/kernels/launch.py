@@ -33,11 +33,6 @@ from typing import Any
 
 import torch
 
-try:  # Triton 3.4 and later compile asynchronously on request
-    from triton.runtime._async_compile import AsyncCompileMode, FutureKernel
-except ImportError:  # older Triton, or none (CPU installs)
-    AsyncCompileMode, FutureKernel = None, ()
-
 _COMPILE_ONLY: contextvars.ContextVar[bool] = contextvars.ContextVar("compile_only", default=False)
 
 
@@ -49,12 +44,13 @@ def parallel_compiles(workers: int) -> Iterator[list[Future] | None]:
     in Triton's caches. Yields the compiles submitted so far (a list that grows: for progress),
     or None, changing nothing, where Triton cannot compile asynchronously (no
     ``AsyncCompileMode``, or the interpreter)."""
-    if AsyncCompileMode is None or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+    async_compile = _async_compile()
+    if async_compile is None or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         yield None
         return
     with ThreadPoolExecutor(workers, thread_name_prefix="triton-compile") as pool:
         # the mode's exit waits for every compile, before the pool shuts down
-        with AsyncCompileMode(pool) as mode:
+        with async_compile.AsyncCompileMode(pool) as mode:
             token = _COMPILE_ONLY.set(True)
             try:
                 yield mode.raw_futures
@@ -62,10 +58,24 @@ def parallel_compiles(workers: int) -> Iterator[list[Future] | None]:
                 _COMPILE_ONLY.reset(token)
 
 
+def _async_compile() -> Any:
+    """Triton's asynchronous-compile module (Triton 3.4 and later), or None. Imported on use:
+    importing triton decorates its language's own functions, and TRITON_INTERPRET must be
+    settled by then (the CPU tests set it when they import the kernels)."""
+    try:
+        from triton.runtime import _async_compile
+    except ImportError:  # older Triton, or none (CPU installs)
+        return None
+    return _async_compile
+
+
 def _compiled(kernel: Any) -> Any:
     """The compiled kernel of a launch: under ``parallel_compiles`` the JIT returns a future
     (``FutureKernel``), which subscripting does not reach through."""
-    return kernel.result() if isinstance(kernel, FutureKernel) else kernel
+    async_compile = _async_compile()
+    if async_compile is not None and isinstance(kernel, async_compile.FutureKernel):
+        return kernel.result()
+    return kernel
 
 
 class LaunchCache:
