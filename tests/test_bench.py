@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from nanograph.bench.common import parse_arms
+from nanograph.bench.common import git_commit, parse_arms
 from nanograph.bench.decode import roofline_tok_s
 from nanograph.cli import main
 
@@ -23,6 +23,28 @@ def test_bench_size_without_out_leaves_committed_results_alone(tmp_path, monkeyp
     assert main(["bench", "size"]) == 0
     assert list(results.iterdir()) == []
     assert json.loads((tmp_path / "bench-out" / "size.json").read_text())["bench"] == "size"
+
+
+def test_a_tree_that_differs_from_its_commit_is_recorded_dirty(tmp_path, monkeypatch):
+    """The device runs a copied tree over a .git that can be stale: its results must not carry
+    that commit as if it were exact."""
+    import subprocess
+
+    def git(*args):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path,
+                       check=True, capture_output=True)  # fmt: skip
+
+    git("init", "-q")
+    (tmp_path / "a.py").write_text("x = 1\n")
+    git("add", "a.py")
+    git("commit", "-qm", "a")
+    monkeypatch.chdir(tmp_path)
+    clean = git_commit()
+    assert len(clean) >= 7 and not clean.endswith("+dirty")
+    (tmp_path / "untracked.txt").write_text("results")  # outputs beside the tree are fine
+    assert git_commit() == clean
+    (tmp_path / "a.py").write_text("x = 2\n")
+    assert git_commit() == clean + "+dirty"
 
 
 def test_eager_arm_has_one_name():
@@ -148,3 +170,34 @@ def test_bench_startup_reports_phases_and_compiles_on_cpu(tiny_model_dir, tmp_pa
         assert arm["requests"]["long"]["tokens"] == 9
         for window in ("compiles_to_ready", "compiles_after_ready"):
             assert {"compiled", "cache_hits", "compile_s", "top"} <= set(arm[window])
+
+
+def test_compile_log_windows_every_figure_and_echoes_compiles():
+    """Triton's listener gets one event per compile or cache hit; a summary counts only its
+    window's events, stage seconds included."""
+    import io
+    import time
+    from types import SimpleNamespace
+
+    knobs = pytest.importorskip("triton").knobs
+    from nanograph.bench.compiles import triton_compiles
+
+    def event(name, hit, stage_us):
+        stages = [("ttir", stage_us), ("cubin", stage_us)]
+        times = SimpleNamespace(ir_initialization=0, store_results=0, lowering_stages=stages)
+        return dict(src=None, metadata={"name": name}, times=times, cache_hit=hit)
+
+    echo = io.StringIO()
+    with triton_compiles(echo) as log:
+        knobs.compilation.listener(**event("early", False, 1_000_000))
+        knobs.compilation.listener(**event("early", True, 5))
+        time.sleep(0.02)
+        split = time.perf_counter() - log.started
+        knobs.compilation.listener(**event("late", False, 250_000))
+    assert knobs.compilation.listener is None  # the block puts the previous listener back
+    before, after = log.summary(until_s=split), log.summary(after_s=split)
+    assert (before["compiled"], before["cache_hits"], after["compiled"]) == (1, 1, 1)
+    assert before["compile_s"] == pytest.approx(2.0) and after["compile_s"] == pytest.approx(0.5)
+    assert after["stage_s"] == pytest.approx({"ttir": 0.25, "cubin": 0.25})
+    assert [k["kernel"] for k in after["top"]] == ["late"]
+    assert echo.getvalue().count("compiled ") == 2  # compiles echo, cache hits do not

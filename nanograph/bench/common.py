@@ -29,16 +29,9 @@ import torch
 
 def environment() -> dict[str, Any]:
     """Device, versions and commit (``NANOGRAPH_COMMIT`` where the tree has no .git)."""
-    commit = os.environ.get("NANOGRAPH_COMMIT")
-    if not commit:
-        try:
-            commit = subprocess.run(
-                ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
-            ).stdout.strip()
-        except (OSError, subprocess.CalledProcessError):
-            commit = "unknown"
     env: dict[str, Any] = {
-        "torch": torch.__version__, "commit": commit, "time": time.ctime(),
+        "torch": torch.__version__, "commit": os.environ.get("NANOGRAPH_COMMIT") or git_commit(),
+        "time": time.ctime(),
         "command": "nanograph " + " ".join(sys.argv[1:]),
     }  # fmt: skip
     if torch.cuda.is_available():
@@ -53,6 +46,20 @@ def environment() -> dict[str, Any]:
     env["threads"] = torch.get_num_threads()
     env["load_average"] = load_average()
     return env
+
+
+def git_commit() -> str:
+    """HEAD's short hash, with ``+dirty`` where tracked files differ from it (a copied tree
+    over a stale .git, as on the device, must not pass for that commit); "unknown" without git."""
+    try:
+        commit = _git("rev-parse", "--short", "HEAD")
+        return commit + ("+dirty" if _git("status", "--porcelain", "--untracked-files=no") else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def _git(*args: str) -> str:
+    return subprocess.run(["git", *args], capture_output=True, text=True, check=True).stdout.strip()
 
 
 def load_average() -> tuple[float, float, float] | None:

@@ -12,34 +12,43 @@ import contextlib
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TextIO
+from typing import NamedTuple, TextIO
 
 TOP_KERNELS = 8  # kernels listed by name in a summary, the slowest to compile first
+
+
+class Compile(NamedTuple):
+    at_s: float  # seconds since the log began
+    kernel: str
+    seconds: float
+    cache_hit: bool
+    stages: tuple[tuple[str, float], ...]  # (lowering stage, seconds)
 
 
 @dataclass
 class CompileLog:
     started: float  # perf_counter() when the log began
     available: bool = True
-    events: list[tuple[float, str, float, bool]] = field(default_factory=list)
-    # (seconds since the log began, kernel, compile seconds, cache hit)
-    stage_s: dict[str, float] = field(default_factory=dict)  # compile seconds per stage, all
+    events: list[Compile] = field(default_factory=list)
 
     def summary(self, after_s: float = 0.0, until_s: float = float("inf")) -> dict:
         """Compiles between ``after_s`` and ``until_s`` seconds since the log began."""
-        events = [e for e in self.events if after_s <= e[0] < until_s]
-        compiled = [e for e in events if not e[3]]
+        events = [e for e in self.events if after_s <= e.at_s < until_s]
+        compiled = [e for e in events if not e.cache_hit]
         by_kernel: dict[str, list[float]] = {}
-        for _, name, seconds, _ in compiled:
-            by_kernel.setdefault(name, []).append(seconds)
+        stage_s: dict[str, float] = {}
+        for e in compiled:
+            by_kernel.setdefault(e.kernel, []).append(e.seconds)
+            for stage, seconds in e.stages:
+                stage_s[stage] = stage_s.get(stage, 0.0) + seconds
         top = sorted(by_kernel.items(), key=lambda kv: -sum(kv[1]))[:TOP_KERNELS]
         return {
             "available": self.available,
             "compiled": len(compiled),
             "cache_hits": len(events) - len(compiled),
-            "compile_s": sum(e[2] for e in compiled),
-            "last_compile_at_s": max((e[0] for e in compiled), default=None),
-            "stage_s": dict(self.stage_s),
+            "compile_s": sum(e.seconds for e in compiled),
+            "last_compile_at_s": max((e.at_s for e in compiled), default=None),
+            "stage_s": stage_s,
             "top": [
                 {
                     "kernel": name,
@@ -74,16 +83,14 @@ def triton_compiles(echo: TextIO | None = None) -> Iterator[CompileLog]:
             name = metadata.get("name") or getattr(getattr(src, "fn", None), "__name__", "?")
             stages = list(times.lowering_stages)
             total_us = times.ir_initialization + sum(t for _, t in stages) + times.store_results
-            log.events.append(
-                (time.perf_counter() - log.started, name, total_us / 1e6, bool(event["cache_hit"]))
-            )
-            if not event["cache_hit"]:
-                if echo is not None:
-                    at, _, seconds, _ = log.events[-1]
-                    print(f"compiled {name} in {seconds:.1f} s at {at:.1f} s", file=echo,
-                          flush=True)  # fmt: skip
-                for stage, us in stages:
-                    log.stage_s[stage] = log.stage_s.get(stage, 0.0) + us / 1e6
+            record = Compile(
+                time.perf_counter() - log.started, name, total_us / 1e6,
+                bool(event["cache_hit"]), tuple((stage, us / 1e6) for stage, us in stages),
+            )  # fmt: skip
+            log.events.append(record)
+            if echo is not None and not record.cache_hit:
+                print(f"compiled {name} in {record.seconds:.1f} s at {record.at_s:.1f} s",
+                      file=echo, flush=True)  # fmt: skip
         except (KeyError, AttributeError, TypeError):  # never fail a compile over a record
             log.available = False
         if previous is not None:

@@ -99,7 +99,7 @@ with triton_compiles() as log:
     params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
     llm.generate([[1, 2, 3], list(range(300))], params)
 end = ahead_done[0] - log.started
-compiled = [(name, at) for at, name, _, hit in log.events if not hit]
+compiled = [(e.kernel, e.at_s) for e in log.events if not e.cache_hit]
 print(json.dumps({"attention_ahead": sum(1 for n, at in compiled if "attention" in n and at <= end),
                   "late": [n for n, at in compiled if at > end]}))
 """
