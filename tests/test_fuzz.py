@@ -74,6 +74,7 @@ SAMPLING_FIELDS = {
     "stop": st.one_of(st.lists(any_text, max_size=2), any_value),
     "stop_token_ids": st.one_of(st.lists(st.integers(0, 50_000), max_size=2), any_value),
     "ignore_eos": st.one_of(st.booleans(), any_value),
+    "logprobs": st.one_of(st.none(), st.integers(-1, 21), any_value),
 }
 any_sampling_kwargs = st.fixed_dictionaries({}, optional=SAMPLING_FIELDS)
 
@@ -116,6 +117,7 @@ def test_sampling_params_either_build_or_raise_value_error(kwargs):
     assert p.seed is None or type(p.seed) is int
     assert all(isinstance(s, str) and s for s in p.stop)
     assert all(type(t) is int and t >= 0 for t in p.stop_token_ids)
+    assert p.logprobs is None or (type(p.logprobs) is int and 0 <= p.logprobs <= 20)
 
 
 @requires_smollm2
@@ -141,6 +143,9 @@ def test_arbitrary_requests_never_poison_the_engine(fuzz_llm, alone, data):
             assert out.error
         else:
             assert out.finish_reason in ("stop", "length") and isinstance(params, SamplingParams)
+            if params.logprobs is not None:  # one per token, cut with the tokens at a stop
+                assert len(out.logprobs) == len(out.token_ids)
+                assert all(len(lp.top) == params.logprobs for lp in out.logprobs)
     assert not engine.has_work()
     assert engine.scheduler.num_available_pages == free_before == allocator.num_usable
     again = fuzz_llm.generate(VALID_TEXTS[0], VALID)[0]

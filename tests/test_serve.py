@@ -66,13 +66,14 @@ def client(server):
 
 @pytest.fixture(scope="module")
 def reference():
-    """Offline greedy answers, in one batch: the chat question (16 tokens), a completion (12)."""
+    """Offline greedy answers, in one batch: the chat question (16 tokens), a completion (12),
+    with each token's log-probability and its two most likely alternatives."""
     llm = LLM("smollm2-135m", max_model_len=MAX_LEN, progress=False)
     chat, completion = llm.generate(
         [QUESTION, COMPLETION_PROMPT],
         [
-            SamplingParams(max_tokens=16, temperature=0),
-            SamplingParams(max_tokens=12, temperature=0),
+            SamplingParams(max_tokens=16, temperature=0, logprobs=2),
+            SamplingParams(max_tokens=12, temperature=0, logprobs=2),
         ],
     )
     return {"chat": chat, "completion": completion}
@@ -139,6 +140,46 @@ def test_completions_text_and_token_ids(client, reference, server):
     choices = [json.loads(e)["choices"][0] for e in events[:-1]]
     assert "".join(c["text"] for c in choices) == expected.text
     assert [t for c in choices for t in c.get("token_ids", [])] == expected.token_ids
+
+
+def test_logprobs_equal_offline_whole_and_streamed(any_server, reference):
+    """Chat's logprobs objects (whole, and spread over stream chunks) and completions' carry
+    the offline engine's log-probabilities for the same tokens."""
+    client = _openai(any_server)
+    expected = reference["chat"]
+    ask = dict(model="smollm2-135m", messages=QUESTION, max_tokens=16, temperature=0,
+               logprobs=True, top_logprobs=2)  # fmt: skip
+    whole = client.chat.completions.create(**ask).choices[0]
+    content = whole.logprobs.content
+    assert len(content) == len(expected.token_ids)
+    assert [c.logprob for c in content] == pytest.approx(
+        [lp.logprob for lp in expected.logprobs], abs=1e-4
+    )
+    for c, lp in zip(content, expected.logprobs):
+        assert [t.logprob for t in c.top_logprobs] == pytest.approx(
+            [v for _, v in lp.top], abs=1e-4
+        )
+        assert c.top_logprobs[0].token == c.token and c.bytes == list(c.token.encode())
+    assert "".join(c.token for c in content) == whole.message.content
+    chunks = list(client.chat.completions.create(**ask, stream=True))
+    streamed = [
+        c
+        for chunk in chunks
+        if chunk.choices and chunk.choices[0].logprobs
+        for c in chunk.choices[0].logprobs.content
+    ]
+    assert [c.token for c in streamed] == [c.token for c in content]
+    assert [c.logprob for c in streamed] == pytest.approx([c.logprob for c in content], abs=1e-5)
+
+    completion = reference["completion"]
+    choice = client.completions.create(
+        model="smollm2-135m", prompt=COMPLETION_PROMPT, max_tokens=12, temperature=0, logprobs=2
+    ).choices[0]
+    lp = choice.logprobs
+    assert "".join(lp.tokens) == choice.text == completion.text
+    assert lp.token_logprobs == pytest.approx([x.logprob for x in completion.logprobs], abs=1e-4)
+    assert lp.text_offset == [sum(map(len, lp.tokens[:i])) for i in range(len(lp.tokens))]
+    assert all(1 <= len(top) <= 2 for top in lp.top_logprobs)
 
 
 def test_stop_strings_never_stream_out(client, reference):
@@ -265,7 +306,16 @@ BAD = [  # (body or raw bytes, endpoint, status, param)
     ({"messages": QUESTION, "temperature": -0.5}, "chat/completions", 400, "temperature"),
     ({"messages": QUESTION, "top_p": 0}, "chat/completions", 400, "top_p"),
     ({"messages": QUESTION, "n": 2}, "chat/completions", 400, "n"),
-    ({"messages": QUESTION, "logprobs": True}, "chat/completions", 400, "logprobs"),
+    ({"messages": QUESTION, "top_logprobs": 2}, "chat/completions", 400, "top_logprobs"),
+    (
+        {"messages": QUESTION, "logprobs": True, "top_logprobs": 21},
+        "chat/completions",
+        400,
+        "top_logprobs",
+    ),
+    ({"messages": QUESTION, "logprobs": 2}, "chat/completions", 400, "logprobs"),
+    ({"prompt": "hi", "logprobs": 21}, "completions", 400, "logprobs"),
+    ({"prompt": "hi", "echo": True}, "completions", 400, "echo"),
     ({"messages": QUESTION, "model": "gpt-4"}, "chat/completions", 404, "model"),
     ({"prompt": "word " * (MAX_LEN + 10)}, "completions", 400, "prompt"),
     ({"prompt": [1, 2, 10**9]}, "completions", 400, "prompt"),

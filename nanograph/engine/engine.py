@@ -44,6 +44,7 @@ import torch
 
 from nanograph.distributed import launch
 from nanograph.distributed.steps import run_step
+from nanograph.engine import logprobs
 from nanograph.engine.config import EngineConfig
 from nanograph.engine.memory import MemoryReport
 from nanograph.engine.prefix_cache import PrefixCache
@@ -63,25 +64,37 @@ logger = logging.getLogger("nanograph")
 
 
 class _InFlight:
-    """A launched step: its sampled tokens on the device, and a host copy on its way."""
+    """A launched step: its sampled tokens (and packed logprob rows, when a request asked) on
+    the device, and host copies on their way."""
 
-    def __init__(self, requests: list[Request], indices: list[int], tokens: torch.Tensor) -> None:
+    def __init__(
+        self, requests: list[Request], indices: list[int], tokens: torch.Tensor,
+        logprob_rows: torch.Tensor | None = None,
+    ) -> None:  # fmt: skip
         self.requests = requests  # row i of tokens belongs to requests[i] ...
         self.indices = indices  # ... at output_ids[indices[i]]
         self.tokens = tokens
         self.ready: torch.cuda.Event | None = None
-        if tokens.is_cuda:  # copy now, in stream order, so reading waits for this step only
-            self.host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
-            self.host.copy_(tokens, non_blocking=True)
+        self.host = _to_host(tokens)
+        self.host_rows = None if logprob_rows is None else _to_host(logprob_rows)
+        if tokens.is_cuda:  # reading waits for this step's copies only
             self.ready = torch.cuda.Event()
             self.ready.record()
-        else:
-            self.host = tokens
 
-    def read(self) -> list[int]:
+    def read(self) -> tuple[list[int], list[list[float]] | None]:
+        """The tokens, and the packed logprob rows (``engine/logprobs.py``) or None."""
         if self.ready is not None:
             self.ready.synchronize()
-        return self.host.tolist()
+        rows = None if self.host_rows is None else self.host_rows.tolist()
+        return self.host.tolist(), rows
+
+
+def _to_host(values: torch.Tensor) -> torch.Tensor:
+    """A host copy of a device tensor, started now in stream order (pinned, asynchronous)."""
+    if not values.is_cuda:
+        return values
+    host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+    return host.copy_(values, non_blocking=True)
 
 
 class Engine:
@@ -214,6 +227,11 @@ class Engine:
                 f"the prompt has {n} tokens but the context length is {self.max_model_len}: "
                 "shorten the prompt (one token must remain for the answer)"
             )
+        if request.params.logprobs is not None and self.speculative is not None:
+            return (
+                "logprobs are not computed with speculative decoding: leave logprobs out, or "
+                "serve this model without a speculative algorithm"
+            )
         bad = next(
             (t for t in request.prompt_ids if type(t) is not int or not 0 <= t < vocab), None
         )
@@ -289,9 +307,9 @@ class Engine:
         failed: list[Request] = []
         samples = [n == r.num_pending for r, n in zip(requests, num_new)]
         try:
-            tokens = self._forward_and_sample(requests, num_new, samples)
+            tokens, rows = self._forward_and_sample(requests, num_new, samples)
         except Exception as e:  # nothing of this step was applied to its requests yet
-            kept, tokens, errored = self._retry_alone(requests, num_new, samples, e)
+            kept, tokens, rows, errored = self._retry_alone(requests, num_new, samples, e)
             failed = errored
             if not kept:
                 return failed, None
@@ -301,7 +319,7 @@ class Engine:
         for request, n in zip(requests, num_new):
             request.num_computed += n
         sampled = [r for r, s in zip(requests, samples) if s]
-        launched = _InFlight(sampled, [len(r.output_ids) for r in sampled], tokens)
+        launched = _InFlight(sampled, [len(r.output_ids) for r in sampled], tokens, rows)
         for row, request in enumerate(sampled):
             request.output_ids.append(UNRESOLVED)
             request.future = TokenInFlight(launched, row)
@@ -349,8 +367,9 @@ class Engine:
 
     def _forward_and_sample(
         self, requests: list[Request], num_new: list[int], samples: list[bool]
-    ) -> torch.Tensor:
-        """Launches the forward of ``requests`` and the sampling of their sampled rows."""
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Launches the forward of ``requests`` and the sampling of their sampled rows;
+        returns the tokens, and their packed logprob rows where a sampled request asked."""
         in_flight = self._in_flight
         # a request whose last new token is still on the device takes it from the step in flight
         future = [
@@ -369,21 +388,26 @@ class Engine:
         in_flight_tokens = in_flight.tokens if in_flight else None
         logits = run_step(self.tp, self.runner.forward, batch, in_flight_tokens)
         sampled = [r for r, s in zip(requests, samples) if s]
-        return self.sampler(logits, [r.request_id for r in sampled], [r.params for r in sampled])
+        params = [r.params for r in sampled]
+        tokens = self.sampler(logits, [r.request_id for r in sampled], params)
+        if all(p.logprobs is None for p in params):
+            return tokens, None
+        return tokens, logprobs.packed(logits, tokens)
 
     def _retry_alone(
         self, requests: list[Request], num_new: list[int], samples: list[bool], error: Exception
-    ) -> tuple[list[int], torch.Tensor | None, list[Request]]:
+    ) -> tuple[list[int], torch.Tensor | None, torch.Tensor | None, list[Request]]:
         """A step's forward or sampling raised: each of its requests runs again alone, so one
         bad request fails and the others go on. Returns the indices that ran, their sampled
-        tokens in order, and the requests that failed (aborted with the error)."""
+        tokens and logprob rows in order (as ``_forward_and_sample``), and the requests that
+        failed (aborted with the error)."""
         logger.warning("a step of %d requests raised %r: running each alone", len(requests), error)
-        kept, tokens, failed = [], [], []
+        kept, tokens, rows, failed = [], [], [], []
         for i, request in enumerate(requests):
             try:
                 if len(requests) == 1:
                     raise error  # it already ran alone
-                token = self._forward_and_sample([request], [num_new[i]], [samples[i]])
+                token, row = self._forward_and_sample([request], [num_new[i]], [samples[i]])
             except Exception as e:
                 logger.error("request %d failed: %r", request.request_id, e, exc_info=e)
                 self.abort(request, "error", f"internal error while computing it: {e!r}")
@@ -391,20 +415,31 @@ class Engine:
             else:
                 kept.append(i)
                 tokens.append(token)
-        return kept, (torch.cat(tokens) if tokens else None), failed
+                rows.append(row)
+        if not tokens:
+            return kept, None, None, failed
+        packed = None
+        if any(r is not None for r in rows):  # rows of requests that did not ask: zeros
+            packed = torch.cat([
+                torch.zeros(len(t), logprobs.WIDTH, device=t.device) if r is None else r
+                for t, r in zip(tokens, rows)
+            ])  # fmt: skip
+        return kept, torch.cat(tokens), packed, failed
 
     def _resolve(self, step: _InFlight) -> list[Request]:
         """Reads a launched step's tokens into its requests; returns those that finished."""
-        tokens = step.read()
+        tokens, rows = step.read()
         finished = []
         now = time.perf_counter()
-        for request, index, token in zip(step.requests, step.indices, tokens):
+        for row, (request, index, token) in enumerate(zip(step.requests, step.indices, tokens)):
             if request.future is not None and request.future.step is step:
                 request.future = None
             if request.status is Status.FINISHED:
                 continue  # finished by an earlier token; this one was computed in vain
             if request.first_token_time is None:
                 request.first_token_time = now
+            if request.params.logprobs is not None:  # tokens resolve in order: this is index
+                request.logprobs.append(logprobs.unpack(rows[row], request.params.logprobs))
             try:
                 reason = self.stops.accept(request, index, token)
             except Exception as e:
@@ -413,6 +448,7 @@ class Engine:
                 continue
             if reason:
                 del request.output_ids[index + (reason != "stop-token") :]  # later in-flight ones
+                del request.logprobs[len(request.output_ids) :]
                 request.future = None
                 self._finish(request, reason)
                 finished.append(request)

@@ -92,7 +92,12 @@ class RequestStream:
             update = await self._updates.get()
             while not update.finished and not self._updates.empty():
                 later = self._updates.get_nowait()
-                update = replace(later, token_ids=update.token_ids + later.token_ids)
+                logprobs = (
+                    None if later.logprobs is None else (update.logprobs or []) + later.logprobs
+                )
+                update = replace(
+                    later, token_ids=update.token_ids + later.token_ids, logprobs=logprobs
+                )
             yield update
             if update.finished:
                 return

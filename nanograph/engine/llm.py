@@ -15,6 +15,7 @@ from typing import Any
 
 from nanograph.engine.config import EngineConfig
 from nanograph.engine.engine import Engine
+from nanograph.engine.logprobs import TokenLogprob
 from nanograph.engine.prompts import Message, Prompt, is_single_prompt, prompt_token_ids
 from nanograph.engine.request import Request
 from nanograph.engine.sampling_params import SamplingParams
@@ -31,6 +32,8 @@ class RequestOutput:
     decode_tokens_per_s: float | None  # after the first token
     num_preemptions: int
     cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
+    # one per token of token_ids when SamplingParams.logprobs was set, else None
+    logprobs: list[TokenLogprob] | None = None
 
     @property
     def ok(self) -> bool:
@@ -130,4 +133,5 @@ class LLM:
             decode_tokens_per_s=decode_rate,
             num_preemptions=r.num_preemptions,
             cached_tokens=r.num_cached_tokens,
+            logprobs=list(r.logprobs) if getattr(r.params, "logprobs", None) is not None else None,
         )

@@ -75,10 +75,10 @@ class Reader:
 
 def to_wire(key: Hashable, update: Update) -> tuple:
     """``(key, token_ids)`` for a plain token update (nearly all of them), else every field."""
-    if not update.finished and not update.rejected:
+    if not update.finished and not update.rejected and update.logprobs is None:
         return key, update.token_ids
     return (key, update.token_ids, update.finished, update.finish_reason, update.error,
-            update.text, update.rejected, update.cached_tokens)  # fmt: skip
+            update.text, update.rejected, update.cached_tokens, update.logprobs)  # fmt: skip
 
 
 def from_wire(item: tuple) -> tuple[Hashable, Update]:

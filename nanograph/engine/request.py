@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from nanograph.engine.logprobs import TokenLogprob
 from nanograph.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -65,6 +66,8 @@ class Request:
     prefix_node: object | None = None  # the prefix cache's node this request locks
     num_shared_pages: int = 0  # pages[:num_shared_pages] are the prefix cache's
     num_cached_tokens: int = 0  # prompt tokens taken from the prefix cache at admission
+    # one per resolved output token when params.logprobs is set (engine/logprobs.py)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
 
     @property
     def token_ids(self) -> list[int]:

@@ -18,6 +18,8 @@ SEED_RANGE = (-(2**63), 2**64 - 1)
 # temperatures below this sample greedily (vLLM's rule): dividing logits by a subnormal
 # temperature overflows to inf and the draw becomes NaN
 GREEDY_BELOW = 1e-5
+# most likely alternatives a request may ask for per output token (OpenAI's top_logprobs limit)
+MAX_LOGPROBS = 20
 
 
 @dataclass(frozen=True)
@@ -26,7 +28,8 @@ class SamplingParams:
 
     ``top_k == -1`` (or 0) disables top-k; ``top_p == 1`` disables nucleus sampling;
     ``min_p == 0`` disables min-p. ``seed`` makes a sampled request reproducible on its own,
-    whatever else shares its batch.
+    whatever else shares its batch. ``logprobs`` (0..20) returns each output token's
+    log-probability and that many of the most likely tokens at its position (None: none).
     """
 
     max_tokens: int = 128
@@ -38,6 +41,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         set_ = lambda name, value: object.__setattr__(self, name, value)
@@ -52,6 +56,9 @@ class SamplingParams:
         set_("stop", _stop_strings(self.stop))
         if not isinstance(self.ignore_eos, bool):
             raise ValueError(f"ignore_eos must be true or false, got {self.ignore_eos!r}")
+        if self.logprobs is not None:
+            hint = "the most likely alternatives returned per token"
+            set_("logprobs", _integer("logprobs", self.logprobs, 0, MAX_LOGPROBS, hint))
 
     @property
     def greedy(self) -> bool:

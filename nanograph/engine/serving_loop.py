@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from nanograph.engine.logprobs import TokenLogprob
 from nanograph.engine.request import UNRESOLVED, Status
 
 if TYPE_CHECKING:
@@ -65,6 +66,8 @@ class Update:
     text: str | None = None
     rejected: bool = False
     cached_tokens: int = 0  # on the last update: prompt tokens taken from the prefix cache
+    # one (log-probability, top alternatives) per token of token_ids when the request asked
+    logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass(frozen=True)
@@ -177,16 +180,22 @@ class ServingLoop:
             while resolved and ids[resolved - 1] == UNRESOLVED:
                 resolved -= 1
             new = ids[live.published : resolved]
+            # every resolved token has its logprobs (the engine appends them as it resolves)
+            logprobs = (
+                request.logprobs[live.published : resolved]
+                if request.params.logprobs is not None else None
+            )  # fmt: skip
             live.published = max(live.published, resolved)
             self._totals[1] += len(new)
             if request.status is Status.FINISHED:
                 del self._live[key]
                 text = request.text if request.params.stop else None
                 update = Update(new, True, request.finish_reason, request.error, text,
-                                cached_tokens=request.num_cached_tokens)  # fmt: skip
+                                cached_tokens=request.num_cached_tokens,
+                                logprobs=logprobs)  # fmt: skip
                 ready.append((key, update))
             elif new:
-                ready.append((key, Update(new)))
+                ready.append((key, Update(new, logprobs=logprobs)))
         return ready
 
     def snapshot(self) -> FrontStats:

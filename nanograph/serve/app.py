@@ -36,6 +36,7 @@ from nanograph.engine.front import (
     Update,
 )
 from nanograph.serve import protocol
+from nanograph.serve.logprobs import LogprobFormat
 from nanograph.serve.metrics import ServerMetrics
 from nanograph.serve.protocol import ApiError, ChatRequest, CompletionRequest
 from nanograph.serve.text import TextStream
@@ -201,6 +202,9 @@ class _Answer:
         self.completion_tokens = 0
         self.cached_tokens = 0
         self._last = stream.arrival
+        count = stream.params.logprobs
+        self.logprobs = None if count is None else LogprobFormat(front.tokenizer, chat, count)
+        self._unsent: tuple[list[int], list] = ([], [])  # tokens no chunk carried yet
 
     def _observe(self, update: Update) -> None:
         now = time.perf_counter()
@@ -236,10 +240,11 @@ class _Answer:
         }
 
     async def whole(self) -> Response:
-        text, tokens, last = [], [], None
+        text, tokens, logprobs, last = [], [], [], None
         async for update in self.stream.updates():
             self._observe(update)
             tokens += update.token_ids
+            logprobs += update.logprobs or []
             if update.finished:
                 last = update
                 text.append(self.text.final(update.token_ids, update.text))
@@ -248,7 +253,10 @@ class _Answer:
         if last.finish_reason not in ("stop", "length"):
             raise self._failure(last)
         content = "".join(text)
-        choice = {"index": 0, "finish_reason": last.finish_reason, "logprobs": None}
+        choice = {
+            "index": 0, "finish_reason": last.finish_reason,
+            "logprobs": None if self.logprobs is None else self.logprobs(tokens, logprobs),
+        }  # fmt: skip
         if self.request.return_token_ids:
             choice["token_ids"] = tokens
         choice.update(
@@ -275,6 +283,10 @@ class _Answer:
         token_ids: list[int] | None = None,
     ) -> str:
         choice: dict[str, Any] = {"index": 0, "finish_reason": finish_reason, "logprobs": None}
+        unsent_ids, unsent_logprobs = self._unsent
+        if self.logprobs is not None and unsent_ids:  # every token this chunk brings
+            choice["logprobs"] = self.logprobs(unsent_ids, unsent_logprobs)
+            self._unsent = ([], [])
         if self.request.return_token_ids and token_ids is not None:
             choice["token_ids"] = token_ids
         if self.chat:
@@ -310,6 +322,8 @@ class _Answer:
                 yield self._chunk("", role=True)
             async for update in self.stream.updates():
                 self._observe(update)
+                self._unsent[0].extend(update.token_ids)
+                self._unsent[1].extend(update.logprobs or [])
                 if not update.finished:
                     delta = self.text.feed(update.token_ids)
                     # one chunk per token step when there is no text to wait for

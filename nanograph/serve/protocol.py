@@ -7,8 +7,11 @@ Invariants:
   refuse exactly the same things, with the same messages.
 - Every refusal is an ``ApiError`` carrying its HTTP status and OpenAI's error body
   ``{"error": {"message", "type", "param", "code"}}``.
-- Options the engine cannot honour (n > 1, logprobs, penalties, logit_bias, echo, best_of) are
+- Options the engine cannot honour (n > 1, penalties, logit_bias, echo, best_of, suffix) are
   refused with 400 rather than silently ignored.
+- Log-probabilities as OpenAI asks for them: chat's ``logprobs: true`` with ``top_logprobs``
+  alternatives (0-20), completions' ``logprobs: N`` (0-20, OpenAI allows 5); both become
+  ``SamplingParams.logprobs`` (the model's raw log-probabilities: ``engine/logprobs.py``).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from nanograph.engine.prompts import prompt_token_ids
-from nanograph.engine.sampling_params import SamplingParams
+from nanograph.engine.sampling_params import MAX_LOGPROBS, SamplingParams
 
 # OpenAI's legacy completions default; chat completions default to the rest of the context
 COMPLETION_DEFAULT_MAX_TOKENS = 16
@@ -118,9 +121,17 @@ def refuse_unsupported(request: _Request) -> None:
             "per request (n=1); send several requests instead",
             param="n",
         )
+    if isinstance(request, ChatRequest) and request.top_logprobs is not None:
+        if not request.logprobs:
+            raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+        if not 0 <= request.top_logprobs <= MAX_LOGPROBS:
+            raise ApiError(
+                400,
+                f"top_logprobs must be an integer in [0, {MAX_LOGPROBS}], "
+                f"got {request.top_logprobs}",
+                param="top_logprobs",
+            )
     unsupported = [
-        ("logprobs", bool(getattr(request, "logprobs", None))),
-        ("top_logprobs", getattr(request, "top_logprobs", None) is not None),
         ("echo", getattr(request, "echo", False)),
         ("best_of", (getattr(request, "best_of", None) or 1) != 1),
         ("suffix", bool(getattr(request, "suffix", None))),
@@ -206,6 +217,7 @@ def sampling_params(request: _Request, prompt_len: int, max_model_len: int) -> S
         "stop": request.stop,
         "stop_token_ids": request.stop_token_ids,
         "ignore_eos": request.ignore_eos,
+        "logprobs": _logprobs(request),
     }
     try:
         return SamplingParams(**{k: v for k, v in given.items() if v is not None})
@@ -217,3 +229,10 @@ def sampling_params(request: _Request, prompt_len: int, max_model_len: int) -> S
         elif param == "max_tokens" and getattr(request, "max_completion_tokens", None) is not None:
             param = "max_completion_tokens"
         raise ApiError(400, message, param=param) from None
+
+
+def _logprobs(request: _Request) -> int | None:
+    """The alternatives per token the request asks for, or None for no logprobs."""
+    if isinstance(request, ChatRequest):
+        return (request.top_logprobs or 0) if request.logprobs else None
+    return request.logprobs  # completions: the count itself

@@ -1,0 +1,49 @@
+"""Log-probabilities on CUDA (float32, so graphs and eager must agree to rounding): with decode
+and prefill graphs captured at start-up and under the overlap schedule, against an eager engine
+and a float64 transformers forward over the same tokens, in a mixed batch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def test_graph_logprobs_equal_eager_and_float64(small_qwen3):
+    import transformers
+
+    from nanograph import LLM, SamplingParams
+
+    path = small_qwen3("logprobs", layers=2, hidden=256)
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, 4096, (n,), generator=g).tolist() for n in (5, 37, 130, 9)]
+    params = [SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, logprobs=k)
+              for k in (4, 0, 20)]  # fmt: skip
+    params.append(SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))
+    common = dict(dtype="float32", progress=False, max_num_seqs=8, chunked_prefill_size=256)
+    graphs = LLM(path, cuda_graph_capture="startup", cuda_graph_max_bs=8, **common)
+    got = graphs.generate(prompts, params)
+    replays = graphs.engine.runner.forward_counts()
+    graphs.close()
+    eager = LLM(path, decode_cuda_graph="none", prefill_cuda_graph="none", **common)
+    want = eager.generate(prompts, params)
+    eager.close()
+    assert sum(c["graph"] for c in replays.values()) > 0, replays
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    assert got[3].logprobs is None and want[3].logprobs is None
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path).double().cuda().eval()
+    for prompt, out, ref, p in zip(prompts, got, want, params):
+        if p.logprobs is None:
+            continue
+        assert len(out.logprobs) == len(out.token_ids)
+        with torch.no_grad():
+            logits = hf(torch.tensor([prompt + out.token_ids], device="cuda")).logits[0]
+        expected = torch.log_softmax(logits[len(prompt) - 1 : -1], -1).cpu()
+        for i, (token, lp, lp_eager) in enumerate(zip(out.token_ids, out.logprobs, ref.logprobs)):
+            assert lp.logprob == pytest.approx(lp_eager.logprob, abs=1e-4)
+            assert lp.logprob == pytest.approx(expected[i, token].item(), abs=2e-3)
+            assert len(lp.top) == p.logprobs
+            values = [v for _, v in lp.top]
+            assert values == pytest.approx([v for _, v in lp_eager.top], abs=1e-4)
+            assert values == pytest.approx(expected[i].topk(p.logprobs).values.tolist(), abs=2e-3)
