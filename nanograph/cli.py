@@ -177,6 +177,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
         seed=args.sampling_seed,
         stop=tuple(args.stop or ()),
         ignore_eos=args.ignore_eos,
+        presence_penalty=args.presence_penalty,
+        frequency_penalty=args.frequency_penalty,
+        repetition_penalty=args.repetition_penalty,
     )
     config = engine_config_from(args)
     prompts = _prompts(args)
@@ -296,6 +299,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--sampling-seed", type=int, default=None, help="per-request seed")
     s.add_argument("--stop", action="append", help="stop string (repeatable)")
     s.add_argument("--ignore-eos", action="store_true", help="keep going past end-of-sequence")
+    s.add_argument("--presence-penalty", type=float, default=0.0,
+                   help="subtracted from generated tokens' logits, -2..2 [0.0]")  # fmt: skip
+    s.add_argument("--frequency-penalty", type=float, default=0.0,
+                   help="x times a token was generated, subtracted, -2..2 [0.0]")  # fmt: skip
+    s.add_argument("--repetition-penalty", type=float, default=1.0,
+                   help="divides seen tokens' logits (prompt too), > 0; 1 = off [1.0]")  # fmt: skip
     add_engine_args(gen)
     gen.set_defaults(func=cmd_generate)
     _add_serve(sub)

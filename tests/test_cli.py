@@ -28,6 +28,9 @@ def test_bad_flags_are_clear_errors(capsys, tiny_model_dir):
     assert main(["generate", "--prompt-ids", "1,2", "--model", str(tiny_model_dir("qwen3")),
                  "--temperature", "-1"]) == 2  # fmt: skip
     assert "temperature" in capsys.readouterr().err
+    assert main(["generate", "--prompt-ids", "1,2", "--model", str(tiny_model_dir("qwen3")),
+                 "--repetition-penalty", "0"]) == 2  # fmt: skip
+    assert "repetition_penalty must be a number > 0.0" in capsys.readouterr().err
     assert main(["generate", "--prompt-ids", "1,x", "--model", str(tiny_model_dir("qwen3"))]) == 2
     assert "comma-separated integers" in capsys.readouterr().err
 
@@ -39,6 +42,19 @@ def test_generate_token_ids_on_a_model_without_tokenizer(capsys, tiny_model_dir)
     assert code == 0
     assert captured.out.strip().startswith("[") and captured.out.count(",") == 4
     assert "KV pool" in captured.err
+
+
+def test_generate_with_penalties_equals_the_api(capsys, tiny_model_dir):
+    from nanograph import LLM, SamplingParams
+
+    model = str(tiny_model_dir("qwen3"))
+    assert main(["generate", "--model", model, "--prompt-ids", "5,6,7,5,6", "--max-tokens", "8",
+                 "--ignore-eos", "--presence-penalty", "-0.5", "--frequency-penalty", "0.3",
+                 "--repetition-penalty", "1.2"]) == 0  # fmt: skip
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, presence_penalty=-0.5,
+                            frequency_penalty=0.3, repetition_penalty=1.2)  # fmt: skip
+    expected = LLM(model, progress=False).generate([[5, 6, 7, 5, 6]], params)[0].token_ids
+    assert capsys.readouterr().out.strip() == str(expected)
 
 
 def test_generate_with_speculative_flags(capsys, tiny_model_dir):

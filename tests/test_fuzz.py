@@ -75,6 +75,9 @@ SAMPLING_FIELDS = {
     "stop_token_ids": st.one_of(st.lists(st.integers(0, 50_000), max_size=2), any_value),
     "ignore_eos": st.one_of(st.booleans(), any_value),
     "logprobs": st.one_of(st.none(), st.integers(-1, 21), any_value),
+    "presence_penalty": st.one_of(st.floats(-2.5, 2.5), any_value),
+    "frequency_penalty": st.one_of(st.floats(-2.5, 2.5), any_value),
+    "repetition_penalty": st.one_of(st.floats(0.0, 3.0), any_value),
 }
 any_sampling_kwargs = st.fixed_dictionaries({}, optional=SAMPLING_FIELDS)
 
@@ -118,6 +121,8 @@ def test_sampling_params_either_build_or_raise_value_error(kwargs):
     assert all(isinstance(s, str) and s for s in p.stop)
     assert all(type(t) is int and t >= 0 for t in p.stop_token_ids)
     assert p.logprobs is None or (type(p.logprobs) is int and 0 <= p.logprobs <= 20)
+    assert -2 <= p.presence_penalty <= 2 and -2 <= p.frequency_penalty <= 2
+    assert math.isfinite(p.repetition_penalty) and p.repetition_penalty > 0
 
 
 @requires_smollm2

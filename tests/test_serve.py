@@ -28,6 +28,7 @@ KEY = "test-key"
 MAX_LEN = 512
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 COMPLETION_PROMPT = "The three primary colours are"
+PENALTIES = dict(presence_penalty=1.0, frequency_penalty=0.5, repetition_penalty=1.3)
 
 
 SERVER_ARGS = ("--api-key", KEY, "--max-model-len", str(MAX_LEN), "--quiet",
@@ -67,16 +68,18 @@ def client(server):
 @pytest.fixture(scope="module")
 def reference():
     """Offline greedy answers, in one batch: the chat question (16 tokens), a completion (12),
-    with each token's log-probability and its two most likely alternatives."""
+    with each token's log-probability and its two most likely alternatives; the chat question
+    with penalties."""
     llm = LLM("smollm2-135m", max_model_len=MAX_LEN, progress=False)
-    chat, completion = llm.generate(
-        [QUESTION, COMPLETION_PROMPT],
+    chat, completion, penalised = llm.generate(
+        [QUESTION, COMPLETION_PROMPT, QUESTION],
         [
             SamplingParams(max_tokens=16, temperature=0, logprobs=2),
             SamplingParams(max_tokens=12, temperature=0, logprobs=2),
+            SamplingParams(max_tokens=16, temperature=0, **PENALTIES),
         ],
     )
-    return {"chat": chat, "completion": completion}
+    return {"chat": chat, "completion": completion, "penalised": penalised}
 
 
 def test_models_and_health(server, client):
@@ -180,6 +183,18 @@ def test_logprobs_equal_offline_whole_and_streamed(any_server, reference):
     assert lp.token_logprobs == pytest.approx([x.logprob for x in completion.logprobs], abs=1e-4)
     assert lp.text_offset == [sum(map(len, lp.tokens[:i])) for i in range(len(lp.tokens))]
     assert all(1 <= len(top) <= 2 for top in lp.top_logprobs)
+
+
+def test_penalties_equal_offline(any_server, reference):
+    expected = reference["penalised"]
+    assert expected.text != reference["chat"].text  # they change this answer
+    answer = _openai(any_server).chat.completions.create(
+        model="smollm2-135m", messages=QUESTION, max_tokens=16, temperature=0,
+        presence_penalty=PENALTIES["presence_penalty"],
+        frequency_penalty=PENALTIES["frequency_penalty"],
+        extra_body={"repetition_penalty": PENALTIES["repetition_penalty"]},
+    )  # fmt: skip
+    assert answer.choices[0].message.content == expected.text
 
 
 def test_stop_strings_never_stream_out(client, reference):
@@ -316,6 +331,9 @@ BAD = [  # (body or raw bytes, endpoint, status, param)
     ({"messages": QUESTION, "logprobs": 2}, "chat/completions", 400, "logprobs"),
     ({"prompt": "hi", "logprobs": 21}, "completions", 400, "logprobs"),
     ({"prompt": "hi", "echo": True}, "completions", 400, "echo"),
+    ({"prompt": "hi", "presence_penalty": 2.5}, "completions", 400, "presence_penalty"),
+    ({"prompt": "hi", "repetition_penalty": 0}, "completions", 400, "repetition_penalty"),
+    ({"prompt": "hi", "logit_bias": {"5": 1.0}}, "completions", 400, "logit_bias"),
     ({"messages": QUESTION, "model": "gpt-4"}, "chat/completions", 404, "model"),
     ({"prompt": "word " * (MAX_LEN + 10)}, "completions", 400, "prompt"),
     ({"prompt": [1, 2, 10**9]}, "completions", 400, "prompt"),

@@ -180,6 +180,8 @@ FIELDS = [
     "stop_token_ids",
     "model",
     "logprobs",
+    "presence_penalty",
+    "repetition_penalty",
     "messages",
 ]
 json_values = st.recursive(

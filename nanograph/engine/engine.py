@@ -47,6 +47,7 @@ from nanograph.distributed.steps import run_step
 from nanograph.engine import logprobs
 from nanograph.engine.config import EngineConfig
 from nanograph.engine.memory import MemoryReport
+from nanograph.engine.penalties import Penalties
 from nanograph.engine.prefix_cache import PrefixCache
 from nanograph.engine.request import UNRESOLVED, Request, Status, TokenInFlight
 from nanograph.engine.sampler import Sampler
@@ -144,6 +145,7 @@ class Engine:
             config.speculative_num_draft_tokens if config.speculative_algorithm else 0,
         )  # fmt: skip
         self.sampler = Sampler(self.device, seed=config.seed)
+        self.penalties = Penalties(self.device)
         self.speculative = self._speculative_decoder()
         eos_token_ids = set(self.model_config.eos_token_ids)
         if self.tokenizer is not None:
@@ -227,10 +229,12 @@ class Engine:
                 f"the prompt has {n} tokens but the context length is {self.max_model_len}: "
                 "shorten the prompt (one token must remain for the answer)"
             )
-        if request.params.logprobs is not None and self.speculative is not None:
+        if self.speculative is not None and (
+            request.params.logprobs is not None or request.params.penalized
+        ):
             return (
-                "logprobs are not computed with speculative decoding: leave logprobs out, or "
-                "serve this model without a speculative algorithm"
+                "logprobs and penalties are not computed with speculative decoding: leave them "
+                "out, or serve this model without a speculative algorithm"
             )
         bad = next(
             (t for t in request.prompt_ids if type(t) is not int or not 0 <= t < vocab), None
@@ -263,6 +267,7 @@ class Engine:
         """Releases what the engine holds for a finished request."""
         self.scheduler.finish(request)
         self.sampler.release(request.request_id)
+        self.penalties.release(request.request_id)
         if self.speculative is not None:
             self.speculative.release(request.request_id)
         self.stops.release(request.request_id)
@@ -389,10 +394,12 @@ class Engine:
         logits = run_step(self.tp, self.runner.forward, batch, in_flight_tokens)
         sampled = [r for r, s in zip(requests, samples) if s]
         params = [r.params for r in sampled]
-        tokens = self.sampler(logits, [r.request_id for r in sampled], params)
+        penalized = self.penalties.apply(logits, sampled)
+        tokens = self.sampler(penalized, [r.request_id for r in sampled], params)
+        self.penalties.record(tokens, sampled)
         if all(p.logprobs is None for p in params):
             return tokens, None
-        return tokens, logprobs.packed(logits, tokens)
+        return tokens, logprobs.packed(logits, tokens)  # the raw logits: engine/logprobs.py
 
     def _retry_alone(
         self, requests: list[Request], num_new: list[int], samples: list[bool], error: Exception

@@ -28,8 +28,11 @@ class SamplingParams:
 
     ``top_k == -1`` (or 0) disables top-k; ``top_p == 1`` disables nucleus sampling;
     ``min_p == 0`` disables min-p. ``seed`` makes a sampled request reproducible on its own,
-    whatever else shares its batch. ``logprobs`` (0..20) returns each output token's
-    log-probability and that many of the most likely tokens at its position (None: none).
+    whatever else shares its batch. ``presence_penalty`` and ``frequency_penalty`` (-2..2, 0 =
+    off) and ``repetition_penalty`` (> 0, 1 = off) penalise tokens already generated (the
+    repetition penalty also those of the prompt): ``engine/penalties.py``. ``logprobs``
+    (0..20) returns each output token's log-probability and that many of the most likely
+    tokens at its position (None: none).
     """
 
     max_tokens: int = 128
@@ -41,6 +44,9 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
     logprobs: int | None = None
 
     def __post_init__(self) -> None:
@@ -56,6 +62,11 @@ class SamplingParams:
         set_("stop", _stop_strings(self.stop))
         if not isinstance(self.ignore_eos, bool):
             raise ValueError(f"ignore_eos must be true or false, got {self.ignore_eos!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            set_(name, _real(name, getattr(self, name), low=-2.0, high=2.0, hint="0 = off"))
+        rep = _real("repetition_penalty", self.repetition_penalty, low=0.0, open_low=True,
+                    hint="1 = off")  # fmt: skip
+        set_("repetition_penalty", rep)
         if self.logprobs is not None:
             hint = "the most likely alternatives returned per token"
             set_("logprobs", _integer("logprobs", self.logprobs, 0, MAX_LOGPROBS, hint))
@@ -63,6 +74,11 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature < GREEDY_BELOW
+
+    @property
+    def penalized(self) -> bool:
+        return (self.presence_penalty != 0 or self.frequency_penalty != 0
+                or self.repetition_penalty != 1)  # fmt: skip
 
 
 def _integer(name: str, value: Any, low: int, high: int | None = None, hint: str = "") -> int:

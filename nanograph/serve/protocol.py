@@ -7,8 +7,8 @@ Invariants:
   refuse exactly the same things, with the same messages.
 - Every refusal is an ``ApiError`` carrying its HTTP status and OpenAI's error body
   ``{"error": {"message", "type", "param", "code"}}``.
-- Options the engine cannot honour (n > 1, penalties, logit_bias, echo, best_of, suffix) are
-  refused with 400 rather than silently ignored.
+- Options the engine cannot honour (n > 1, logit_bias, echo, best_of, suffix) are refused
+  with 400 rather than silently ignored.
 - Log-probabilities as OpenAI asks for them: chat's ``logprobs: true`` with ``top_logprobs``
   alternatives (0-20), completions' ``logprobs: N`` (0-20, OpenAI allows 5); both become
   ``SamplingParams.logprobs`` (the model's raw log-probabilities: ``engine/logprobs.py``).
@@ -80,8 +80,9 @@ class _Request(BaseModel):
     n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None  # vLLM's extension (transformers' definition)
     logit_bias: dict[str, float] | None = None
     user: str | None = None
 
@@ -135,8 +136,6 @@ def refuse_unsupported(request: _Request) -> None:
         ("echo", getattr(request, "echo", False)),
         ("best_of", (getattr(request, "best_of", None) or 1) != 1),
         ("suffix", bool(getattr(request, "suffix", None))),
-        ("presence_penalty", request.presence_penalty != 0),
-        ("frequency_penalty", request.frequency_penalty != 0),
         ("logit_bias", bool(request.logit_bias)),
     ]
     for name, asked in unsupported:
@@ -217,6 +216,9 @@ def sampling_params(request: _Request, prompt_len: int, max_model_len: int) -> S
         "stop": request.stop,
         "stop_token_ids": request.stop_token_ids,
         "ignore_eos": request.ignore_eos,
+        "presence_penalty": request.presence_penalty,
+        "frequency_penalty": request.frequency_penalty,
+        "repetition_penalty": request.repetition_penalty,
         "logprobs": _logprobs(request),
     }
     try:

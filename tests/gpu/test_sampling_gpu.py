@@ -1,6 +1,7 @@
-"""Log-probabilities on CUDA (float32, so graphs and eager must agree to rounding): with decode
-and prefill graphs captured at start-up and under the overlap schedule, against an eager engine
-and a float64 transformers forward over the same tokens, in a mixed batch."""
+"""Log-probabilities and penalties on CUDA (float32, so graphs and eager must agree to
+rounding): with decode and prefill graphs captured at start-up and under the overlap schedule,
+against an eager engine and a float64 transformers forward over the same tokens, in a mixed
+batch with penalised (greedy and seeded) and plain requests."""
 
 from __future__ import annotations
 
@@ -10,17 +11,22 @@ import torch
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
-def test_graph_logprobs_equal_eager_and_float64(small_qwen3):
+def test_graph_logprobs_and_penalties_equal_eager_and_float64(small_qwen3):
     import transformers
 
     from nanograph import LLM, SamplingParams
 
     path = small_qwen3("logprobs", layers=2, hidden=256)
     g = torch.Generator().manual_seed(3)
-    prompts = [torch.randint(0, 4096, (n,), generator=g).tolist() for n in (5, 37, 130, 9)]
+    prompts = [torch.randint(0, 4096, (n,), generator=g).tolist()
+               for n in (5, 37, 130, 9, 21, 64)]  # fmt: skip
     params = [SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, logprobs=k)
               for k in (4, 0, 20)]  # fmt: skip
     params.append(SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))
+    penalties = dict(presence_penalty=-0.5, frequency_penalty=0.3, repetition_penalty=1.2)
+    params.append(SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, **penalties))
+    params.append(SamplingParams(max_tokens=12, temperature=0.9, seed=4, ignore_eos=True,
+                                 logprobs=2, **penalties))  # fmt: skip
     common = dict(dtype="float32", progress=False, max_num_seqs=8, chunked_prefill_size=256)
     graphs = LLM(path, cuda_graph_capture="startup", cuda_graph_max_bs=8, **common)
     got = graphs.generate(prompts, params)

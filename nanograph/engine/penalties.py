@@ -1,0 +1,102 @@
+"""Repetition, frequency and presence penalties (OpenAI's ``presence_penalty`` and
+``frequency_penalty``, vLLM's and transformers' ``repetition_penalty``), on the device.
+
+What they do to a row's logits before sampling, in vLLM's order: a token seen in the prompt or
+the output so far is divided by ``repetition_penalty`` where its logit is positive and
+multiplied by it where negative; then ``frequency_penalty`` x (times the token was generated)
+and ``presence_penalty`` x (whether it was generated) are subtracted. Greedy rows take the
+argmax of the penalised logits; logprobs stay the model's raw ones.
+
+Invariants:
+- Only requests with a penalty have state: one row each of a ``[slots, vocab]`` count buffer
+  and a ``[slots, vocab]`` seen mask on the device, grown by doubling, filled from the prompt
+  when the request is first sampled, updated by the sampled tokens in stream order (a gather
+  before sampling and one accumulate after, for the whole batch). Tokens still on the device
+  under the overlap schedule are counted before the next step reads them: no host round trip.
+- A request keeps its row until it finishes (``release``): preemption and recompute do not
+  resample its earlier tokens, so its counts stay right.
+- A step with no penalised request does nothing here.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from nanograph.engine.request import Request
+
+FIRST_SLOTS = 8
+
+
+class Penalties:
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.counts: torch.Tensor | None = None  # [slots, vocab] float32: output token counts
+        self.seen: torch.Tensor | None = None  # [slots, vocab] bool: prompt or output tokens
+        self._slot: dict[int, int] = {}  # request id -> row
+        self._free: list[int] = []
+
+    def apply(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+        """The logits each request samples from (``logits`` itself where none is penalised;
+        else a new tensor). Row i belongs to ``requests[i]``."""
+        rows = [i for i, r in enumerate(requests) if r.params.penalized]
+        if not rows:
+            return logits
+        slots = self._slots([requests[i] for i in rows], logits.shape[-1])
+        dev = logits.device
+        params = [requests[i].params for i in rows]
+        repetition = torch.tensor([p.repetition_penalty for p in params], device=dev)[:, None]
+        frequency = torch.tensor([p.frequency_penalty for p in params], device=dev)[:, None]
+        presence = torch.tensor([p.presence_penalty for p in params], device=dev)[:, None]
+        index = torch.tensor(rows, device=dev)
+        counts, seen = self.counts[slots], self.seen[slots]
+        chosen = logits[index]
+        scaled = torch.where(chosen > 0, chosen / repetition, chosen * repetition)
+        chosen = torch.where(seen, scaled, chosen)
+        chosen = chosen - frequency * counts - presence * (counts > 0)
+        out = logits.clone()
+        out[index] = chosen
+        return out
+
+    def record(self, tokens: torch.Tensor, requests: list[Request]) -> None:
+        """Counts the tokens just sampled (row i for ``requests[i]``) for penalised requests."""
+        rows = [i for i, r in enumerate(requests) if r.params.penalized]
+        if not rows:
+            return
+        slots = torch.tensor([self._slot[requests[i].request_id] for i in rows], device=self.device)
+        sampled = tokens[torch.tensor(rows, device=tokens.device)].to(self.device)
+        self.counts.index_put_((slots, sampled), torch.ones_like(sampled, dtype=torch.float32),
+                               accumulate=True)  # fmt: skip
+        self.seen[slots, sampled] = True
+
+    def release(self, request_id: int) -> None:
+        slot = self._slot.pop(request_id, None)
+        if slot is not None:
+            self._free.append(slot)
+
+    def _slots(self, requests: list[Request], vocab: int) -> torch.Tensor:
+        """The rows of ``requests`` (new ones filled from their prompts)."""
+        for request in requests:
+            if request.request_id not in self._slot:
+                slot = self._new_slot(vocab)
+                self._slot[request.request_id] = slot
+                self.counts[slot].zero_()
+                self.seen[slot].zero_()
+                # first sampled here, so its output is empty: only the prompt has been seen
+                prompt = torch.tensor(request.prompt_ids, device=self.device)
+                self.seen[slot, prompt] = True
+        return torch.tensor([self._slot[r.request_id] for r in requests], device=self.device)
+
+    def _new_slot(self, vocab: int) -> int:
+        if not self._free:
+            old = 0 if self.counts is None else self.counts.shape[0]
+            new = max(FIRST_SLOTS, 2 * old)
+            counts = torch.zeros(new, vocab, device=self.device)
+            seen = torch.zeros(new, vocab, dtype=torch.bool, device=self.device)
+            if self.counts is not None:
+                counts[:old], seen[:old] = self.counts, self.seen
+            self.counts, self.seen = counts, seen
+            self._free.extend(range(new - 1, old - 1, -1))
+        return self._free.pop()

@@ -1,0 +1,121 @@
+"""Presence, frequency and repetition penalties on a tiny random Qwen3: greedy tokens against a
+plain step-by-step reference (transformers logits, the penalties written out per token), each
+request of a mixed batch equal to itself alone, equal under the overlap schedule and without
+it, through preemption, and past the state buffer's first size."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import assert_pages_back, make_llm
+
+from nanograph import SamplingParams
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model_dir):
+    return tiny_model_dir("qwen3")
+
+
+def penalised_greedy(model, prompt: list[int], n: int, presence=0.0, frequency=0.0,
+                     repetition=1.0) -> list[int]:  # fmt: skip
+    """The definition, one token at a time (vLLM's order: repetition, then frequency and
+    presence on the output's counts)."""
+    out: list[int] = []
+    for _ in range(n):
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + out])).logits[0, -1].double()
+        for token in set(prompt + out):
+            value = logits[token]
+            logits[token] = value / repetition if value > 0 else value * repetition
+        for token in set(out):
+            logits[token] -= frequency * out.count(token) + presence
+        out.append(int(logits.argmax()))
+    return out
+
+
+PROMPTS = [[5, 17, 3, 99, 42, 7, 5, 5], list(range(30, 61)), [200, 1, 200, 1]]
+# a random model hardly repeats itself: these settings each change its greedy answer (the first
+# makes tokens come twice, so counts above 1 matter)
+SETTINGS = [
+    dict(presence_penalty=-0.5, frequency_penalty=0.3),
+    dict(frequency_penalty=-0.8, repetition_penalty=1.3),
+    dict(repetition_penalty=0.6, presence_penalty=1.5),
+]
+
+
+def test_greedy_penalties_follow_their_definition(tiny):
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny).eval()
+    llm = make_llm(tiny)
+    params = [SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True, **kw)
+              for kw in SETTINGS]  # fmt: skip
+    outs = llm.generate(PROMPTS, params)
+    for prompt, kw, out in zip(PROMPTS, SETTINGS, outs):
+        expected = penalised_greedy(model, prompt, 10, kw.get("presence_penalty", 0.0),
+                                    kw.get("frequency_penalty", 0.0),
+                                    kw.get("repetition_penalty", 1.0))  # fmt: skip
+        assert out.token_ids == expected, kw
+    plain = llm.generate(PROMPTS, SamplingParams(max_tokens=10, temperature=0.0,
+                                                 ignore_eos=True))  # fmt: skip
+    assert all(p.token_ids != o.token_ids for p, o in zip(plain, outs))  # each did something
+    assert not llm.engine.penalties._slot  # finished requests gave their rows back
+    assert_pages_back(llm)
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_each_request_of_a_mixed_batch_equals_itself_alone(tiny, overlap):
+    llm = make_llm(tiny, disable_overlap_schedule=not overlap)
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, 256, (int(n),), generator=g).tolist()
+               for n in torch.randint(2, 30, (12,), generator=g)]  # fmt: skip
+    params = [
+        SamplingParams(
+            max_tokens=9,
+            temperature=0.8 if i % 3 else 0.0,
+            seed=i,
+            ignore_eos=True,
+            **(SETTINGS[i % 3] if i % 4 else {}),
+        )
+        for i in range(12)
+    ]  # fmt: skip: 9 penalised requests in one batch, past the buffer's first 8 rows
+    together = [o.token_ids for o in llm.generate(prompts, params)]
+    alone = [llm.generate([p], s)[0].token_ids for p, s in zip(prompts, params)]
+    assert together == alone
+    assert llm.engine.penalties.counts.shape[0] >= 9
+
+
+def test_preempted_requests_keep_their_counts(tiny):
+    g = torch.Generator().manual_seed(6)
+    prompts = [torch.randint(0, 256, (20,), generator=g).tolist() for _ in range(8)]
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True, frequency_penalty=1.0,
+                            repetition_penalty=1.2)  # fmt: skip
+    ample = [o.token_ids for o in make_llm(tiny).generate(prompts, params)]
+    per_token = 2 * 2 * 2 * 16 * 4  # k+v, layers, kv heads, head_dim, float32
+    small = make_llm(tiny, kv_cache_bytes=16 * 4 * per_token)
+    outs = small.generate(prompts, params)
+    assert sum(o.num_preemptions for o in outs) > 0
+    assert [o.token_ids for o in outs] == ample
+    assert_pages_back(small)
+
+
+def test_speculative_decoding_refuses_penalties(tiny):
+    llm = make_llm(tiny, speculative_algorithm="ngram")
+    out = llm.generate([PROMPTS[0]], SamplingParams(max_tokens=4, presence_penalty=1.0))[0]
+    assert out.finish_reason == "error" and "speculative decoding" in out.error
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(presence_penalty=2.5), "presence_penalty must be a number in [-2.0, 2.0]"),
+        (dict(frequency_penalty="1"), "frequency_penalty must be a number"),
+        (dict(repetition_penalty=0.0), "repetition_penalty must be a number > 0.0"),
+        (dict(repetition_penalty=float("inf")), "repetition_penalty must be a number > 0.0"),
+    ],
+)
+def test_bad_penalties_name_the_field(kwargs, message):
+    with pytest.raises(ValueError) as e:
+        SamplingParams(**kwargs)
+    assert str(e.value).startswith(message)
