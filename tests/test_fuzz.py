@@ -78,6 +78,9 @@ SAMPLING_FIELDS = {
     "presence_penalty": st.one_of(st.floats(-2.5, 2.5), any_value),
     "frequency_penalty": st.one_of(st.floats(-2.5, 2.5), any_value),
     "repetition_penalty": st.one_of(st.floats(0.0, 3.0), any_value),
+    "logit_bias": st.one_of(
+        st.dictionaries(st.integers(-1, 60_000), st.floats(-120, 120), max_size=3), any_value
+    ),  # fmt: skip
 }
 any_sampling_kwargs = st.fixed_dictionaries({}, optional=SAMPLING_FIELDS)
 
@@ -123,6 +126,7 @@ def test_sampling_params_either_build_or_raise_value_error(kwargs):
     assert p.logprobs is None or (type(p.logprobs) is int and 0 <= p.logprobs <= 20)
     assert -2 <= p.presence_penalty <= 2 and -2 <= p.frequency_penalty <= 2
     assert math.isfinite(p.repetition_penalty) and p.repetition_penalty > 0
+    assert all(type(t) is int and t >= 0 and -100 <= b <= 100 for t, b in p.logit_bias)
 
 
 @requires_smollm2

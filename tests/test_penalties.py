@@ -1,5 +1,6 @@
-"""Presence, frequency and repetition penalties on a tiny random Qwen3: greedy tokens against a
-plain step-by-step reference (transformers logits, the penalties written out per token), each
+"""Presence, frequency and repetition penalties and logit_bias on a tiny random Qwen3: greedy
+tokens against a plain step-by-step reference (transformers logits, the definitions written
+out per token), each
 request of a mixed batch equal to itself alone, equal under the overlap schedule and without
 it, through preemption, and past the state buffer's first size."""
 
@@ -17,10 +18,12 @@ def tiny(tiny_model_dir):
     return tiny_model_dir("qwen3")
 
 
-def penalised_greedy(model, prompt: list[int], n: int, presence=0.0, frequency=0.0,
-                     repetition=1.0) -> list[int]:  # fmt: skip
+def penalised_greedy(model, prompt: list[int], n: int, presence_penalty=0.0,
+                     frequency_penalty=0.0, repetition_penalty=1.0,
+                     logit_bias=None) -> list[int]:  # fmt: skip
     """The definition, one token at a time (vLLM's order: repetition, then frequency and
-    presence on the output's counts)."""
+    presence on the output's counts, then the bias)."""
+    presence, frequency, repetition = presence_penalty, frequency_penalty, repetition_penalty
     out: list[int] = []
     for _ in range(n):
         with torch.no_grad():
@@ -30,17 +33,20 @@ def penalised_greedy(model, prompt: list[int], n: int, presence=0.0, frequency=0
             logits[token] = value / repetition if value > 0 else value * repetition
         for token in set(out):
             logits[token] -= frequency * out.count(token) + presence
+        for token, bias in (logit_bias or {}).items():
+            logits[token] += bias
         out.append(int(logits.argmax()))
     return out
 
 
-PROMPTS = [[5, 17, 3, 99, 42, 7, 5, 5], list(range(30, 61)), [200, 1, 200, 1]]
+PROMPTS = [[5, 17, 3, 99, 42, 7, 5, 5], list(range(30, 61)), [200, 1, 200, 1], [9, 8, 7]]
 # a random model hardly repeats itself: these settings each change its greedy answer (the first
 # makes tokens come twice, so counts above 1 matter)
 SETTINGS = [
     dict(presence_penalty=-0.5, frequency_penalty=0.3),
     dict(frequency_penalty=-0.8, repetition_penalty=1.3),
     dict(repetition_penalty=0.6, presence_penalty=1.5),
+    dict(logit_bias={203: -100.0, 17: 3.0}, repetition_penalty=1.1),
 ]
 
 
@@ -53,10 +59,7 @@ def test_greedy_penalties_follow_their_definition(tiny):
               for kw in SETTINGS]  # fmt: skip
     outs = llm.generate(PROMPTS, params)
     for prompt, kw, out in zip(PROMPTS, SETTINGS, outs):
-        expected = penalised_greedy(model, prompt, 10, kw.get("presence_penalty", 0.0),
-                                    kw.get("frequency_penalty", 0.0),
-                                    kw.get("repetition_penalty", 1.0))  # fmt: skip
-        assert out.token_ids == expected, kw
+        assert out.token_ids == penalised_greedy(model, prompt, 10, **kw), kw
     plain = llm.generate(PROMPTS, SamplingParams(max_tokens=10, temperature=0.0,
                                                  ignore_eos=True))  # fmt: skip
     assert all(p.token_ids != o.token_ids for p, o in zip(plain, outs))  # each did something
@@ -100,6 +103,19 @@ def test_preempted_requests_keep_their_counts(tiny):
     assert_pages_back(small)
 
 
+def test_a_large_bias_forces_its_token_and_a_bias_outside_the_vocabulary_fails_alone(tiny):
+    llm = make_llm(tiny)
+    forced, outside, plain = llm.generate(PROMPTS[:3], [
+        SamplingParams(max_tokens=5, temperature=1.0, seed=1, logit_bias={42: 100}),
+        SamplingParams(max_tokens=5, logit_bias={256: 1.0}),
+        SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True),
+    ])  # fmt: skip
+    assert forced.token_ids == [42] * 5
+    assert outside.finish_reason == "error" and "logit_bias token id 256" in outside.error
+    assert plain.ok and len(plain.token_ids) == 5
+    assert_pages_back(llm)
+
+
 def test_speculative_decoding_refuses_penalties(tiny):
     llm = make_llm(tiny, speculative_algorithm="ngram")
     out = llm.generate([PROMPTS[0]], SamplingParams(max_tokens=4, presence_penalty=1.0))[0]
@@ -113,6 +129,9 @@ def test_speculative_decoding_refuses_penalties(tiny):
         (dict(frequency_penalty="1"), "frequency_penalty must be a number"),
         (dict(repetition_penalty=0.0), "repetition_penalty must be a number > 0.0"),
         (dict(repetition_penalty=float("inf")), "repetition_penalty must be a number > 0.0"),
+        (dict(logit_bias={3: 101}), "logit_bias[3] must be a number in [-100.0, 100.0]"),
+        (dict(logit_bias={-3: 1}), "logit_bias token id must be an integer >= 0"),
+        (dict(logit_bias="x"), "logit_bias must map token ids to numbers"),
     ],
 )
 def test_bad_penalties_name_the_field(kwargs, message):

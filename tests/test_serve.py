@@ -185,7 +185,7 @@ def test_logprobs_equal_offline_whole_and_streamed(any_server, reference):
     assert all(1 <= len(top) <= 2 for top in lp.top_logprobs)
 
 
-def test_penalties_equal_offline(any_server, reference):
+def test_penalties_equal_offline_and_a_bias_forces_its_token(any_server, reference):
     expected = reference["penalised"]
     assert expected.text != reference["chat"].text  # they change this answer
     answer = _openai(any_server).chat.completions.create(
@@ -195,6 +195,12 @@ def test_penalties_equal_offline(any_server, reference):
         extra_body={"repetition_penalty": PENALTIES["repetition_penalty"]},
     )  # fmt: skip
     assert answer.choices[0].message.content == expected.text
+    forced = httpx.post(
+        f"{any_server.base}/v1/completions", headers=_auth(), timeout=60,
+        json={"prompt": COMPLETION_PROMPT, "max_tokens": 4, "logit_bias": {"42": 100},
+              "return_token_ids": True, "seed": 3},
+    )  # fmt: skip
+    assert forced.json()["choices"][0]["token_ids"] == [42] * 4
 
 
 def test_stop_strings_never_stream_out(client, reference):
@@ -333,7 +339,9 @@ BAD = [  # (body or raw bytes, endpoint, status, param)
     ({"prompt": "hi", "echo": True}, "completions", 400, "echo"),
     ({"prompt": "hi", "presence_penalty": 2.5}, "completions", 400, "presence_penalty"),
     ({"prompt": "hi", "repetition_penalty": 0}, "completions", 400, "repetition_penalty"),
-    ({"prompt": "hi", "logit_bias": {"5": 1.0}}, "completions", 400, "logit_bias"),
+    ({"prompt": "hi", "logit_bias": {"five": 1.0}}, "completions", 400, "logit_bias"),
+    ({"prompt": "hi", "logit_bias": {"5": 101}}, "completions", 400, "logit_bias"),
+    ({"prompt": "hi", "logit_bias": {"10000000": 1}}, "completions", 400, "logit_bias"),
     ({"messages": QUESTION, "model": "gpt-4"}, "chat/completions", 404, "model"),
     ({"prompt": "word " * (MAX_LEN + 10)}, "completions", 400, "prompt"),
     ({"prompt": [1, 2, 10**9]}, "completions", 400, "prompt"),

@@ -182,6 +182,7 @@ FIELDS = [
     "logprobs",
     "presence_penalty",
     "repetition_penalty",
+    "logit_bias",
     "messages",
 ]
 json_values = st.recursive(

@@ -230,12 +230,15 @@ class Engine:
                 "shorten the prompt (one token must remain for the answer)"
             )
         if self.speculative is not None and (
-            request.params.logprobs is not None or request.params.penalized
+            request.params.logprobs is not None or request.params.adjusts_logits
         ):
             return (
-                "logprobs and penalties are not computed with speculative decoding: leave them "
-                "out, or serve this model without a speculative algorithm"
+                "logprobs, penalties and logit_bias are not computed with speculative decoding: "
+                "leave them out, or serve this model without a speculative algorithm"
             )
+        biased = next((t for t, _ in request.params.logit_bias if t >= vocab), None)
+        if biased is not None:
+            return f"logit_bias token id {biased} is outside the vocabulary (0..{vocab - 1})"
         bad = next(
             (t for t in request.prompt_ids if type(t) is not int or not 0 <= t < vocab), None
         )

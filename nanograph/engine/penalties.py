@@ -1,11 +1,13 @@
 """Repetition, frequency and presence penalties (OpenAI's ``presence_penalty`` and
-``frequency_penalty``, vLLM's and transformers' ``repetition_penalty``), on the device.
+``frequency_penalty``, vLLM's and transformers' ``repetition_penalty``) and OpenAI's
+``logit_bias``, on the device.
 
 What they do to a row's logits before sampling, in vLLM's order: a token seen in the prompt or
 the output so far is divided by ``repetition_penalty`` where its logit is positive and
 multiplied by it where negative; then ``frequency_penalty`` x (times the token was generated)
-and ``presence_penalty`` x (whether it was generated) are subtracted. Greedy rows take the
-argmax of the penalised logits; logprobs stay the model's raw ones.
+and ``presence_penalty`` x (whether it was generated) are subtracted; then each biased token
+gets its bias added. Greedy rows take the argmax of the result; logprobs stay the model's raw
+ones.
 
 Invariants:
 - Only requests with a penalty have state: one row each of a ``[slots, vocab]`` count buffer
@@ -15,7 +17,8 @@ Invariants:
   under the overlap schedule are counted before the next step reads them: no host round trip.
 - A request keeps its row until it finishes (``release``): preemption and recompute do not
   resample its earlier tokens, so its counts stay right.
-- A step with no penalised request does nothing here.
+- A bias needs no state: its (row, token, bias) triples are added in one accumulate.
+- A step with no penalised or biased request does nothing here.
 """
 
 from __future__ import annotations
@@ -39,11 +42,25 @@ class Penalties:
         self._free: list[int] = []
 
     def apply(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
-        """The logits each request samples from (``logits`` itself where none is penalised;
-        else a new tensor). Row i belongs to ``requests[i]``."""
+        """The logits each request samples from (``logits`` itself where none is penalised or
+        biased; else a new tensor). Row i belongs to ``requests[i]``."""
+        if not any(r.params.adjusts_logits for r in requests):
+            return logits
+        out = logits.clone()
+        self._penalize(out, requests)
+        bias = [(i, token, value) for i, r in enumerate(requests)
+                for token, value in r.params.logit_bias]  # fmt: skip
+        if bias:
+            rows, tokens, values = zip(*bias)
+            index = (torch.tensor(rows, device=out.device), torch.tensor(tokens, device=out.device))
+            out.index_put_(index, torch.tensor(values, device=out.device), accumulate=True)
+        return out
+
+    def _penalize(self, logits: torch.Tensor, requests: list[Request]) -> None:
+        """Penalises, in place, the rows of ``logits`` whose requests have penalties."""
         rows = [i for i, r in enumerate(requests) if r.params.penalized]
         if not rows:
-            return logits
+            return
         slots = self._slots([requests[i] for i in rows], logits.shape[-1])
         dev = logits.device
         params = [requests[i].params for i in rows]
@@ -55,10 +72,7 @@ class Penalties:
         chosen = logits[index]
         scaled = torch.where(chosen > 0, chosen / repetition, chosen * repetition)
         chosen = torch.where(seen, scaled, chosen)
-        chosen = chosen - frequency * counts - presence * (counts > 0)
-        out = logits.clone()
-        out[index] = chosen
-        return out
+        logits[index] = chosen - frequency * counts - presence * (counts > 0)
 
     def record(self, tokens: torch.Tensor, requests: list[Request]) -> None:
         """Counts the tokens just sampled (row i for ``requests[i]``) for penalised requests."""

@@ -30,7 +30,8 @@ class SamplingParams:
     ``min_p == 0`` disables min-p. ``seed`` makes a sampled request reproducible on its own,
     whatever else shares its batch. ``presence_penalty`` and ``frequency_penalty`` (-2..2, 0 =
     off) and ``repetition_penalty`` (> 0, 1 = off) penalise tokens already generated (the
-    repetition penalty also those of the prompt): ``engine/penalties.py``. ``logprobs``
+    repetition penalty also those of the prompt); ``logit_bias`` ({token id: -100..100}) is
+    added to those tokens' logits: ``engine/penalties.py``. ``logprobs``
     (0..20) returns each output token's log-probability and that many of the most likely
     tokens at its position (None: none).
     """
@@ -47,6 +48,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # given as a dict or pairs
     logprobs: int | None = None
 
     def __post_init__(self) -> None:
@@ -67,6 +69,7 @@ class SamplingParams:
         rep = _real("repetition_penalty", self.repetition_penalty, low=0.0, open_low=True,
                     hint="1 = off")  # fmt: skip
         set_("repetition_penalty", rep)
+        set_("logit_bias", _logit_bias(self.logit_bias))
         if self.logprobs is not None:
             hint = "the most likely alternatives returned per token"
             set_("logprobs", _integer("logprobs", self.logprobs, 0, MAX_LOGPROBS, hint))
@@ -79,6 +82,11 @@ class SamplingParams:
     def penalized(self) -> bool:
         return (self.presence_penalty != 0 or self.frequency_penalty != 0
                 or self.repetition_penalty != 1)  # fmt: skip
+
+    @property
+    def adjusts_logits(self) -> bool:
+        """Whether penalties or a logit bias change the logits it samples from."""
+        return self.penalized or bool(self.logit_bias)
 
 
 def _integer(name: str, value: Any, low: int, high: int | None = None, hint: str = "") -> int:
@@ -140,3 +148,19 @@ def _stop_strings(stop: Any) -> tuple[str, ...]:
         if not isinstance(s, str) or not s:
             raise ValueError(f"stop[{i}] must be a non-empty string, got {s!r}")
     return strings
+
+
+def _logit_bias(bias: Any) -> tuple[tuple[int, float], ...]:
+    if bias is None:
+        return ()
+    if isinstance(bias, dict):
+        bias = bias.items()
+    if isinstance(bias, str | bytes) or not hasattr(bias, "__iter__"):
+        raise ValueError(f"logit_bias must map token ids to numbers, got {bias!r}")
+    pairs = {}
+    for pair in bias:
+        if not isinstance(pair, tuple | list) or len(pair) != 2:
+            raise ValueError(f"logit_bias must map token ids to numbers, got {pair!r}")
+        token = _integer("logit_bias token id", pair[0], low=0)
+        pairs[token] = _real(f"logit_bias[{token}]", pair[1], low=-100.0, high=100.0)
+    return tuple(sorted(pairs.items()))

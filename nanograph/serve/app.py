@@ -141,8 +141,9 @@ def build_app(
             raise ApiError(503, str(e), "server_error", code="shutting_down") from None
         try:
             await stream.admitted()
-        except RequestRejected as e:
-            raise ApiError(400, str(e), param="messages" if chat else "prompt") from None
+        except RequestRejected as e:  # the prompt, or a token id only the engine can judge
+            param = "logit_bias" if str(e).startswith("logit_bias") else None
+            raise ApiError(400, str(e), param=param or ("messages" if chat else "prompt")) from None
         except BaseException:
             front.abort(stream)
             raise

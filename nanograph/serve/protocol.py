@@ -7,8 +7,8 @@ Invariants:
   refuse exactly the same things, with the same messages.
 - Every refusal is an ``ApiError`` carrying its HTTP status and OpenAI's error body
   ``{"error": {"message", "type", "param", "code"}}``.
-- Options the engine cannot honour (n > 1, logit_bias, echo, best_of, suffix) are refused
-  with 400 rather than silently ignored.
+- Options the engine cannot honour (n > 1, echo, best_of, suffix) are refused with 400
+  rather than silently ignored.
 - Log-probabilities as OpenAI asks for them: chat's ``logprobs: true`` with ``top_logprobs``
   alternatives (0-20), completions' ``logprobs: N`` (0-20, OpenAI allows 5); both become
   ``SamplingParams.logprobs`` (the model's raw log-probabilities: ``engine/logprobs.py``).
@@ -136,7 +136,6 @@ def refuse_unsupported(request: _Request) -> None:
         ("echo", getattr(request, "echo", False)),
         ("best_of", (getattr(request, "best_of", None) or 1) != 1),
         ("suffix", bool(getattr(request, "suffix", None))),
-        ("logit_bias", bool(request.logit_bias)),
     ]
     for name, asked in unsupported:
         if asked:
@@ -219,6 +218,7 @@ def sampling_params(request: _Request, prompt_len: int, max_model_len: int) -> S
         "presence_penalty": request.presence_penalty,
         "frequency_penalty": request.frequency_penalty,
         "repetition_penalty": request.repetition_penalty,
+        "logit_bias": _logit_bias(request),
         "logprobs": _logprobs(request),
     }
     try:
@@ -238,3 +238,18 @@ def _logprobs(request: _Request) -> int | None:
     if isinstance(request, ChatRequest):
         return (request.top_logprobs or 0) if request.logprobs else None
     return request.logprobs  # completions: the count itself
+
+
+def _logit_bias(request: _Request) -> dict[int, float] | None:
+    """OpenAI's ``{"<token id>": bias}`` with the ids as integers."""
+    if request.logit_bias is None:
+        return None
+    bias = {}
+    for key, value in request.logit_bias.items():
+        try:
+            bias[int(key)] = value
+        except ValueError:
+            raise ApiError(
+                400, f"logit_bias keys must be token ids, got {key!r}", param="logit_bias"
+            ) from None
+    return bias

@@ -1,4 +1,4 @@
-"""Log-probabilities and penalties on CUDA (float32, so graphs and eager must agree to
+"""Log-probabilities, penalties and logit bias on CUDA (float32, so graphs and eager must agree to
 rounding): with decode and prefill graphs captured at start-up and under the overlap schedule,
 against an eager engine and a float64 transformers forward over the same tokens, in a mixed
 batch with penalised (greedy and seeded) and plain requests."""
@@ -23,7 +23,8 @@ def test_graph_logprobs_and_penalties_equal_eager_and_float64(small_qwen3):
     params = [SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, logprobs=k)
               for k in (4, 0, 20)]  # fmt: skip
     params.append(SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))
-    penalties = dict(presence_penalty=-0.5, frequency_penalty=0.3, repetition_penalty=1.2)
+    penalties = dict(presence_penalty=-0.5, frequency_penalty=0.3, repetition_penalty=1.2,
+                     logit_bias={7: 2.0, 100: -3.0})  # fmt: skip
     params.append(SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, **penalties))
     params.append(SamplingParams(max_tokens=12, temperature=0.9, seed=4, ignore_eos=True,
                                  logprobs=2, **penalties))  # fmt: skip
