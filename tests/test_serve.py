@@ -246,6 +246,34 @@ def test_seeded_sampling_is_reproducible(client):
     assert streamed == first
 
 
+def test_n_choices_each_equal_their_seed_alone_whole_and_streamed(any_server):
+    """n seeded choices: choice i is the request with seed + i run alone; streamed chunks of
+    the n choices interleave and add up to the same texts; usage counts every choice."""
+    client = _openai(any_server)
+    kwargs = dict(model="smollm2-135m", messages=QUESTION, max_tokens=10, temperature=1.0,
+                  extra_body={"ignore_eos": True})  # fmt: skip
+    alone = [client.chat.completions.create(seed=50 + i, **kwargs).choices[0].message.content
+             for i in range(3)]  # fmt: skip
+    assert len(set(alone)) > 1  # the seeds give different answers
+    whole = client.chat.completions.create(seed=50, n=3, **kwargs)
+    assert [c.index for c in whole.choices] == [0, 1, 2]
+    assert [c.message.content for c in whole.choices] == alone
+    assert whole.usage.completion_tokens == 30
+    usage = {"include_usage": True}
+    chunks = list(client.chat.completions.create(seed=50, n=3, stream=True, **kwargs,
+                                                 stream_options=usage))  # fmt: skip
+    texts, finishes = ["", "", ""], [0, 0, 0]
+    for chunk in chunks:
+        for c in chunk.choices:
+            texts[c.index] += c.delta.content or ""
+            finishes[c.index] += c.finish_reason is not None
+    assert texts == alone and finishes == [1, 1, 1]
+    assert chunks[-1].usage.completion_tokens == 30
+    greedy = client.completions.create(model="smollm2-135m", prompt=COMPLETION_PROMPT, n=2,
+                                       max_tokens=6, temperature=0)  # fmt: skip
+    assert greedy.choices[0].text == greedy.choices[1].text
+
+
 def test_eight_concurrent_requests_equal_each_alone(any_server):
     server, client = any_server, _openai(any_server)
     prompts = [f"Count from {i} to {i + 5}:" for i in range(8)]
@@ -294,6 +322,14 @@ def test_cancelled_stream_frees_its_pages(any_server):
         pass
     stream.close()  # the client goes away mid-stream
     assert wait_pages_free(server.base)["kv_pages_available"] == start["kv_pages_available"]
+    several = client.chat.completions.create(  # every choice's request goes
+        model="smollm2-135m", messages=QUESTION, max_tokens=400, stream=True, n=3,
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    for _, _chunk in zip(range(6), several):
+        pass
+    several.close()
+    assert wait_pages_free(server.base)["kv_pages_available"] == start["kv_pages_available"]
     # a non-streamed request whose client gives up is aborted too
     body = {"messages": QUESTION, "max_tokens": 400, "ignore_eos": True}
     with pytest.raises(httpx.ReadTimeout):
@@ -326,7 +362,8 @@ BAD = [  # (body or raw bytes, endpoint, status, param)
     ),
     ({"messages": QUESTION, "temperature": -0.5}, "chat/completions", 400, "temperature"),
     ({"messages": QUESTION, "top_p": 0}, "chat/completions", 400, "top_p"),
-    ({"messages": QUESTION, "n": 2}, "chat/completions", 400, "n"),
+    ({"messages": QUESTION, "n": 0}, "chat/completions", 400, "n"),
+    ({"prompt": "hi", "n": 129}, "completions", 400, "n"),
     ({"messages": QUESTION, "top_logprobs": 2}, "chat/completions", 400, "top_logprobs"),
     (
         {"messages": QUESTION, "logprobs": True, "top_logprobs": 21},

@@ -127,8 +127,14 @@ def build_app(
             front.tokenizer, request
         )
         params = protocol.sampling_params(request, len(prompt), front.max_model_len)
+        streams: list[RequestStream] = []  # one per choice (n)
+        admitted = False
         try:
-            stream = front.submit(prompt, params)
+            for choice in protocol.choice_params(params, request.n):
+                streams.append(front.submit(prompt, choice))
+            for stream in streams:
+                await stream.admitted()
+            admitted = True
         except QueueFull as e:
             raise ApiError(
                 503,
@@ -139,15 +145,14 @@ def build_app(
             ) from None
         except ShuttingDown as e:
             raise ApiError(503, str(e), "server_error", code="shutting_down") from None
-        try:
-            await stream.admitted()
         except RequestRejected as e:  # the prompt, or a token id only the engine can judge
             param = "logit_bias" if str(e).startswith("logit_bias") else None
             raise ApiError(400, str(e), param=param or ("messages" if chat else "prompt")) from None
-        except BaseException:
-            front.abort(stream)
-            raise
-        answer = _Answer(front, stream, request, chat, model_name, metrics)
+        finally:  # whatever went wrong, no choice of this request stays in the engine
+            if not admitted:
+                for stream in streams:
+                    front.abort(stream)
+        answer = _Answer(front, streams, request, chat, model_name, metrics)
         if request.stream:
             return StreamingResponse(answer.events(), media_type="text/event-stream")
         return await _until_disconnect(http, answer.whole(), answer.abandon)
@@ -187,41 +192,63 @@ async def _until_disconnect(http: Request, work, abandon) -> Response:
     return task.result()
 
 
+class _Choice:
+    """One choice of an answer: its request's stream, text and logprobs so far."""
+
+    def __init__(self, index: int, front: Front, stream: RequestStream, chat: bool) -> None:
+        self.index, self.stream = index, stream
+        self.text = TextStream(front.tokenizer, stream.params.stop)
+        count = stream.params.logprobs
+        self.logprobs = None if count is None else LogprobFormat(front.tokenizer, chat, count)
+        self.unsent: tuple[list[int], list] = ([], [])  # tokens no chunk carried yet
+        self.completion_tokens = 0
+        self.cached_tokens = 0
+        self.finished = False
+        self.last = stream.arrival  # when its last tokens came (inter-token latency)
+
+    def take_unsent(self) -> dict | None:
+        """The logprobs object of the tokens no chunk carried yet (None without logprobs)."""
+        ids, logprobs = self.unsent
+        if self.logprobs is None or not ids:
+            return None
+        self.unsent = ([], [])
+        return self.logprobs(ids, logprobs)
+
+
 class _Answer:
-    """One admitted request's answer, as a whole or as OpenAI stream chunks."""
+    """One admitted request's answer (``n`` choices, one engine request each), as a whole or
+    as OpenAI stream chunks."""
 
     def __init__(
-        self, front: Front, stream: RequestStream, request: Any, chat: bool, model: str,
+        self, front: Front, streams: list[RequestStream], request: Any, chat: bool, model: str,
         metrics: ServerMetrics,
     ) -> None:  # fmt: skip
-        self.front, self.stream, self.request, self.chat = front, stream, request, chat
-        self.text = TextStream(front.tokenizer, stream.params.stop)
+        self.front, self.request, self.chat = front, request, chat
+        self.choices = [_Choice(i, front, stream, chat) for i, stream in enumerate(streams)]
+        self.prompt_tokens = len(streams[0].prompt_ids)
         self.metrics = metrics
         prefix = "chatcmpl" if chat else "cmpl"
         self.id, self.created, self.model = f"{prefix}-{uuid.uuid4().hex}", int(time.time()), model
         self.object = "chat.completion" if chat else "text_completion"
-        self.completion_tokens = 0
-        self.cached_tokens = 0
-        self._last = stream.arrival
-        count = stream.params.logprobs
-        self.logprobs = None if count is None else LogprobFormat(front.tokenizer, chat, count)
-        self._unsent: tuple[list[int], list] = ([], [])  # tokens no chunk carried yet
 
-    def _observe(self, update: Update) -> None:
+    def _observe(self, choice: _Choice, update: Update) -> None:
         now = time.perf_counter()
         n = len(update.token_ids)
         if n:
-            if self.completion_tokens == 0:
-                self.metrics.ttft.observe(now - self.stream.arrival)
+            if choice.completion_tokens == 0:
+                self.metrics.ttft.observe(now - choice.stream.arrival)
             else:
                 for _ in range(n):
-                    self.metrics.itl.observe((now - self._last) / n)
-            self._last = now
-        self.completion_tokens += n
+                    self.metrics.itl.observe((now - choice.last) / n)
+            choice.last = now
+        choice.completion_tokens += n
+        choice.unsent[0].extend(update.token_ids)
+        choice.unsent[1].extend(update.logprobs or [])
         if update.finished:
-            self.cached_tokens = update.cached_tokens
+            choice.finished = True
+            choice.cached_tokens = update.cached_tokens
             self.metrics.finished.labels(update.finish_reason or "error").inc()
-            self.metrics.e2e.observe(now - self.stream.arrival)
+            self.metrics.e2e.observe(now - choice.stream.arrival)
 
     @staticmethod
     def _failure(update: Update) -> ApiError:
@@ -232,71 +259,79 @@ class _Answer:
         )
 
     def usage(self) -> dict:
-        prompt = len(self.stream.prompt_ids)
+        completion = sum(c.completion_tokens for c in self.choices)
         return {
-            "prompt_tokens": prompt,
-            "completion_tokens": self.completion_tokens,
-            "total_tokens": prompt + self.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": completion,
+            "total_tokens": self.prompt_tokens + completion,
+            # the choices share the prompt: its cached part as the first choice saw it
+            "prompt_tokens_details": {"cached_tokens": self.choices[0].cached_tokens},
         }
 
     async def whole(self) -> Response:
-        text, tokens, logprobs, last = [], [], [], None
-        async for update in self.stream.updates():
-            self._observe(update)
-            tokens += update.token_ids
-            logprobs += update.logprobs or []
-            if update.finished:
-                last = update
-                text.append(self.text.final(update.token_ids, update.text))
-            else:
-                text.append(self.text.feed(update.token_ids))
-        if last.finish_reason not in ("stop", "length"):
-            raise self._failure(last)
-        content = "".join(text)
-        choice = {
-            "index": 0, "finish_reason": last.finish_reason,
-            "logprobs": None if self.logprobs is None else self.logprobs(tokens, logprobs),
-        }  # fmt: skip
-        if self.request.return_token_ids:
-            choice["token_ids"] = tokens
-        choice.update(
-            {"message": {"role": "assistant", "content": content}}
-            if self.chat
-            else {"text": content}
-        )
+        try:
+            choices = await asyncio.gather(*(self._whole_choice(c) for c in self.choices))
+        except BaseException:  # one choice failed (or the client left): the others stop too
+            self.abandon()
+            raise
         return JSONResponse(
             {
                 "id": self.id,
                 "object": self.object,
                 "created": self.created,
                 "model": self.model,
-                "choices": [choice],
+                "choices": list(choices),
                 "usage": self.usage(),
             }
         )
 
+    async def _whole_choice(self, choice: _Choice) -> dict:
+        text, tokens, last = [], [], None
+        async for update in choice.stream.updates():
+            self._observe(choice, update)
+            tokens += update.token_ids
+            if update.finished:
+                last = update
+                text.append(choice.text.final(update.token_ids, update.text))
+            else:
+                text.append(choice.text.feed(update.token_ids))
+        if last.finish_reason not in ("stop", "length"):
+            raise self._failure(last)
+        content = "".join(text)
+        body = {
+            "index": choice.index, "finish_reason": last.finish_reason,
+            "logprobs": choice.take_unsent(),
+        }  # fmt: skip
+        if self.request.return_token_ids:
+            body["token_ids"] = tokens
+        body.update(
+            {"message": {"role": "assistant", "content": content}}
+            if self.chat
+            else {"text": content}
+        )
+        return body
+
     def _chunk(
         self,
+        choice: _Choice,
         delta: str | None,
         finish_reason: str | None = None,
         role: bool = False,
         token_ids: list[int] | None = None,
     ) -> str:
-        choice: dict[str, Any] = {"index": 0, "finish_reason": finish_reason, "logprobs": None}
-        unsent_ids, unsent_logprobs = self._unsent
-        if self.logprobs is not None and unsent_ids:  # every token this chunk brings
-            choice["logprobs"] = self.logprobs(unsent_ids, unsent_logprobs)
-            self._unsent = ([], [])
+        body: dict[str, Any] = {
+            "index": choice.index, "finish_reason": finish_reason,
+            "logprobs": choice.take_unsent(),  # every token this chunk brings
+        }  # fmt: skip
         if self.request.return_token_ids and token_ids is not None:
-            choice["token_ids"] = token_ids
+            body["token_ids"] = token_ids
         if self.chat:
-            choice["delta"] = {} if delta is None else {"content": delta}
+            body["delta"] = {} if delta is None else {"content": delta}
             if role:
-                choice["delta"]["role"] = "assistant"
+                body["delta"]["role"] = "assistant"
         else:
-            choice["text"] = delta or ""
-        return self._event([choice])
+            body["text"] = delta or ""
+        return self._event([body])
 
     def _event(self, choices: list, usage: dict | None = None) -> str:
         body = {
@@ -311,37 +346,62 @@ class _Answer:
         return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
 
     def abandon(self) -> None:
-        """The client went away before the end: the request is aborted, its pages freed."""
-        self.front.abort(self.stream)
-        self.metrics.finished.labels("abort").inc()
+        """The client went away before the end: every unfinished choice's request is aborted,
+        its pages freed."""
+        for choice in self.choices:
+            if not choice.finished:
+                self.front.abort(choice.stream)
+                self.metrics.finished.labels("abort").inc()
+
+    async def _merged(self) -> AsyncIterator[tuple[_Choice, Update]]:
+        """The choices' updates as they come (one stream: its own order)."""
+        if len(self.choices) == 1:
+            async for update in self.choices[0].stream.updates():
+                yield self.choices[0], update
+            return
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def pump(choice: _Choice) -> None:
+            async for update in choice.stream.updates():
+                queue.put_nowait((choice, update))
+
+        tasks = [asyncio.ensure_future(pump(c)) for c in self.choices]
+        try:
+            for _ in range(len(self.choices)):
+                while True:
+                    choice, update = await queue.get()
+                    yield choice, update
+                    if update.finished:
+                        break
+        finally:
+            for task in tasks:
+                task.cancel()
 
     async def events(self) -> AsyncIterator[str]:
         front = self.front
-        finished = False
         try:
             if self.chat:
-                yield self._chunk("", role=True)
-            async for update in self.stream.updates():
-                self._observe(update)
-                self._unsent[0].extend(update.token_ids)
-                self._unsent[1].extend(update.logprobs or [])
-                if not update.finished:
-                    delta = self.text.feed(update.token_ids)
-                    # one chunk per token step when there is no text to wait for
-                    if delta or front.tokenizer is None or self.request.return_token_ids:
-                        yield self._chunk(delta, token_ids=update.token_ids)
-                    continue
-                finished = True
-                if update.finish_reason not in ("stop", "length"):
-                    yield f"data: {json.dumps(self._failure(update).body())}\n\n"
-                    break
-                delta = self.text.final(update.token_ids, update.text)
-                if delta or update.token_ids:
-                    yield self._chunk(delta, token_ids=update.token_ids)
-                yield self._chunk(None, update.finish_reason)
-                if self.request.stream_options and self.request.stream_options.include_usage:
-                    yield self._event([], self.usage())
+                for choice in self.choices:
+                    yield self._chunk(choice, "", role=True)
+            async with contextlib.aclosing(self._merged()) as updates:
+                async for choice, update in updates:
+                    self._observe(choice, update)
+                    if not update.finished:
+                        delta = choice.text.feed(update.token_ids)
+                        # one chunk per token step when there is no text to wait for
+                        if delta or front.tokenizer is None or self.request.return_token_ids:
+                            yield self._chunk(choice, delta, token_ids=update.token_ids)
+                        continue
+                    if update.finish_reason not in ("stop", "length"):
+                        yield f"data: {json.dumps(self._failure(update).body())}\n\n"
+                        break
+                    delta = choice.text.final(update.token_ids, update.text)
+                    if delta or update.token_ids:
+                        yield self._chunk(choice, delta, token_ids=update.token_ids)
+                    yield self._chunk(choice, None, update.finish_reason)
+                else:
+                    if self.request.stream_options and self.request.stream_options.include_usage:
+                        yield self._event([], self.usage())
             yield "data: [DONE]\n\n"
-        finally:
-            if not finished:  # the client went away (or the task was cancelled): free it now
-                self.abandon()
+        finally:  # the client went away, the task was cancelled, or one choice failed
+            self.abandon()

@@ -7,8 +7,11 @@ Invariants:
   refuse exactly the same things, with the same messages.
 - Every refusal is an ``ApiError`` carrying its HTTP status and OpenAI's error body
   ``{"error": {"message", "type", "param", "code"}}``.
-- Options the engine cannot honour (n > 1, echo, best_of, suffix) are refused with 400
-  rather than silently ignored.
+- ``n`` choices (1-128, OpenAI's limit) are ``n`` engine requests of the same prompt; with a
+  ``seed``, choice i samples with ``seed + i`` so seeded choices differ and each is
+  reproducible (greedy choices are equal).
+- Options the engine cannot honour (echo, best_of, suffix) are refused with 400 rather than
+  silently ignored.
 - Log-probabilities as OpenAI asks for them: chat's ``logprobs: true`` with ``top_logprobs``
   alternatives (0-20), completions' ``logprobs: N`` (0-20, OpenAI allows 5); both become
   ``SamplingParams.logprobs`` (the model's raw log-probabilities: ``engine/logprobs.py``).
@@ -16,15 +19,17 @@ Invariants:
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from nanograph.engine.prompts import prompt_token_ids
-from nanograph.engine.sampling_params import MAX_LOGPROBS, SamplingParams
+from nanograph.engine.sampling_params import MAX_LOGPROBS, SEED_RANGE, SamplingParams
 
 # OpenAI's legacy completions default; chat completions default to the rest of the context
 COMPLETION_DEFAULT_MAX_TOKENS = 16
+MAX_CHOICES = 128  # OpenAI's bound on n
 
 
 class ApiError(Exception):
@@ -115,12 +120,9 @@ def parse(model: type[_Request], body: Any) -> _Request:
 
 
 def refuse_unsupported(request: _Request) -> None:
-    if request.n != 1:
+    if not 1 <= request.n <= MAX_CHOICES:
         raise ApiError(
-            400,
-            f"n={request.n} is not supported: this server returns one choice "
-            "per request (n=1); send several requests instead",
-            param="n",
+            400, f"n must be an integer in [1, {MAX_CHOICES}], got {request.n}", param="n"
         )
     if isinstance(request, ChatRequest) and request.top_logprobs is not None:
         if not request.logprobs:
@@ -231,6 +233,16 @@ def sampling_params(request: _Request, prompt_len: int, max_model_len: int) -> S
         elif param == "max_tokens" and getattr(request, "max_completion_tokens", None) is not None:
             param = "max_completion_tokens"
         raise ApiError(400, message, param=param) from None
+
+
+def choice_params(params: SamplingParams, n: int) -> list[SamplingParams]:
+    """Each choice's parameters: choice i of a seeded request samples with ``seed + i``
+    (wrapped into the seed range)."""
+    if params.seed is None:
+        return [params] * n
+    low, high = SEED_RANGE
+    return [replace(params, seed=low + (params.seed - low + i) % (high - low + 1))
+            for i in range(n)]  # fmt: skip
 
 
 def _logprobs(request: _Request) -> int | None:
