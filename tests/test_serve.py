@@ -274,6 +274,32 @@ def test_n_choices_each_equal_their_seed_alone_whole_and_streamed(any_server):
     assert greedy.choices[0].text == greedy.choices[1].text
 
 
+def test_a_batch_of_prompts_answers_n_choices_per_prompt_in_order(any_server):
+    """A completions prompt list: choice p * n + i is prompt p with seed + i, as alone."""
+    client = _openai(any_server)
+    prompts = [COMPLETION_PROMPT, "Once upon a time", "1, 2, 3,"]
+    kwargs = dict(model="smollm2-135m", max_tokens=6, temperature=1.0, seed=9,
+                  extra_body={"ignore_eos": True})  # fmt: skip
+    alone = [client.completions.create(prompt=p, **{**kwargs, "seed": 9 + i})
+             for p in prompts for i in range(2)]  # fmt: skip
+    batch = client.completions.create(prompt=prompts, n=2, **kwargs)
+    assert [c.index for c in batch.choices] == list(range(6))
+    assert [c.text for c in batch.choices] == [a.choices[0].text for a in alone]
+    assert batch.usage.prompt_tokens == sum(a.usage.prompt_tokens for a in alone[::2])
+    assert batch.usage.completion_tokens == 36
+    texts = [""] * 6
+    for chunk in client.completions.create(prompt=prompts, n=2, stream=True, **kwargs):
+        for c in chunk.choices:
+            texts[c.index] += c.text
+    assert texts == [c.text for c in batch.choices]
+    ids = [[1, 2, 3, 4], [5, 6, 7]]  # a batch of token-id prompts, greedy
+    greedy = dict(model="smollm2-135m", max_tokens=5, temperature=0)
+    together = client.completions.create(prompt=ids, **greedy).choices
+    assert [c.text for c in together] == [
+        client.completions.create(prompt=p, **greedy).choices[0].text for p in ids
+    ]
+
+
 def test_eight_concurrent_requests_equal_each_alone(any_server):
     server, client = any_server, _openai(any_server)
     prompts = [f"Count from {i} to {i + 5}:" for i in range(8)]
@@ -383,7 +409,8 @@ BAD = [  # (body or raw bytes, endpoint, status, param)
     ({"prompt": "word " * (MAX_LEN + 10)}, "completions", 400, "prompt"),
     ({"prompt": [1, 2, 10**9]}, "completions", 400, "prompt"),
     ({"prompt": [1, -5]}, "completions", 400, "prompt"),
-    ({"prompt": ["a", "b"]}, "completions", 400, "prompt"),
+    ({"prompt": ["a"] * 65, "n": 2}, "completions", 400, "prompt"),
+    ({"prompt": ["a", ""]}, "completions", 400, "prompt"),
     ({"prompt": ""}, "completions", 400, "prompt"),
     ({"prompt": "hi", "stop": [""]}, "completions", 400, "stop"),
     ({"prompt": "hi", "seed": 2**70}, "completions", 400, "seed"),

@@ -123,15 +123,21 @@ def build_app(
             )
         protocol.refuse_unsupported(request)
         chat = kind is ChatRequest
-        prompt = (protocol.chat_prompt_ids if chat else protocol.completion_prompt_ids)(
-            front.tokenizer, request
-        )
-        params = protocol.sampling_params(request, len(prompt), front.max_model_len)
-        streams: list[RequestStream] = []  # one per choice (n)
+        prompts = (
+            [protocol.chat_prompt_ids(front.tokenizer, request)] if chat
+            else protocol.completion_prompts(front.tokenizer, request)
+        )  # fmt: skip
+        choices = [
+            (prompt, choice) for prompt in prompts
+            for choice in protocol.choice_params(
+                protocol.sampling_params(request, len(prompt), front.max_model_len), request.n
+            )
+        ]  # fmt: skip
+        streams: list[RequestStream] = []  # one per choice: n per prompt, prompt by prompt
         admitted = False
         try:
-            for choice in protocol.choice_params(params, request.n):
-                streams.append(front.submit(prompt, choice))
+            for prompt, params in choices:
+                streams.append(front.submit(prompt, params))
             for stream in streams:
                 await stream.admitted()
             admitted = True
@@ -216,8 +222,8 @@ class _Choice:
 
 
 class _Answer:
-    """One admitted request's answer (``n`` choices, one engine request each), as a whole or
-    as OpenAI stream chunks."""
+    """One admitted request's answer (``n`` choices per prompt, one engine request each), as
+    a whole or as OpenAI stream chunks."""
 
     def __init__(
         self, front: Front, streams: list[RequestStream], request: Any, chat: bool, model: str,
@@ -225,7 +231,7 @@ class _Answer:
     ) -> None:  # fmt: skip
         self.front, self.request, self.chat = front, request, chat
         self.choices = [_Choice(i, front, stream, chat) for i, stream in enumerate(streams)]
-        self.prompt_tokens = len(streams[0].prompt_ids)
+        self.firsts = self.choices[:: request.n]  # the first choice of each prompt
         self.metrics = metrics
         prefix = "chatcmpl" if chat else "cmpl"
         self.id, self.created, self.model = f"{prefix}-{uuid.uuid4().hex}", int(time.time()), model
@@ -259,13 +265,15 @@ class _Answer:
         )
 
     def usage(self) -> dict:
+        """Each prompt counted once (its n choices share it), every choice's tokens."""
+        prompt = sum(len(c.stream.prompt_ids) for c in self.firsts)
         completion = sum(c.completion_tokens for c in self.choices)
         return {
-            "prompt_tokens": self.prompt_tokens,
+            "prompt_tokens": prompt,
             "completion_tokens": completion,
-            "total_tokens": self.prompt_tokens + completion,
-            # the choices share the prompt: its cached part as the first choice saw it
-            "prompt_tokens_details": {"cached_tokens": self.choices[0].cached_tokens},
+            "total_tokens": prompt + completion,
+            # a prompt's cached part as its first choice saw it
+            "prompt_tokens_details": {"cached_tokens": sum(c.cached_tokens for c in self.firsts)},
         }
 
     async def whole(self) -> Response:

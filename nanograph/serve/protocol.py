@@ -9,7 +9,8 @@ Invariants:
   ``{"error": {"message", "type", "param", "code"}}``.
 - ``n`` choices (1-128, OpenAI's limit) are ``n`` engine requests of the same prompt; with a
   ``seed``, choice i samples with ``seed + i`` so seeded choices differ and each is
-  reproducible (greedy choices are equal).
+  reproducible (greedy choices are equal). A completions request may carry a list of prompts:
+  choice ``p * n + i`` is prompt p's i-th (at most 128 choices in all).
 - Options the engine cannot honour (echo, best_of, suffix) are refused with 400 rather than
   silently ignored.
 - Log-probabilities as OpenAI asks for them: chat's ``logprobs: true`` with ``top_logprobs``
@@ -150,18 +151,23 @@ def chat_prompt_ids(tokenizer: Any, request: ChatRequest) -> list[int]:
     )
 
 
-def completion_prompt_ids(tokenizer: Any, request: CompletionRequest) -> list[int]:
+def completion_prompts(tokenizer: Any, request: CompletionRequest) -> list[list[int]]:
+    """The token ids of each prompt: one string or token-id list, or a list of them (a batch,
+    answered as ``n`` choices per prompt, prompt by prompt)."""
     prompt = request.prompt
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
-        if len(prompt) != 1:
-            raise ApiError(
-                400,
-                f"got {len(prompt)} prompts: this server takes one prompt per "
-                "request; send several requests instead",
-                param="prompt",
-            )
-        prompt = prompt[0]
-    return _prompt_ids(tokenizer, prompt, "prompt")
+    batch = (
+        prompt
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list)
+        else [prompt]
+    )
+    if len(batch) * request.n > MAX_CHOICES:
+        raise ApiError(
+            400,
+            f"{len(batch)} prompts x n={request.n} make {len(batch) * request.n} choices: at "
+            f"most {MAX_CHOICES} per request; send several requests instead",
+            param="prompt",
+        )
+    return [_prompt_ids(tokenizer, p, "prompt") for p in batch]
 
 
 def _prompt_ids(tokenizer: Any, prompt: Any, param: str) -> list[int]:
