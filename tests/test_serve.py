@@ -203,6 +203,25 @@ def test_penalties_equal_offline_and_a_bias_forces_its_token(any_server, referen
     assert forced.json()["choices"][0]["token_ids"] == [42] * 4
 
 
+def test_tokenize_and_detokenize_agree_with_the_engine(server, reference):
+    def post(path, body, headers=None):
+        return httpx.post(f"{server.base}/{path}", json=body, headers=headers or _auth(),
+                          timeout=30)  # fmt: skip
+
+    completion, chat = reference["completion"], reference["chat"]
+    r = post("tokenize", {"prompt": COMPLETION_PROMPT}).json()
+    assert r == {"count": len(completion.prompt_token_ids), "max_model_len": MAX_LEN,
+                 "tokens": completion.prompt_token_ids}  # fmt: skip
+    assert post("tokenize", {"messages": QUESTION}).json()["tokens"] == chat.prompt_token_ids
+    text = post("detokenize", {"tokens": completion.token_ids}).json()["prompt"]
+    assert text == completion.text
+    assert post("tokenize", {"prompt": "a", "messages": QUESTION}).status_code == 400
+    bad = post("detokenize", {"tokens": [1, 10**7]})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
+    assert post("detokenize", {"tokens": [1], "model": "gpt-4"}).status_code == 404
+    assert post("tokenize", {"prompt": "a"}, {"Authorization": "Bearer wrong"}).status_code == 401
+
+
 def test_stop_strings_never_stream_out(client, reference):
     full = reference["chat"].text
     stop = "of"  # inside the greedy answer ("The capital of France is Paris.")

@@ -1,5 +1,5 @@
 """The FastAPI app: OpenAI's chat and completions endpoints (streamed as server-sent events and
-not), models, health and metrics, over the engine's front.
+not), models, vLLM's tokenize and detokenize, health and metrics, over the engine's front.
 
 Invariants:
 - Handlers only check input, enqueue through the front and await their request's updates;
@@ -99,6 +99,22 @@ def build_app(
         }
         return JSONResponse({"object": "list", "data": [card]})
 
+    @app.post("/tokenize")
+    async def tokenize(http: Request) -> JSONResponse:
+        """vLLM's: the token ids a prompt (or a conversation) runs as."""
+        request = protocol.parse(protocol.TokenizeRequest, await _json_body(http))
+        _check_model(request.model, model_name)
+        ids = protocol.tokenize(front.tokenizer, request)
+        return JSONResponse(
+            {"count": len(ids), "max_model_len": front.max_model_len, "tokens": ids}
+        )
+
+    @app.post("/detokenize")
+    async def detokenize(http: Request) -> JSONResponse:
+        request = protocol.parse(protocol.DetokenizeRequest, await _json_body(http))
+        _check_model(request.model, model_name)
+        return JSONResponse({"prompt": protocol.detokenize(front.tokenizer, request)})
+
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
         return await _complete(request, ChatRequest)
@@ -107,20 +123,16 @@ def build_app(
     async def completions(request: Request) -> Response:
         return await _complete(request, CompletionRequest)
 
-    async def _complete(http: Request, kind: type) -> Response:
+    async def _json_body(http: Request) -> Any:
         _authorize(http, api_key)
         try:
-            body = json.loads(await http.body())
+            return json.loads(await http.body())
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ApiError(400, f"the request body is not valid JSON: {e}") from None
-        request = protocol.parse(kind, body)
-        if request.model is not None and request.model != model_name:
-            raise ApiError(
-                404,
-                f"model {request.model!r} does not exist: this server serves {model_name!r}",
-                param="model",
-                code="model_not_found",
-            )
+
+    async def _complete(http: Request, kind: type) -> Response:
+        request = protocol.parse(kind, await _json_body(http))
+        _check_model(request.model, model_name)
         protocol.refuse_unsupported(request)
         chat = kind is ChatRequest
         prompts = (
@@ -164,6 +176,16 @@ def build_app(
         return await _until_disconnect(http, answer.whole(), answer.abandon)
 
     return app
+
+
+def _check_model(asked: str | None, served: str) -> None:
+    if asked is not None and asked != served:
+        raise ApiError(
+            404,
+            f"model {asked!r} does not exist: this server serves {served!r}",
+            param="model",
+            code="model_not_found",
+        )
 
 
 def _authorize(request: Request, api_key: str | None) -> None:

@@ -108,7 +108,44 @@ class CompletionRequest(_Request):
     suffix: str | None = None
 
 
-def parse(model: type[_Request], body: Any) -> _Request:
+class TokenizeRequest(BaseModel):
+    """vLLM's ``/tokenize``: a completion prompt or a conversation."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+    model: str | None = None
+    prompt: str | list[int] | None = None
+    messages: list[dict[str, Any]] | None = None
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+    model: str | None = None
+    tokens: list[int]
+
+
+def tokenize(tokenizer: Any, request: TokenizeRequest) -> list[int]:
+    """The ids the completions or chat endpoint would run for the same prompt or messages."""
+    if (request.prompt is None) == (request.messages is None):
+        raise ApiError(400, "give either prompt or messages", param="prompt")
+    if request.messages is not None:
+        messages = [_flatten(i, m) for i, m in enumerate(request.messages)]
+        return _prompt_ids(tokenizer, messages, "messages")
+    return _prompt_ids(tokenizer, request.prompt, "prompt")
+
+
+def detokenize(tokenizer: Any, request: DetokenizeRequest) -> str:
+    if tokenizer is None:
+        raise ApiError(400, "this model has no tokenizer: it takes and gives token ids only")
+    vocab = tokenizer.vocab_size
+    bad = next((t for t in request.tokens if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise ApiError(
+            400, f"token id {bad} is outside the vocabulary (0..{vocab - 1})", param="tokens"
+        )
+    return tokenizer.decode(request.tokens)
+
+
+def parse(model: type[BaseModel], body: Any) -> Any:
     try:
         return model.model_validate(body)
     except ValidationError as e:
