@@ -319,6 +319,28 @@ def test_a_batch_of_prompts_answers_n_choices_per_prompt_in_order(any_server):
     ]
 
 
+def test_echo_puts_each_prompt_before_its_choices(server, reference):
+    completion = reference["completion"]
+
+    def post(prompt, stream=False):
+        body = {"prompt": prompt, "max_tokens": 12, "temperature": 0, "echo": True, "n": 2,
+                "stream": stream}  # fmt: skip
+        return httpx.post(f"{server.base}/v1/completions", json=body, headers=_auth(), timeout=60)
+
+    decoded = httpx.post(f"{server.base}/detokenize", json={"tokens": completion.prompt_token_ids},
+                         headers=_auth(), timeout=30).json()["prompt"]  # fmt: skip
+    for prompt, text in ((COMPLETION_PROMPT, COMPLETION_PROMPT),
+                         (completion.prompt_token_ids, decoded)):  # fmt: skip
+        whole = [c["text"] for c in post(prompt).json()["choices"]]
+        assert whole == [text + completion.text] * 2
+        joined = ["", ""]
+        for line in post(prompt, stream=True).text.splitlines():
+            if line.startswith("data: {"):
+                for c in json.loads(line[6:])["choices"]:
+                    joined[c["index"]] += c["text"]
+        assert joined == whole
+
+
 def test_eight_concurrent_requests_equal_each_alone(any_server):
     server, client = any_server, _openai(any_server)
     prompts = [f"Count from {i} to {i + 5}:" for i in range(8)]
@@ -418,7 +440,7 @@ BAD = [  # (body or raw bytes, endpoint, status, param)
     ),
     ({"messages": QUESTION, "logprobs": 2}, "chat/completions", 400, "logprobs"),
     ({"prompt": "hi", "logprobs": 21}, "completions", 400, "logprobs"),
-    ({"prompt": "hi", "echo": True}, "completions", 400, "echo"),
+    ({"prompt": "hi", "echo": True, "logprobs": 1}, "completions", 400, "echo"),
     ({"prompt": "hi", "presence_penalty": 2.5}, "completions", 400, "presence_penalty"),
     ({"prompt": "hi", "repetition_penalty": 0}, "completions", 400, "repetition_penalty"),
     ({"prompt": "hi", "logit_bias": {"five": 1.0}}, "completions", 400, "logit_bias"),

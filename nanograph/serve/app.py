@@ -170,7 +170,10 @@ def build_app(
             if not admitted:
                 for stream in streams:
                     front.abort(stream)
-        answer = _Answer(front, streams, request, chat, model_name, metrics)
+        echoed = None
+        if not chat and request.echo:
+            echoed = protocol.echoed_prompts(front.tokenizer, request)
+        answer = _Answer(front, streams, request, chat, model_name, metrics, echoed)
         if request.stream:
             return StreamingResponse(answer.events(), media_type="text/event-stream")
         return await _until_disconnect(http, answer.whole(), answer.abandon)
@@ -249,10 +252,12 @@ class _Answer:
 
     def __init__(
         self, front: Front, streams: list[RequestStream], request: Any, chat: bool, model: str,
-        metrics: ServerMetrics,
+        metrics: ServerMetrics, echoed: list[str] | None = None,
     ) -> None:  # fmt: skip
         self.front, self.request, self.chat = front, request, chat
         self.choices = [_Choice(i, front, stream, chat) for i, stream in enumerate(streams)]
+        # completions' echo: each prompt's text in front of its choices' text
+        self.echoed = [echoed[i // request.n] for i in range(len(streams))] if echoed else None
         self.firsts = self.choices[:: request.n]  # the first choice of each prompt
         self.metrics = metrics
         prefix = "chatcmpl" if chat else "cmpl"
@@ -328,6 +333,8 @@ class _Answer:
         if last.finish_reason not in ("stop", "length"):
             raise self._failure(last)
         content = "".join(text)
+        if self.echoed is not None:
+            content = self.echoed[choice.index] + content
         body = {
             "index": choice.index, "finish_reason": last.finish_reason,
             "logprobs": choice.take_unsent(),
@@ -410,9 +417,11 @@ class _Answer:
     async def events(self) -> AsyncIterator[str]:
         front = self.front
         try:
-            if self.chat:
-                for choice in self.choices:
+            for choice in self.choices:
+                if self.chat:
                     yield self._chunk(choice, "", role=True)
+                elif self.echoed is not None:
+                    yield self._chunk(choice, self.echoed[choice.index])
             async with contextlib.aclosing(self._merged()) as updates:
                 async for choice, update in updates:
                     self._observe(choice, update)

@@ -11,7 +11,10 @@ Invariants:
   ``seed``, choice i samples with ``seed + i`` so seeded choices differ and each is
   reproducible (greedy choices are equal). A completions request may carry a list of prompts:
   choice ``p * n + i`` is prompt p's i-th (at most 128 choices in all).
-- Options the engine cannot honour (echo, best_of, suffix) are refused with 400 rather than
+- ``echo`` puts each prompt (as given, or its ids decoded) in front of its choices' text;
+  with ``logprobs`` it would need the prompt's log-probabilities, which the engine does not
+  compute: refused.
+- Options the engine cannot honour (best_of, suffix) are refused with 400 rather than
   silently ignored.
 - Log-probabilities as OpenAI asks for them: chat's ``logprobs: true`` with ``top_logprobs``
   alternatives (0-20), completions' ``logprobs: N`` (0-20, OpenAI allows 5); both become
@@ -123,6 +126,19 @@ class DetokenizeRequest(BaseModel):
     tokens: list[int]
 
 
+def echoed_prompts(tokenizer: Any, request: CompletionRequest) -> list[str]:
+    """Each prompt's text for ``echo``: as given, or its token ids decoded."""
+    return [p if isinstance(p, str) else "" if tokenizer is None else tokenizer.decode(p)
+            for p in _prompt_batch(request)]  # fmt: skip
+
+
+def _prompt_batch(request: CompletionRequest) -> list:
+    """The request's prompts: a string or a token-id list is one prompt; a list of them, many."""
+    prompt = request.prompt
+    many = isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list)
+    return prompt if many else [prompt]
+
+
 def tokenize(tokenizer: Any, request: TokenizeRequest) -> list[int]:
     """The ids the completions or chat endpoint would run for the same prompt or messages."""
     if (request.prompt is None) == (request.messages is None):
@@ -158,6 +174,13 @@ def parse(model: type[BaseModel], body: Any) -> Any:
 
 
 def refuse_unsupported(request: _Request) -> None:
+    if getattr(request, "echo", False) and getattr(request, "logprobs", None) is not None:
+        raise ApiError(
+            400,
+            "echo with logprobs needs the prompt's log-probabilities, which this server does "
+            "not compute: ask for echo or logprobs, not both",
+            param="echo",
+        )
     if not 1 <= request.n <= MAX_CHOICES:
         raise ApiError(
             400, f"n must be an integer in [1, {MAX_CHOICES}], got {request.n}", param="n"
@@ -173,7 +196,6 @@ def refuse_unsupported(request: _Request) -> None:
                 param="top_logprobs",
             )
     unsupported = [
-        ("echo", getattr(request, "echo", False)),
         ("best_of", (getattr(request, "best_of", None) or 1) != 1),
         ("suffix", bool(getattr(request, "suffix", None))),
     ]
@@ -191,12 +213,7 @@ def chat_prompt_ids(tokenizer: Any, request: ChatRequest) -> list[int]:
 def completion_prompts(tokenizer: Any, request: CompletionRequest) -> list[list[int]]:
     """The token ids of each prompt: one string or token-id list, or a list of them (a batch,
     answered as ``n`` choices per prompt, prompt by prompt)."""
-    prompt = request.prompt
-    batch = (
-        prompt
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list)
-        else [prompt]
-    )
+    batch = _prompt_batch(request)
     if len(batch) * request.n > MAX_CHOICES:
         raise ApiError(
             400,
