@@ -138,7 +138,9 @@ def test_fused_decode_gives_the_unfused_greedy_tokens(tiny_model_dir, monkeypatc
         monkeypatch.setattr(ops, name, counted)
     g = torch.Generator().manual_seed(5)
     prompts = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (9, 14)]
-    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    # four tokens: each request's later three are one-row decode forwards (the fused path);
+    # the interpreter makes every fused step cost seconds in CI
+    params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
     tokens = {}
     for mode in ("off", "always"):
         ops.set_fused_decode(mode)
@@ -158,4 +160,4 @@ def test_fused_decode_gives_the_unfused_greedy_tokens(tiny_model_dir, monkeypatc
         assert fused_calls % ((1 if moe else 2) * layers) == 0
         assert calls["forward_add"] == (fused_calls if moe else 0)
     assert tokens["always"] == tokens["off"]
-    assert all(len(t) == 8 for t in tokens["off"][0])
+    assert all(len(t) == 4 for t in tokens["off"][0])
