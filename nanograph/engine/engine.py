@@ -218,6 +218,7 @@ class Engine:
             logger.debug("request %d rejected: %s", request.request_id, problem)
         else:
             self.scheduler.add(request)
+            self.penalties.admit(request)
         return request
 
     def _validate(self, request: Request) -> str | None:

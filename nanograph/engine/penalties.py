@@ -40,11 +40,18 @@ class Penalties:
         self.seen: torch.Tensor | None = None  # [slots, vocab] bool: prompt or output tokens
         self._slot: dict[int, int] = {}  # request id -> row
         self._free: list[int] = []
+        # live requests that penalise or bias: with none (nearly always), a step costs nothing
+        # here, not a scan of its rows
+        self._live: set[int] = set()
+
+    def admit(self, request: Request) -> None:
+        if request.params.adjusts_logits:
+            self._live.add(request.request_id)
 
     def apply(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
         """The logits each request samples from (``logits`` itself where none is penalised or
         biased; else a new tensor). Row i belongs to ``requests[i]``."""
-        if not any(r.params.adjusts_logits for r in requests):
+        if not self._live or not any(r.params.adjusts_logits for r in requests):
             return logits
         out = logits.clone()
         self._penalize(out, requests)
@@ -76,6 +83,8 @@ class Penalties:
 
     def record(self, tokens: torch.Tensor, requests: list[Request]) -> None:
         """Counts the tokens just sampled (row i for ``requests[i]``) for penalised requests."""
+        if not self._slot:  # no penalised request has been sampled yet
+            return
         rows = [i for i, r in enumerate(requests) if r.params.penalized]
         if not rows:
             return
@@ -86,6 +95,7 @@ class Penalties:
         self.seen[slots, sampled] = True
 
     def release(self, request_id: int) -> None:
+        self._live.discard(request_id)
         slot = self._slot.pop(request_id, None)
         if slot is not None:
             self._free.append(slot)
