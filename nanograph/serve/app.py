@@ -275,8 +275,9 @@ class _Answer:
                     self.metrics.itl.observe((now - choice.last) / n)
             choice.last = now
         choice.completion_tokens += n
-        choice.unsent[0].extend(update.token_ids)
-        choice.unsent[1].extend(update.logprobs or [])
+        if choice.logprobs is not None:  # only logprobs objects need the tokens kept
+            choice.unsent[0].extend(update.token_ids)
+            choice.unsent[1].extend(update.logprobs or [])
         if update.finished:
             choice.finished = True
             choice.cached_tokens = update.cached_tokens
