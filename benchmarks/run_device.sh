@@ -24,7 +24,8 @@
 #   then `bench spec` on qwen3-8b), serve-gil (issue 13: the server at saturation with the
 #   default GIL switch interval and with 0.2 ms), serve-process (issue 13's other arm: the same
 #   saturation point with the engine in a thread and in its own process), fusion (the fused batch-1 decode: its GPU tests and the
-#   GEMV's, then decode fused vs unfused on qwen3-0.6b and qwen3-8b with kernels per step).
+#   GEMV's, then decode fused vs unfused on qwen3-0.6b and qwen3-8b with kernels per step),
+#   tests-parallel (tests/gpu but tensor parallelism, five pytest processes at once).
 # Run from the repo root; logs and JSON land in OUTDIR (copy them to benchmarks/results/).
 # Export NANOGRAPH_COMMIT=<short hash> first: the device copy's .git can be stale.
 set -uo pipefail
@@ -300,5 +301,21 @@ case $stage in
     timeout 180 python3 -m nanograph bench decode --models qwen3-8b --arms full,full:unfused \
       --batches 1,8,32,128 --repeats 3 --out "$out/decode_fusion_8b.json" 2>&1 \
       | grep -v "^INFO" | tee "$out/decode_fusion_8b.log" ;;
+  tests-parallel)  # ~6 min: tests/gpu but tensor parallelism, as five pytest processes at once
+    # (cold Triton compiles are single-threaded per process; no test asserts a time). Each
+    # group is bounded by TEST_TIMEOUT and logs to its own file; the summary lines follow.
+    groups=("test_engine_gpu.py test_front_gpu.py"
+      "test_moe_gpu.py test_spec_gpu.py"
+      "test_graph_backends.py test_graph_memory.py test_runners_gpu.py"
+      "test_sampling_gpu.py test_live_capture_gpu.py test_prefix_gpu.py test_hardening_gpu.py"
+      "test_kernels_attention.py test_kernels_fused.py test_fused_decode_gpu.py test_gemv_gpu.py")
+    for i in "${!groups[@]}"; do
+      files=$(printf 'tests/gpu/%s ' ${groups[$i]})
+      timeout "${TEST_TIMEOUT:-330}" python3 -m pytest -q -p no:cacheprovider --durations=5 -rfE \
+        $files > "$out/gpu_tests_$i.log" 2>&1 &
+    done
+    wait
+    for i in "${!groups[@]}"; do echo "== ${groups[$i]}"; grep -E "^(FAILED|ERROR)|passed|failed" \
+      "$out/gpu_tests_$i.log" | tail -8; done ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;
 esac
