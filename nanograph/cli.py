@@ -52,7 +52,8 @@ ENGINE_HELP = {
     "or a fraction of free memory (0.05); least recently replayed graphs are evicted to stay "
     "under it (default: estimated from the activation peak)",
     "cuda_graph_ladder": "default (the configured ladders) | auto (buckets learned from the "
-    "batch sizes served, by a padding-cost model; background/lazy only)",
+    "batch sizes served, by a padding-cost model; background/lazy only); unset = auto under "
+    "background capture, default otherwise",
     "disable_overlap_schedule": "read each step's tokens before scheduling the next "
     "(default: schedule and launch step t+1 while the device runs step t)",
     "disable_prefix_caching": "recompute every prompt from scratch (default: reuse the KV "

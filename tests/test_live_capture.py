@@ -432,6 +432,7 @@ def test_graph_memory_parsing():
 
 def test_capture_flags_are_validated_on_cpu():
     assert EngineConfig().capture_mode == "startup"  # nothing is captured on CPU
+    assert EngineConfig().ladder_mode == EngineConfig(cuda_graph_ladder="default").ladder_mode
     with pytest.raises(ValueError, match="must be one of"):
         EngineConfig(cuda_graph_capture="eventually")
     with pytest.raises(ValueError, match="default or auto"):
@@ -462,6 +463,14 @@ def test_auto_capture_is_background_on_cuda_and_startup_where_background_is_refu
     assert EngineConfig(decode_cuda_graph="none").capture_mode == "background"  # prefill's
     learned = EngineConfig(cuda_graph_ladder="auto", cuda_graph_memory="1GiB")
     assert learned.capture_mode == "background"
+    # the ladder: learned under background capture unless asked otherwise
+    assert EngineConfig().ladder_mode == "auto"
+    assert EngineConfig(cuda_graph_ladder="default").ladder_mode == "default"
+    assert EngineConfig(cuda_graph_capture="lazy").ladder_mode == "default"
+    assert EngineConfig(cuda_graph_capture="lazy", cuda_graph_ladder="auto").ladder_mode == "auto"
+    assert EngineConfig(cuda_graph_capture="startup").ladder_mode == "default"
+    for kwargs in STARTUP_ONLY:  # auto resolved to startup: the configured ladders
+        assert EngineConfig(**kwargs).ladder_mode == "default", kwargs
     assert EngineConfig(device="cpu").capture_mode == "startup"  # nothing is captured on CPU
     for kwargs in STARTUP_ONLY:
         assert EngineConfig(**kwargs).capture_mode == "startup", kwargs
@@ -548,19 +557,25 @@ def test_capture_bench_curve_and_aims():
         "eager": {"ready_s": 10.0, "graph_bytes": 0, "curve": {"t_s": [11], "tokens_per_s": [50]}},
         "startup": {"ready_s": 40.0, "graph_bytes": 1000, "steady_tokens_per_s": 100.0,
                     "curve": {"t_s": [41, 42], "tokens_per_s": [100, 100]}},
-        "background": {"ready_s": 10.5, "graph_bytes": 800,
-                       "curve": {"t_s": [11, 20, 30], "tokens_per_s": [50, 90, 96]}},
-        "background:auto": {"ready_s": 10.5, "graph_bytes": 300,
-                            "curve": {"t_s": [11, 25], "tokens_per_s": [50, 99]}},
+        "background:default": {"ready_s": 10.5, "graph_bytes": 800, "ladder_mode": "default",
+                               "curve": {"t_s": [11, 20, 30], "tokens_per_s": [50, 90, 96]}},
+        # background's default ladder is the learned one
+        "background": {"ready_s": 10.5, "graph_bytes": 300, "ladder_mode": "auto",
+                       "curve": {"t_s": [11, 25], "tokens_per_s": [50, 99]}},
+        "lazy:auto": {"ready_s": 10.0, "graph_bytes": 100, "ladder_mode": "auto",
+                      "curve": {"t_s": [11], "tokens_per_s": [10]}},
         "lazy": {"error": ["boom"]},
     }  # fmt: skip
     aims = compare(arms)
-    assert aims["ready_over_eager"]["background"] == pytest.approx(1.05)
+    assert aims["ready_over_eager"]["background:default"] == pytest.approx(1.05)
     assert aims["reach_95pct_of_startup_s"] == {
-        "eager": None, "startup": 41, "background": 30, "background:auto": 25,
+        "eager": None, "startup": 41, "background:default": 30, "background": 25,
+        "lazy:auto": None,
     }  # fmt: skip
-    assert aims["graph_bytes_background:auto_over_startup"] == 0.3
-    assert aims["graph_bytes_background:auto_over_background"] == pytest.approx(0.375)
+    assert aims["graph_bytes_background_over_startup"] == 0.3
+    assert aims["graph_bytes_background_over_background:default"] == pytest.approx(0.375)
+    assert aims["graph_bytes_lazy:auto_over_startup"] == 0.1  # no lazy arm of default ladder
+    assert len([k for k in aims if k.startswith("graph_bytes")]) == 3
 
 
 def test_capture_bench_refuses_graph_arms_without_cuda_and_bad_names():

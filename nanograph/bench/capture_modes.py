@@ -1,8 +1,9 @@
 """``nanograph bench startup --capture-modes ...``: the capture modes side by side under a steady
 request stream, each in a fresh process.
 
-Per arm (``eager``, ``startup``, ``background``, ``lazy``; ``MODE:auto`` adds the learned
-ladder): time from process start to a ready engine; then a closed-loop stream of
+Per arm (``eager``, ``startup``, ``background``, ``lazy``, each with the engine's default
+ladder for that mode; ``MODE:auto`` asks for the learned ladder, ``MODE:default`` for the
+configured one): time from process start to a ready engine; then a closed-loop stream of
 ``--concurrency`` requests (random prompts of ``--short``..``--long`` tokens, ``--new-tokens``
 each, greedy, ignore_eos) for ``--duration`` seconds, started the moment the engine is ready.
 An untimed start-up with start-up capture first fills the kernel caches, graph variants
@@ -12,7 +13,8 @@ time since process start, in the figure), when background capture finished, grap
 the ladders at the end. Derived (the issue's aims): ready time against ``eager``; steady-state
 tokens/s (median of the last third of the bins); when each arm first reaches 95% of the
 ``startup`` arm's steady state, against the time ``startup`` spent before serving; graph
-memory of the learned ladder against the default one.
+memory of each learned-ladder arm against the configured-ladder arm of its mode and against
+``startup``.
 """
 
 from __future__ import annotations
@@ -36,8 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("capture modes (--capture-modes replaces the cache comparison)")
     g.add_argument(
         "--capture-modes", default=None,
-        help="comma-separated arms: eager, startup, background, lazy; MODE:auto learns the "
-        "ladder (e.g. eager,startup,background,lazy,background:auto)",
+        help="comma-separated arms: eager, startup, background, lazy (each with the engine's "
+        "default ladder: learned under background); MODE:auto learns the ladder, MODE:default "
+        "captures the configured one (e.g. eager,startup,background,background:default,lazy)",
     )  # fmt: skip
     g.add_argument("--duration", type=float, default=30.0, help="seconds of stream per arm")
     g.add_argument("--concurrency", type=int, default=16, help="requests in flight")
@@ -111,6 +114,7 @@ def child(args: argparse.Namespace) -> None:
         "capture_done_s": capture_done, "samples": samples,
         "graph_bytes": sum(report.graph_pools.values()), "graph_pools": report.graph_pools,
         "graph_budget": report.graph_reserve, "kv_pool_bytes": report.kv_pool,
+        "ladder_mode": engine.config.ladder_mode if engine.live_capture else None,
         "ladders": {p: s["ladder"] for p, s in stats.get("paths", {}).items()},
         "evictions": stats.get("budget", {}).get("evictions", 0),
         "forward_counts": engine.runner.forward_counts(),
@@ -186,13 +190,16 @@ def compare(arms: dict[str, dict]) -> dict:
             n: next((t for t, y in zip(*a["curve"].values()) if y >= target), None)
             for n, a in ok.items()
         }
-    # the learned ladder against the default one: the same mode, and startup (whose default
-    # ladder is complete; a background arm may still be capturing when its stream ends)
+    # a learned ladder against the configured one: the same mode's, and startup's (complete;
+    # a background arm may still be capturing when its stream ends)
     for name, arm in ok.items():
-        if not name.endswith(":auto"):
+        if arm.get("ladder_mode") != "auto":
             continue
-        for ref in {name.partition(":")[0], "startup"}:
-            if ref in ok and ok[ref]["graph_bytes"]:
+        mode = name.partition(":")[0]
+        refs = [r for r, a in ok.items() if r == "startup" or (
+            r.partition(":")[0] == mode and a.get("ladder_mode") == "default")]  # fmt: skip
+        for ref in refs:
+            if ok[ref]["graph_bytes"]:
                 out[f"graph_bytes_{name}_over_{ref}"] = arm["graph_bytes"] / ok[ref]["graph_bytes"]
     return out
 

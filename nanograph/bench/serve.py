@@ -17,9 +17,10 @@ the latency-throughput curves (median TTFT and ITL against output tokens/s).
 
 ``--offline`` (with ``--launch``): once the server is stopped, the same engine flags build an
 ``LLM`` in this process, which runs the prompts of each saturation point (rate inf, no
-concurrency cap) through ``LLM.generate`` and measures the batch-1 decode step (the first
-request of each concurrency-1 point, alone, median of 3); the JSON compares them with the served
-numbers (``comparisons``: served / offline).
+concurrency cap; the last one per dataset and prompt count) through ``LLM.generate`` and
+measures the batch-1 decode step (the first request of each concurrency-1 point, alone, median
+of 3); the JSON compares them with the served numbers (``comparisons``: served / offline,
+keyed ``DATASET_COUNT_...`` for saturation).
 """
 
 from __future__ import annotations
@@ -58,13 +59,13 @@ def offline(flags: str, saturation: dict[str, tuple[list, list]], batch1: dict[s
     llm = LLM(**dataclasses.asdict(config))
     params = lambda n: SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
     result: dict = {}
-    for dataset, (requests, warm) in saturation.items():
+    for key, (requests, warm) in saturation.items():
         llm.generate([p for p, _ in warm], params(8))  # warm-up at the full batch
         start = time.perf_counter()
         outs = llm.generate([p for p, _ in requests], [params(n) for _, n in requests])
         seconds = time.perf_counter() - start
         tokens = sum(len(o.token_ids) for o in outs)
-        result[f"{dataset}_generate"] = {
+        result[f"{key}_generate"] = {
             "num_prompts": len(requests),
             "seconds": seconds,
             "output_throughput": tokens / seconds,
@@ -189,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
             report["points"].append(point)
             if math.isinf(rate) and cap == 0:
                 warm = workloads[dataset].requests(count, args.seed + n + 1)  # unused seed
-                saturation[dataset] = (requests, warm)
+                saturation[f"{dataset}_{count}"] = (requests, warm)
             if cap == 1:  # its ITL is compared with the offline batch-1 step
                 batch1.setdefault(dataset, requests[0])
             write(out, report)
@@ -217,9 +218,10 @@ def _compare(report: dict) -> dict:
         step = offline.get(f"{d}_batch1_step_ms")
         if p["max_concurrency"] == 1 and p["itl_ms"] and step:
             result[f"{d}_c1_itl_mean_over_batch1_step"] = p["itl_ms"]["mean"] / step
-        generate = offline.get(f"{d}_generate")
+        key = f"{d}_{p['num_prompts']}"
+        generate = offline.get(f"{key}_generate")
         if math.isinf(p["request_rate"]) and p["max_concurrency"] == 0 and generate:
-            result[f"{d}_saturation_over_generate"] = (
+            result[f"{key}_saturation_over_generate"] = (
                 p["output_throughput"] / generate["output_throughput"]
             )
     return result

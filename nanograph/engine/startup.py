@@ -265,7 +265,7 @@ class Startup:
                 self.memory.graph_pools[path] = graph_runner.pool_bytes()
         elif budget is not None:
             self.live_capture = LiveCapture(
-                runners, mode, self.config.cuda_graph_ladder, budget, self.device
+                runners, mode, self.config.ladder_mode, budget, self.device
             )
         target = [r for path, r in runners.items() if path not in _DRAFT_PATHS]
         runner = ModelRunner(self.model, self.attention, kv.k, kv.v, self.device, target)

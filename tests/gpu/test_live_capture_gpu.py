@@ -1,7 +1,8 @@
 """Serve while capturing on CUDA: a stream of mixed requests that starts the moment the engine
 is ready gives the same greedy tokens under background and lazy capture as an all-eager engine
 and a start-up-capture engine; memory stops growing once capture is done; eviction under a
-small budget keeps tokens identical; left at auto, the capture mode on CUDA is background.
+small budget keeps tokens identical; left at auto, the capture mode on CUDA is background with
+the learned ladder.
 
 float32 keeps greedy ties out of the comparison (as in test_prefix_gpu.py), so tokens must be
 identical whether a request ran before, during or after its shape was captured. Full decode and
@@ -89,8 +90,9 @@ def test_auto_capture_on_cuda_serves_while_capturing(model_dir):
     e = engine(model_dir)
     try:
         live = e.live_capture
-        assert e.config.capture_mode == "background"
+        assert e.config.capture_mode == "background" and e.config.ladder_mode == "auto"
         assert live is not None and live.mode == "background"
+        assert all(r.ladder_mode == "auto" for r in live.runners.values())
         assert live.worker.alive or e.wait_for_graphs(0)  # or it has captured the whole ladder
     finally:
         e.close()
@@ -100,7 +102,8 @@ def test_auto_capture_on_cuda_serves_while_capturing(model_dir):
 def test_stream_from_ready_matches_eager_before_during_and_after_capture(
     model_dir, eager_tokens, mode
 ):
-    e = engine(model_dir, cuda_graph_capture=mode)
+    # the configured ladders (background's default is the learned one, tested below)
+    e = engine(model_dir, cuda_graph_capture=mode, cuda_graph_ladder="default")
     try:
         during = run_stream(e, workload(24, 0))  # from the moment the engine is ready
         assert e.wait_for_graphs(WAIT_S)
@@ -144,10 +147,16 @@ def test_background_and_learned_ladder_match_eager(model_dir, eager_tokens):
     assert e.runner.graph_runners["decode"].replays > 0
 
 
-def test_no_memory_growth_over_1000_steps_once_captured(model_dir):
-    from nanograph import SamplingParams
+@pytest.mark.parametrize("ladder", ["default", "auto"])
+def test_no_memory_growth_over_1000_steps_once_captured(model_dir, ladder):
+    """With the learned ladder (background's default) the ladder is re-planned from the
+    histogram every REPLAN_S; under a steady workload it must settle, not keep capturing."""
+    import time
 
-    e = engine(model_dir, cuda_graph_capture="background")
+    from nanograph import SamplingParams
+    from nanograph.runners.live_runner import REPLAN_S
+
+    e = engine(model_dir, cuda_graph_capture="background", cuda_graph_ladder=ladder)
     try:
         g = torch.Generator().manual_seed(3)
         params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
@@ -161,6 +170,11 @@ def test_no_memory_growth_over_1000_steps_once_captured(model_dir):
 
         steps(50)  # serving starts before capture ends
         assert e.wait_for_graphs(WAIT_S)
+        if ladder == "auto":  # re-plans from a fuller histogram, captures what they add
+            for _ in range(3):
+                steps(100)
+                time.sleep(2 * REPLAN_S)
+                assert e.wait_for_graphs(WAIT_S)
         steps(100)  # every shape of this workload has been replayed once
         torch.cuda.synchronize()
         before = torch.cuda.memory_allocated()
@@ -169,8 +183,9 @@ def test_no_memory_growth_over_1000_steps_once_captured(model_dir):
         after = torch.cuda.memory_allocated()
     finally:
         e.close()
-    print(f"\nallocated after warm-up {before / 2**20:.1f} MiB, 1000 steps later "
-          f"{after / 2**20:.1f} MiB")  # fmt: skip
+    ladders = {p: s["ladder"] for p, s in e.graph_capture_stats()["paths"].items()}
+    print(f"\n{ladder} ladder: allocated after warm-up {before / 2**20:.1f} MiB, 1000 steps "
+          f"later {after / 2**20:.1f} MiB; ladders {ladders}")  # fmt: skip
     assert after - before <= 2**20  # transient tensors of the step in flight, nothing more
 
 
