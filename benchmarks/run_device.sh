@@ -276,10 +276,10 @@ case $stage in
     common="--load-format dummy --dtypes bfloat16 --concurrency 16 --short 64 --long 512 \
       --new-tokens 128"
     timeout 170 python3 -m nanograph bench startup --model qwen3-0.6b $common --duration 10 \
-      --capture-modes eager,startup,background,lazy,background:auto --timeout 90 \
+      --capture-modes eager,startup,background,background:default,lazy --timeout 90 \
       --out "$out/capture_06b.json" 2>&1 | grep -v "^INFO" | tee "$out/capture_06b.log"
     timeout 230 python3 -m nanograph bench startup --model qwen3-8b $common --duration 12 \
-      --capture-modes eager,startup,background,background:auto --timeout 120 \
+      --capture-modes eager,startup,background,background:default --timeout 120 \
       --out "$out/capture_8b.json" 2>&1 | grep -v "^INFO" | tee "$out/capture_8b.log" ;;
   fusion)  # <= ~8.2 min (estimated, not yet measured; each command bounded): issue 18's
     # batch-1 decode fusions (norm in the q/k/v and gate/up GEMVs, SiLU in gate/up's, residual
