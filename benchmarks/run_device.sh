@@ -25,7 +25,8 @@
 #   default GIL switch interval and with 0.2 ms), serve-process (issue 13's other arm: the same
 #   saturation point with the engine in a thread and in its own process), fusion (the fused batch-1 decode: its GPU tests and the
 #   GEMV's, then decode fused vs unfused on qwen3-0.6b and qwen3-8b with kernels per step),
-#   tests-parallel (tests/gpu but tensor parallelism, five pytest processes at once).
+#   tests-parallel (tests/gpu but tensor parallelism, five pytest processes at once),
+#   serve-saturation (issue 13: 0.6b saturation at 128 and 512 prompts, with per-process CPU).
 # Run from the repo root; logs and JSON land in OUTDIR (copy them to benchmarks/results/).
 # Export NANOGRAPH_COMMIT=<short hash> first: the device copy's .git can be stale.
 set -uo pipefail
@@ -301,6 +302,19 @@ case $stage in
     timeout 180 python3 -m nanograph bench decode --models qwen3-8b --arms full,full:unfused \
       --batches 1,8,32,128 --repeats 3 --out "$out/decode_fusion_8b.json" 2>&1 \
       | grep -v "^INFO" | tee "$out/decode_fusion_8b.log" ;;
+  serve-saturation)  # ~3 min: issue 13's saturation aim on qwen3-0.6b, 128 and 512 prompts at
+    # once, each against LLM.generate on the same prompts, with every process's CPU% (top, 1 s)
+    # beside it: at 7921a50 the load generator itself ran at ~100% of a core (httpx then)
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
+      --find-links "${SERVE_WHEELS:-.whl}" -r benchmarks/serve_wheels.txt 2>&1 | tail -2
+    export PYTHONPATH=/tmp/site:$PYTHONPATH
+    top -b -d 1 -n 240 -c -w 200 > "$out/serve_saturation_top.log" 2>&1 &
+    top_pid=$!
+    timeout 220 python3 -m nanograph bench serve --launch "--model qwen3-0.6b --load-format dummy \
+      --max-num-seqs 128 --cuda-graph-max-bs 128 --quiet --cuda-graph-capture startup" --offline \
+      --dataset random,random --request-rate inf,inf --num-prompts 128,512 --warmup 128 \
+      --out "$out/serve_saturation.json" 2>&1 | grep -v "^INFO" | tee "$out/serve_saturation.log"
+    kill $top_pid ;;
   tests-parallel)  # ~6 min: tests/gpu but tensor parallelism, as five pytest processes at once
     # (cold Triton compiles are single-threaded per process; no test asserts a time). Each
     # group is bounded by TEST_TIMEOUT and logs to its own file; the summary lines follow.

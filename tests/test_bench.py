@@ -142,6 +142,14 @@ def test_bench_spec_runs_on_cpu_and_records_its_cost_model(tiny_model_dir, tmp_p
     for arm, data in report["arms"].items():
         assert set(data["median_tok_s"]) == {"1", "2"} and data["predicted_tok_s"]["2"] > 0
         assert ("verify_over_decode" in data["costs_ms"]["1"]) == (arm != "off")
+    for arm, data in report["arms"].items():  # the catch-up lowers only draft arms' figure
+        with_catch_up = data["predicted_with_catch_up_tok_s"]["2"]
+        steady = data["predicted_tok_s"]["2"]
+        if arm.startswith(("draft", "self")):
+            assert data["costs_ms"]["2"]["catch_up"] > 0 and with_catch_up < steady
+        else:
+            assert "catch_up" not in data["costs_ms"]["2"]
+            assert with_catch_up == pytest.approx(steady)
     for arm in ("draft:2", "self:2"):
         assert "draft_loop_over_k_drafter_steps" in report["arms"][arm]["costs_ms"]["2"]
         assert "draft_capture_s" in report["arms"][arm]  # empty on CPU: nothing captured
