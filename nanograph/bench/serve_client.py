@@ -89,9 +89,10 @@ async def run_point(
     returns their outcomes and the wall time from the first send to the last answer.
 
     aiohttp, not httpx: at a small model's saturation (~16k streamed chunks/s on the H200) the
-    load generator itself ran at 100% of a core with httpx's async client, ~67 us of CPU per
-    chunk against aiohttp's ~25 us (this project's CPU machine, 128 streams of 256 chunks from
-    a local mock server), so the client, not the server, set the measured ceiling."""
+    load generator itself ran at 100% of a core with httpx's async client: ~67 us of CPU per
+    chunk through this function with httpx, ~34 us with aiohttp (this project's CPU machine,
+    128 streams of 256 chunks from a local mock server), so the client set part of the
+    measured ceiling."""
     import aiohttp
 
     rng = np.random.default_rng(seed)
