@@ -116,6 +116,9 @@ def test_chat_matches_offline_and_stream_matches_whole(any_server, reference):
         expected.token_ids
     )
     assert all(c.usage is None for c in chunks[:-1])
+    # one id, creation time and model on every chunk of the stream, and the chunk object type
+    assert len({(c.id, c.created, c.model, c.object) for c in chunks}) == 1
+    assert chunks[0].object == "chat.completion.chunk" and chunks[0].model == "smollm2-135m"
 
 
 def test_completions_text_and_token_ids(client, reference, server):

@@ -263,6 +263,7 @@ class _Answer:
         prefix = "chatcmpl" if chat else "cmpl"
         self.id, self.created, self.model = f"{prefix}-{uuid.uuid4().hex}", int(time.time()), model
         self.object = "chat.completion" if chat else "text_completion"
+        self._event_head: str | None = None  # a stream chunk's constant part (``_event``)
 
     def _observe(self, choice: _Choice, update: Update) -> None:
         now = time.perf_counter()
@@ -372,16 +373,23 @@ class _Answer:
         return self._event([body])
 
     def _event(self, choices: list, usage: dict | None = None) -> str:
-        body = {
-            "id": self.id,
-            "object": self.object + ".chunk" if self.chat else self.object,
-            "created": self.created,
-            "model": self.model,
-            "choices": choices,
-        }
-        if self.request.stream_options is not None and self.request.stream_options.include_usage:
-            body["usage"] = usage
-        return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+        """One server-sent event: the chunk object, its constant head encoded once per answer
+        (a whole ``json.dumps`` a chunk took ~18 us of the ~80 us of server CPU a streamed
+        token costs; the choices alone ~8), byte for byte what encoding it whole gives."""
+        if self._event_head is None:
+            head = {
+                "id": self.id,
+                "object": self.object + ".chunk" if self.chat else self.object,
+                "created": self.created,
+                "model": self.model,
+            }
+            self._event_head = f'data: {json.dumps(head, ensure_ascii=False)[:-1]}, "choices": '
+        options = self.request.stream_options
+        tail = (
+            f', "usage": {json.dumps(usage, ensure_ascii=False)}'
+            if options is not None and options.include_usage else ""
+        )  # fmt: skip
+        return f"{self._event_head}{json.dumps(choices, ensure_ascii=False)}{tail}}}\n\n"
 
     def abandon(self) -> None:
         """The client went away before the end: every unfinished choice's request is aborted,
