@@ -263,7 +263,12 @@ class _Answer:
         prefix = "chatcmpl" if chat else "cmpl"
         self.id, self.created, self.model = f"{prefix}-{uuid.uuid4().hex}", int(time.time()), model
         self.object = "chat.completion" if chat else "text_completion"
-        self._event_head: str | None = None  # a stream chunk's constant part (``_event``)
+        options = request.stream_options
+        self.include_usage = options is not None and bool(options.include_usage)
+        # a stream chunk's constant part, encoded once (``_event``)
+        head = {"id": self.id, "object": self.object + ".chunk" if chat else self.object,
+                "created": self.created, "model": self.model}  # fmt: skip
+        self._event_head = f'data: {json.dumps(head, ensure_ascii=False)[:-1]}, "choices": '
 
     def _observe(self, choice: _Choice, update: Update) -> None:
         now = time.perf_counter()
@@ -376,19 +381,7 @@ class _Answer:
         """One server-sent event: the chunk object, its constant head encoded once per answer
         (a whole ``json.dumps`` a chunk took ~18 us of the ~80 us of server CPU a streamed
         token costs; the choices alone ~8), byte for byte what encoding it whole gives."""
-        if self._event_head is None:
-            head = {
-                "id": self.id,
-                "object": self.object + ".chunk" if self.chat else self.object,
-                "created": self.created,
-                "model": self.model,
-            }
-            self._event_head = f'data: {json.dumps(head, ensure_ascii=False)[:-1]}, "choices": '
-        options = self.request.stream_options
-        tail = (
-            f', "usage": {json.dumps(usage, ensure_ascii=False)}'
-            if options is not None and options.include_usage else ""
-        )  # fmt: skip
+        tail = f', "usage": {json.dumps(usage, ensure_ascii=False)}' if self.include_usage else ""
         return f"{self._event_head}{json.dumps(choices, ensure_ascii=False)}{tail}}}\n\n"
 
     def abandon(self) -> None:
@@ -448,7 +441,7 @@ class _Answer:
                         yield self._chunk(choice, delta, token_ids=update.token_ids)
                     yield self._chunk(choice, None, update.finish_reason)
                 else:
-                    if self.request.stream_options and self.request.stream_options.include_usage:
+                    if self.include_usage:
                         yield self._event([], self.usage())
             yield "data: [DONE]\n\n"
         finally:  # the client went away, the task was cancelled, or one choice failed
