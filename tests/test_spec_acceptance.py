@@ -7,9 +7,13 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from nanograph.engine.request import Request
+from nanograph.engine.sampling_params import SamplingParams
 from nanograph.spec.acceptance import accepted_prefix, greedy_verify, rejection_verify
-from nanograph.spec.ngram import propose_ngram
+from nanograph.spec.ngram import NgramDrafter, propose_ngram
 
 
 def test_ngram_proposes_what_followed_the_latest_longest_match():
@@ -20,6 +24,47 @@ def test_ngram_proposes_what_followed_the_latest_longest_match():
     assert propose_ngram([5, 5, 5, 5], 3) == [5]  # what exists, never more
     assert propose_ngram([1, 2, 3], 2) == []  # no earlier occurrence
     assert propose_ngram([4, 4], 0) == [] and propose_ngram([4], 3) == []
+
+
+def _ngram_by_windows(tokens: list[int], k: int, max_n: int, min_n: int) -> list[int]:
+    """The definition, spelled out: for n from max_n down to min_n, every window of n tokens
+    that ends before the last token and equals the last n; the latest one's continuation."""
+    if k <= 0 or len(tokens) < 2:
+        return []
+    for n in range(min(max_n, len(tokens) - 1), min_n - 1, -1):
+        hits = [s for s in range(len(tokens) - n) if tokens[s : s + n] == tokens[-n:]]
+        if hits:
+            return tokens[hits[-1] + n : hits[-1] + n + k]
+    return []
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.integers(0, 3), max_size=40),  # a small vocabulary: many repeated n-grams
+    st.integers(0, 6), st.integers(1, 6), st.integers(1, 3),
+)  # fmt: skip
+def test_ngram_matches_its_definition(tokens, k, max_n, min_n):
+    assert propose_ngram(tokens, k, max_n, min_n) == _ngram_by_windows(tokens, k, max_n, min_n)
+
+
+def test_ngram_drafter_follows_growing_requests_and_forgets_finished_ones():
+    g = torch.Generator().manual_seed(0)
+    drafter = NgramDrafter()
+    requests = [
+        Request(i, torch.randint(0, 5, (n,), generator=g).tolist(), SamplingParams())
+        for i, n in enumerate([3, 70, 200])
+    ]  # fmt: skip
+    for _ in range(150):  # past the buffers' first doublings
+        limits = [4, 2, 0]
+        proposal = drafter.propose(requests, limits)
+        assert proposal.probs is None
+        assert proposal.drafts == [propose_ngram(r.token_ids, k) for r, k in zip(requests, limits)]
+        for r in requests:
+            r.output_ids.append(int(torch.randint(0, 5, (), generator=g)))
+    drafter.keep_only(requests[1:])
+    assert set(drafter.states) == {1, 2}
+    drafter.release(1)
+    assert set(drafter.states) == {2}
 
 
 def test_greedy_accepts_the_longest_agreeing_prefix_plus_one():

@@ -60,6 +60,8 @@ from nanograph.runners.forward_batch import ForwardBatch
 from nanograph.runners.live_capture import LiveCapture
 from nanograph.runners.selection import host_planned_ops
 from nanograph.spec.draft_model import DraftModelDrafter
+from nanograph.spec.ngram import NgramDrafter
+from nanograph.spec.proposal import Drafter
 
 logger = logging.getLogger("nanograph")
 
@@ -200,7 +202,7 @@ class Engine:
     def _speculative_decoder(self) -> SpeculativeDecoder | None:
         if self.config.speculative_algorithm is None:
             return None
-        drafter = None
+        drafter: Drafter = NgramDrafter()
         if self.draft_runner is not None:
             drafter = DraftModelDrafter(
                 self.draft_runner, self.draft_kv, self.sampler, self.config.chunked_prefill_size

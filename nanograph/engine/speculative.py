@@ -37,8 +37,7 @@ from nanograph.models.llama import CausalLM
 from nanograph.runners.forward_batch import ForwardBatch
 from nanograph.runners.model_runner import ModelRunner
 from nanograph.spec.acceptance import greedy_verify, rejection_verify
-from nanograph.spec.draft_model import DraftModelDrafter, Proposal
-from nanograph.spec.ngram import propose_ngram
+from nanograph.spec.proposal import Drafter
 
 if TYPE_CHECKING:
     from nanograph.engine.scheduler import Scheduler
@@ -74,7 +73,7 @@ class SpeculativeDecoder:
         runner: ModelRunner,
         sampler: Sampler,
         page_size: int,
-        drafter: DraftModelDrafter | None,  # None: n-gram drafting
+        drafter: Drafter,
     ) -> None:
         self.runner = runner
         self.sampler = sampler
@@ -117,31 +116,23 @@ class SpeculativeDecoder:
                 ended.append((request, reason))
                 continue
             scheduler.roll_back(request)
-            if self.drafter is not None:
-                self.drafter.accepted(request, len(tokens) - 1)
+            self.drafter.accepted(request, len(tokens) - 1)
         return ended
 
     def keep_only(self, running: list[Request]) -> None:
         """The drafter gives back the state of requests no longer running (preempted or
         finished)."""
-        if self.drafter is not None:
-            self.drafter.keep_only(running)
+        self.drafter.keep_only(running)
 
     def release(self, request_id: int) -> None:
         """Forgets a finished request's drafter state."""
-        if self.drafter is not None:
-            self.drafter.release(request_id)
-
-    def propose(self, requests: list[Request], limits: list[int]) -> Proposal:
-        if self.drafter is not None:
-            return self.drafter.propose(requests, limits)
-        return Proposal([propose_ngram(r.token_ids, n) for r, n in zip(requests, limits)], None)
+        self.drafter.release(request_id)
 
     @torch.inference_mode()
     def step(self, requests: list[Request], limits: list[int]) -> list[list[int]]:
         """The tokens each request gains (its accepted drafts and one target token). Changes
         no request: the caller applies them."""
-        proposal = self.propose(requests, limits)
+        proposal = self.drafter.propose(requests, limits)
         drafts = proposal.drafts
         batch = ForwardBatch.build(
             [r.pending_tokens(1) + d for r, d in zip(requests, drafts)],

@@ -30,6 +30,7 @@ from nanograph.engine.request import Request
 from nanograph.engine.sampler import Sampler
 from nanograph.runners.forward_batch import ForwardBatch
 from nanograph.runners.model_runner import ModelRunner
+from nanograph.spec.proposal import Proposal
 
 
 @dataclass
@@ -37,14 +38,6 @@ class _DraftState:
     pages: list[int] = field(default_factory=list)
     num_computed: int = 0  # the drafter's KV holds token_ids[:num_computed]
     written: int = 0  # drafts of the last proposal whose KV was written after those tokens
-
-
-@dataclass(frozen=True)
-class Proposal:
-    drafts: list[list[int]]  # per request, at most its limit
-    # [sum of draft counts, V]: the drafter's sampling distribution of each draft, request-major;
-    # None when every request is greedy (each draft is the argmax: q is one-hot)
-    probs: torch.Tensor | None
 
 
 class DraftModelDrafter:
