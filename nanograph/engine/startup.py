@@ -166,10 +166,15 @@ class Startup:
         if runner_type is DraftRunner:
             extra["loop_steps"] = self._draft_loop_steps(backend)
             context += k  # a loop's steps past a request's drafts look up the pages there
-        model = self.draft_model if path in _DRAFT_PATHS else self.model
+        draft = path in _DRAFT_PATHS
+        # one warm-up for the drafter's captures where the target's have two: its kernels
+        # compiled at start-up and ran on the capture stream in the memory plan's probe
+        # capture, and a loop graph's k-1 steps repeat one step's kernels, so a single run
+        # already runs as every later call will (two made draft capture 1.45x the target's)
+        warmup = 1 if draft else None
         return runner_type(
-            model, self.attention, kv.k, kv.v,
-            make_backend(backend, debug=self.config.debug_cuda_graph), shapes,
+            self.draft_model if draft else self.model, self.attention, kv.k, kv.v,
+            make_backend(backend, debug=self.config.debug_cuda_graph, warmup=warmup), shapes,
             kv.pages_needed(context), kv.page_size, self.device, tp=self.tp, **extra,
         )  # fmt: skip
 

@@ -50,9 +50,13 @@ def resolve_backend(flag: str, setting: str, resolved: str, host_planned: list[s
     return None if name == "none" else name
 
 
-def make_backend(name: str, debug: bool = False) -> Backend:
-    """The graph backend a runner captures with (``debug``: the breakable debug mode)."""
-    return get_backend("breakable", debug=True) if debug else get_backend(name)
+def make_backend(name: str, debug: bool = False, warmup: int | None = None) -> Backend:
+    """The graph backend a runner captures with (``debug``: the breakable debug mode;
+    ``warmup``: eager runs before each capture, the backend's default if None)."""
+    options = {} if warmup is None else {"warmup": warmup}
+    if debug:
+        return get_backend("breakable", debug=True, **options)
+    return get_backend(name, **options)
 
 
 __all__ = ["host_planned_ops", "make_backend", "resolve_backend"]
