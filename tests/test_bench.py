@@ -155,6 +155,10 @@ def test_bench_spec_runs_on_cpu_and_records_its_cost_model(tiny_model_dir, tmp_p
         assert "draft_capture_s" in report["arms"][arm]  # empty on CPU: nothing captured
     # the self-draft arm drafts with the target's own (same-seed) weights: nearly all accepted
     assert report["arms"]["self:2"]["acceptance_rate"]["1"] >= 0.9
+    # a draft model drafts on every step; n-gram only where the context repeats an n-gram
+    for arm in ("ngram:2", "draft:2", "self:2"):
+        fraction = report["arms"][arm]["verify_step_fraction"]["2"]
+        assert 0 <= fraction <= 1 and (fraction == 1 or arm == "ngram:2")
     assert out.with_suffix(".png").exists() or importlib.util.find_spec("matplotlib") is None
 
 

@@ -15,8 +15,9 @@ verify forward of k+1 tokens per request t_verify(B) (aim at batch 1, k=4: <= 1.
 the draft loop as the engine runs it, a draft-extend forward of 2 tokens per request and k-1
 draft steps chained on the device, t_loop(B), beside k plain decode steps of the drafter (aim:
 no more). Predicted tokens/s = B x L / (t_verify + t_loop) (n-gram: t_loop = 0, its host step is
-not modelled), beside the measured one (aim: within 10%). Capture seconds of every runner,
-target and drafter.
+not modelled), beside the measured one (aim: within 10%); where a fraction of the steps had
+no draft for any request (n-gram finding no match), those steps cost t_decode instead of
+t_verify (``verify_step_fraction``). Capture seconds of every runner, target and drafter.
 
 The measured span also holds what that steady-state model leaves out: a draft model's first
 proposal for a fresh batch catches up on every whole prompt (``DraftModelDrafter._catch_up``:
@@ -183,7 +184,7 @@ def measure_arm(args: argparse.Namespace, arm: str, batches: list[int]) -> dict:
     result = {
         "load_s": engine.load_seconds, "capture_s": capture_seconds(engine.runner),
         "samples_tok_s": {}, "median_tok_s": {}, "mean_accepted_length": {},
-        "acceptance_rate": {}, "costs_ms": {}, "predicted_tok_s": {},
+        "acceptance_rate": {}, "verify_step_fraction": {}, "costs_ms": {}, "predicted_tok_s": {},
         "predicted_with_catch_up_tok_s": {},
     }  # fmt: skip
     if engine.draft_runner is not None:
@@ -197,7 +198,8 @@ def measure_arm(args: argparse.Namespace, arm: str, batches: list[int]) -> dict:
                    for _ in range(batch)]  # fmt: skip
         llm.generate(prompts, SamplingParams(max_tokens=16, temperature=0, ignore_eos=True))
         stats = engine.speculative.stats if engine.speculative is not None else None
-        counters = ("requests", "emitted_tokens", "draft_tokens", "accepted_tokens")
+        counters = ("requests", "emitted_tokens", "draft_tokens", "accepted_tokens", "steps",
+                    "verify_forwards")  # fmt: skip
         before = [getattr(stats, c) for c in counters] if stats else []
         samples = []
         for _ in range(args.repeats):
@@ -207,13 +209,15 @@ def measure_arm(args: argparse.Namespace, arm: str, batches: list[int]) -> dict:
             samples.append(sum(len(o.token_ids) - 1 for o in outs) / (span - first))
         result["samples_tok_s"][batch] = samples
         result["median_tok_s"][batch] = median(samples)
-        accepted = 1.0
+        accepted, verifying = 1.0, 0.0
         if stats is not None:
-            requests, emitted, drafted, kept = (
+            requests, emitted, drafted, kept, steps, verifies = (
                 getattr(stats, c) - b for c, b in zip(counters, before)
             )
             accepted = emitted / max(1, requests)
             result["acceptance_rate"][batch] = kept / max(1, drafted)
+            verifying = verifies / max(1, steps)
+            result["verify_step_fraction"][batch] = verifying
         result["mean_accepted_length"][batch] = accepted
         costs = {"decode": forward_ms(engine.runner,
                                       scratch_batch(batch, 1, args.prompt_len, page, False),
@@ -223,7 +227,8 @@ def measure_arm(args: argparse.Namespace, arm: str, batches: list[int]) -> dict:
             verify = scratch_batch(batch, k + 1, args.prompt_len, page, all_rows=True)
             costs["verify"] = forward_ms(engine.runner, verify, "verify", args.repeats * 4)
             costs["verify_over_decode"] = costs["verify"] / costs["decode"]
-            step_ms = costs["verify"]
+            # a step where no request got a draft runs a plain decode forward
+            step_ms = verifying * costs["verify"] + (1 - verifying) * costs["decode"]
         if engine.draft_runner is not None:
             costs["drafter_decode"] = drafter_decode_ms(engine, batch, args.prompt_len,
                                                         args.repeats * 4)  # fmt: skip

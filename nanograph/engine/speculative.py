@@ -48,7 +48,8 @@ Accept = Callable[[Request, int, int], "str | None"]
 
 @dataclass
 class SpeculativeStats:
-    steps: int = 0  # verify forwards
+    steps: int = 0  # speculative steps
+    verify_forwards: int = 0  # steps whose forward held drafts (the others: a decode batch)
     requests: int = 0  # request-verifications (a request in a verify forward)
     draft_tokens: int = 0  # drafts proposed
     accepted_tokens: int = 0  # drafts accepted
@@ -61,7 +62,8 @@ class SpeculativeStats:
 
     def as_dict(self) -> dict:
         return {
-            "steps": self.steps, "requests": self.requests, "draft_tokens": self.draft_tokens,
+            "steps": self.steps, "verify_forwards": self.verify_forwards,
+            "requests": self.requests, "draft_tokens": self.draft_tokens,
             "accepted_tokens": self.accepted_tokens, "emitted_tokens": self.emitted_tokens,
             "mean_accepted_length": self.mean_accepted_length,
         }  # fmt: skip
@@ -151,6 +153,7 @@ class SpeculativeDecoder:
         else:
             accepted = self._rejection(logits, requests, starts, drafts, proposal.probs)
         self.stats.steps += 1
+        self.stats.verify_forwards += path == "verify"
         self.stats.requests += len(requests)
         self.stats.draft_tokens += sum(map(len, drafts))
         self.stats.accepted_tokens += sum(len(t) - 1 for t in accepted)
