@@ -92,10 +92,13 @@ def measure(n: int, k: int, silu_mul: bool, sweep: bool, rep_ms: int, rows: int 
     if sweep:
         trials = []
         tile_type = RowsTiles if rows > 1 else GemvTiles
-        for block_n in (16, 32) if rows > 1 else (4, 8, 16, 32):  # tl.dot: at least 16
-            for block_k in (256, 512, 1024):
-                for warps in (4, 8):
-                    for stages in (2, 3, 4):
+        # gemm_rows: tl.dot takes at least 16 columns; a smaller grid (its compiles are slow)
+        grid = [(16, 32), (256, 512), (4, 8), (3, 4)] if rows > 1 else [
+            (4, 8, 16, 32), (256, 512, 1024), (4, 8), (2, 3, 4)]  # fmt: skip
+        for block_n in grid[0]:
+            for block_k in grid[1]:
+                for warps in grid[2]:
+                    for stages in grid[3]:
                         tiles = tile_type(block_n, block_k, warps, stages)
                         try:
                             us = _timed_us(
