@@ -115,7 +115,8 @@ def _cell(reference: dict, measured: dict | None, record: dict, path: str) -> di
 
 
 def run_model(model: str, moe: str, args: argparse.Namespace, report: dict) -> dict:
-    entry: dict = {}
+    # in the report from the start: the JSON written after each cell keeps what finished
+    entry = report["models"].setdefault(model, {}).setdefault(moe, {})
     llm = _engine(model, moe, "eager", args)
     reference = _measure(llm, args)
     free_engine(llm)
@@ -249,9 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     report = {"bench": "coverage", "env": environment(), "config": vars(args), "models": {}}
     for model in args.models.split(","):
         is_moe = resolve_model(model, "dummy").config.is_moe
-        per_moe = report["models"][model] = {}
         for moe in args.moe_backends.split(",") if is_moe else [DENSE]:
-            per_moe[moe] = run_model(model, moe, args, report)
+            run_model(model, moe, args, report)
             write(args.out, report)
     write(args.out, report)
     figure(report, Path(args.out).with_suffix(".png"))
