@@ -114,7 +114,7 @@ def main() -> int:
     checked = 0
     # Every launch goes through a LaunchCache: give each one a compiling stand-in.
     launches = [attention._launch_attention, fused._launch_norm, fused._launch_silu_and_mul,
-                fused._launch_rope_store_kv, gemv._launch, gemv._rows_launch, moe._launch_gemm,
+                fused._launch_rope_store_kv, gemv._launch, moe._launch_gemm,
                 moe._launch_pair_gate_up, moe._launch_pair_down, moe._launch_route]  # fmt: skip
     for launch in launches:
         launch.kernel = CompileOnly(launch.kernel)
@@ -162,10 +162,6 @@ def main() -> int:
             w = torch.randn(1000, 4096, dtype=torch.bfloat16)
             check(f"gemv silu_mul={silu_mul} {tiles}", gemv.gemv, x, w, silu_mul=silu_mul,
                   tiles=tiles)  # fmt: skip
-    for tiles in (gemv.RowsTiles(), gemv.RowsTiles(32, 512, 8, 3)):
-        x = torch.randn(5, 4096, dtype=torch.bfloat16)
-        check(f"gemm_rows {tiles}", gemv.gemm_rows, x,
-              torch.randn(1000, 4096, dtype=torch.bfloat16), tiles=tiles)  # fmt: skip
     # the fused decode's variants: norm prologue (q/k/v, gate/up), residual epilogue (o, down)
     for tiles in (gemv.GemvTiles(), gemv.GemvTiles(4, 512, 8, 4)):
         x = torch.randn(1, 1024, dtype=torch.bfloat16)

@@ -383,24 +383,6 @@ def test_gemv_matches_a_float64_matmul(dtype, silu_mul):
     )
 
 
-@pytest.mark.parametrize("rows", [2, 5, 8])
-def test_gemm_rows_matches_a_float64_matmul(rows):
-    """2 to ROWS_MAX rows in a 16-row tl.dot tile (rows past M masked, never written), odd N
-    and K over several K blocks. float32: the interpreter's tl.dot misreads bf16 operands."""
-    g = torch.Generator().manual_seed(rows)
-    x, w = torch.randn(rows, 70, generator=g), torch.randn(37, 70, generator=g)
-    out = torch.full((gemv.ROWS_MAX + 1, 37), 7.0)
-    tiles = gemv.RowsTiles(block_n=16, block_k=16, num_warps=1, num_stages=1)
-    gemv.gemm_rows(x, w, out=out[:rows], tiles=tiles)
-    torch.testing.assert_close(out[:rows].double(), x.double() @ w.double().T, rtol=1e-5,
-                               atol=1e-4)  # fmt: skip
-    assert (out[rows:] == 7.0).all()  # the masked rows of the tile write nothing
-    with pytest.raises(ValueError, match="2 to 8 rows, got 1"):
-        gemv.gemm_rows(x[:1], w)
-    with pytest.raises(ValueError, match="2 to 8 rows, got 9"):
-        gemv.gemm_rows(torch.randn(9, 70), w)
-
-
 def test_gemv_refuses_what_it_cannot_take():
     with pytest.raises(ValueError, match="one row, got 2"):
         gemv.gemv(torch.randn(2, 8), torch.randn(4, 8))

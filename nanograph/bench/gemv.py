@@ -1,13 +1,10 @@
-"""``nanograph bench gemv``: the batch-1 decode GEMV (``--rows 1``) or the few-row product
-``gemm_rows`` (``--rows 2..8``: a speculative verify, a small decode batch) against cuBLAS at a
-model's shapes.
+"""``nanograph bench gemv``: the batch-1 decode GEMV against cuBLAS at a model's shapes.
 
 For each product of a decode step (q/k/v, o, gate/up, the MLP's activation + down, lm_head)
 both run as CUDA-graph replays over enough weight copies (>= 256 MiB together) that nothing
 stays in the 50 MiB L2: decode streams every weight from HBM once per step, and so must the
 measurement. ``silu_down`` is the engine's pair of kernels on the cuBLAS side (the activation
-kernel, then the product) and one fused GEMV on the Triton side (with more rows: the activation
-kernel, then ``gemm_rows``). Reported: microseconds per
+kernel, then the product) and one fused GEMV on the Triton side. Reported: microseconds per
 product and weight GB/s, medians of graph-replay samples (``bench.common.graphed_samples``);
 ``--sweep`` also tries other tile shapes. What a step gains is the sum over its products
 (``per_step_us``: each product times the layer count, plus lm_head once).
@@ -60,29 +57,26 @@ def _timed_us(product, weights: list[torch.Tensor], x: torch.Tensor, rep_ms: int
     return 1000 * median(graphed_samples(run, rep_ms)) / len(weights)
 
 
-def measure(n: int, k: int, silu_mul: bool, sweep: bool, rep_ms: int, rows: int = 1) -> dict:
+def measure(n: int, k: int, silu_mul: bool, sweep: bool, rep_ms: int) -> dict:
     from nanograph.kernels import fused
-    from nanograph.kernels.gemv import GemvTiles, RowsTiles, choose_tiles, gemm_rows, gemv
+    from nanograph.kernels.gemv import GemvTiles, choose_tiles, gemv
 
     nbytes = n * k * 2
     copies = max(2, min(64, ceil_div(L2_FLUSH_BYTES, nbytes)))
     weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
-    x = torch.randn(rows, 2 * k if silu_mul else k, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(1, 2 * k if silu_mul else k, device="cuda", dtype=torch.bfloat16)
 
     def cublas(a, w):
         return F.linear(fused.silu_and_mul(a) if silu_mul else a, w)
 
     def triton_gemv(a, w, tiles=None):
-        if rows > 1:
-            return gemm_rows(fused.silu_and_mul(a) if silu_mul else a, w, tiles=tiles)
         return gemv(a, w, silu_mul=silu_mul, tiles=tiles)
 
     expected = cublas(x, weights[0]).float()
     error = (triton_gemv(x, weights[0]).float() - expected).abs().max().item()
-    default = RowsTiles() if rows > 1 else choose_tiles(n, torch.cuda.current_device())
+    default = choose_tiles(n, torch.cuda.current_device())
     result = {
-        "n": n, "k": k, "rows": rows, "silu_mul": silu_mul, "weight_bytes": nbytes,
-        "copies": copies,
+        "n": n, "k": k, "silu_mul": silu_mul, "weight_bytes": nbytes, "copies": copies,
         "max_abs_diff_vs_cublas": error, "default_tiles": dataclasses.asdict(default),
         "cublas_us": _timed_us(cublas, weights, x, rep_ms),
         "triton_us": _timed_us(triton_gemv, weights, x, rep_ms),
@@ -91,15 +85,11 @@ def measure(n: int, k: int, silu_mul: bool, sweep: bool, rep_ms: int, rows: int 
         result[f"{name}_gbps"] = nbytes / (result[f"{name}_us"] * 1e-6) / 1e9
     if sweep:
         trials = []
-        tile_type = RowsTiles if rows > 1 else GemvTiles
-        # gemm_rows: tl.dot takes at least 16 columns; a smaller grid (its compiles are slow)
-        grid = [(16, 32), (256, 512), (4, 8), (3, 4)] if rows > 1 else [
-            (4, 8, 16, 32), (256, 512, 1024), (4, 8), (2, 3, 4)]  # fmt: skip
-        for block_n in grid[0]:
-            for block_k in grid[1]:
-                for warps in grid[2]:
-                    for stages in grid[3]:
-                        tiles = tile_type(block_n, block_k, warps, stages)
+        for block_n in (4, 8, 16, 32):
+            for block_k in (256, 512, 1024):
+                for warps in (4, 8):
+                    for stages in (2, 3, 4):
+                        tiles = GemvTiles(block_n, block_k, warps, stages)
                         try:
                             us = _timed_us(
                                 lambda a, w, t=tiles: triton_gemv(a, w, t), weights, x, rep_ms // 4
@@ -120,13 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="nanograph bench gemv", description=__doc__)
     parser.add_argument("--models", default="qwen3-8b,qwen3-0.6b")
     parser.add_argument("--sweep", action="store_true", help="also try other tile shapes")
-    parser.add_argument("--rows", type=int, default=1,
-                        help="rows of x: 1 (the GEMV) or 2..8 (gemm_rows)")  # fmt: skip
     parser.add_argument("--rep-ms", type=int, default=100, help="sampling time per measurement")
     parser.add_argument("--out", default=default_out("gemv.json"))
     args = parser.parse_args(argv)
-    if not 1 <= args.rows <= 8:
-        parser.error(f"--rows {args.rows}: 1 (the GEMV) to 8 (gemm_rows' ROWS_MAX)")
     require_cuda("gemv")
     report = {"bench": "gemv", "env": environment(), "config": vars(args), "models": {}}
     start = time.perf_counter()
@@ -134,13 +120,13 @@ def main(argv: list[str] | None = None) -> int:
         entry = report["models"][model] = {"products": {}}
         step = {"cublas": 0.0, "triton": 0.0, "best": 0.0}
         for name, (n, k, times) in projections(model).items():
-            r = measure(n, k, name == "silu_down", args.sweep, args.rep_ms, args.rows)
+            r = measure(n, k, name == "silu_down", args.sweep, args.rep_ms)
             entry["products"][name] = r
             best = r.get("best_us") or r["triton_us"]
             step["cublas"] += times * r["cublas_us"]
             step["triton"] += times * r["triton_us"]
             step["best"] += times * min(best, r["cublas_us"])
-            print(f"{model} {name:9s} {args.rows}x{n}x{k}: cuBLAS {r['cublas_us']:7.1f} us "
+            print(f"{model} {name:9s} {n}x{k}: cuBLAS {r['cublas_us']:7.1f} us "
                   f"({r['cublas_gbps']:5.0f} GB/s) | triton {r['triton_us']:7.1f} us "
                   f"({r['triton_gbps']:5.0f} GB/s) | best swept {best:7.1f} us | "
                   f"diff {r['max_abs_diff_vs_cublas']:.3g}")  # fmt: skip

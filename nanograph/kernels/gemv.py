@@ -1,13 +1,13 @@
-"""Few-row matrix products for decode at small batch: ``out[M, N] = x[M, K] @ weight[N, K]^T``.
+"""One-row matrix products for decode at batch 1: ``out[1, N] = x[1, K] @ weight[N, K]^T``.
 
 Why: a batch-1 decode step is a stream through every weight. cuBLAS picks tiles for these
 shapes that reach 2.3-3.0 TB/s on the H200 for qwen3-8b's q/k/v, o and down projections (and
 the down projection adds a split-K reduction kernel); this kernel reaches 2.9-3.4 TB/s there
-(``nanograph bench gemv``). ``gemv`` takes one row (its elementwise products kept one
-[BLOCK_N, BLOCK_K] fp32 accumulator a row: with two or more rows it lost to cuBLAS by 3-20x);
-``gemm_rows`` takes 2 to ``ROWS_MAX`` rows (a speculative verify of k+1 tokens, a small decode
-batch) with ``tl.dot`` on a 16-row tile, the rows past M masked: the same weight stream, one
-small MMA per weight block.
+(``nanograph bench gemv``). With two or more rows it lost to cuBLAS by 3-20x in every tile
+shape tried, so it takes one row only. A ``tl.dot`` variant on a 16-row tile (rows past M
+masked) lost too: at 5 rows (a speculative verify) on qwen3-8b's products 4.95 ms a step
+against cuBLAS's 4.39, which streams 5-row products at 2.6-4.1 TB/s
+(``benchmarks/results/h200/gemv_rows5_d147c49.json``; reverted).
 
 Invariants:
 - Graph-safe: the grid depends on static shapes only.
@@ -225,71 +225,5 @@ def gemv(
             PDL=use_pdl, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
             num_stages=tiles.num_stages, num_warps=tiles.num_warps, launch_pdl=use_pdl,
         ),
-    )  # fmt: skip
-    return out
-
-
-# Rows a ``gemm_rows`` launch takes: a tl.dot tile has 16 rows; above 8 the product is no longer
-# a weight stream with a few rows riding along (and M = 16 would be a Triton specialisation).
-ROWS_MAX = 8
-
-
-@dataclasses.dataclass(frozen=True)
-class RowsTiles:
-    block_n: int = 16
-    block_k: int = 256
-    num_warps: int = 4
-    num_stages: int = 4
-
-
-@triton.jit(do_not_specialize=["M"])
-def _rows_kernel(
-    x_ptr, w_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_om,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-):  # fmt: skip
-    BLOCK_M: tl.constexpr = 16  # the smallest tl.dot tile; rows at or past M are masked
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    m_mask, n_mask = offs_m < M, offs_n < N
-    x_rows = x_ptr + offs_m[:, None] * stride_xm
-    w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):  # pipelined num_stages deep (a launch option)
-        k = k0 + offs_k
-        k_mask = k < K
-        w = _weight_block(w_rows, k, n_mask, K)
-        x = tl.load(x_rows + k[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-        acc = tl.dot(x, tl.trans(w), acc)
-    out = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
-    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
-
-
-_rows_launch = LaunchCache(_rows_kernel)
-
-
-def gemm_rows(
-    x: torch.Tensor, weight: torch.Tensor, *, out: torch.Tensor | None = None,
-    tiles: RowsTiles | None = None,
-) -> torch.Tensor:  # fmt: skip
-    """``x [M, K] @ weight [N, K]^T`` -> ``[M, N]`` in x's dtype, for 2 <= M <= ``ROWS_MAX``;
-    products accumulate in fp32 and round once."""
-    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
-        raise ValueError(f"gemm_rows needs x [M, K] and weight [N, K], got {tuple(x.shape)} and "
-                         f"{tuple(weight.shape)}")  # fmt: skip
-    m, (n, k) = x.shape[0], weight.shape
-    if not 2 <= m <= ROWS_MAX:
-        raise ValueError(f"gemm_rows takes 2 to {ROWS_MAX} rows, got {m}: use gemv for one, "
-                         "a matmul for more")  # fmt: skip
-    if x.stride(1) != 1 or weight.stride(1) != 1:
-        raise ValueError("x and weight must be contiguous in K")
-    if out is None:
-        out = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    tiles = tiles or RowsTiles()
-    _rows_launch(
-        (triton.cdiv(n, tiles.block_n),), (x, weight, out),
-        (m, n, k, x.stride(0), weight.stride(0), out.stride(0)),
-        dict(BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, num_warps=tiles.num_warps,
-             num_stages=tiles.num_stages),
     )  # fmt: skip
     return out

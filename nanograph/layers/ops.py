@@ -10,11 +10,9 @@ Invariants:
   ``slot_mapping`` (slot -1 = padded token, not written). It runs inside the attention op.
 - ``linear`` / ``silu_and_mul_linear``: a one-row product on CUDA (decode at batch 1) runs the
   Triton GEMV, which streams the weight faster than cuBLAS at that shape (``nanograph bench
-  gemv``) and takes the MLP's activation into the down projection; a product of 2 to
-  ``ROWS_MAX`` rows (a speculative verify of k+1 tokens at batch 1, a small decode batch) runs
-  ``gemm_rows``, the same weight stream with a small MMA; every other product is
-  ``F.linear``. ``use_triton_gemv(False)`` turns both off (set it before graphs are
-  captured: a graph replays whichever kernel it recorded). Under torch.compile they are off, so
+  gemv``) and takes the MLP's activation into the down projection; every other product is
+  ``F.linear``. ``use_triton_gemv(False)`` turns the GEMV off (set it before graphs are
+  captured: a graph replays whichever kernel it recorded). Under torch.compile it is off, so
   tc_piecewise keeps one compiled graph for every size.
 - Fused decode (``fused_decode_applies``): a one-row forward of a dense single-GPU layer runs
   ``norm_linear`` (RMSNorm in the GEMV's prologue: q/k/v, and gate/up with SiLU-and-mul in its
@@ -37,8 +35,7 @@ _TRITON_GEMV = True
 
 
 def use_triton_gemv(on: bool) -> None:
-    """Process-wide: one-row and few-row products through the Triton GEMV and ``gemm_rows``
-    (True, default) or cuBLAS."""
+    """Process-wide: one-row products through the Triton GEMV (True, default) or cuBLAS."""
     global _TRITON_GEMV
     _TRITON_GEMV = on
 
@@ -88,27 +85,13 @@ def linear_add(
     return gemv(x, weight, silu_mul=silu_mul, residual=residual)
 
 
-def _triton_product_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether the Triton products may take ``x @ weight^T`` (any row count)."""
+def _gemv_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
     return (
-        _TRITON_GEMV and x.is_cuda and x.dim() == 2
+        _TRITON_GEMV and x.is_cuda and x.dim() == 2 and x.shape[0] == 1
         and x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype
         and x.stride(-1) == 1 and weight.stride(-1) == 1
         and not torch.compiler.is_compiling()
     )  # fmt: skip
-
-
-def _gemv_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    return x.shape[0] == 1 and _triton_product_applies(x, weight)
-
-
-def _rows_apply(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether ``gemm_rows`` takes the product: 2 to ``ROWS_MAX`` rows."""
-    if x.shape[0] < 2 or not _triton_product_applies(x, weight):
-        return False
-    from nanograph.kernels.gemv import ROWS_MAX
-
-    return x.shape[0] <= ROWS_MAX
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None):
@@ -116,10 +99,6 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         from nanograph.kernels.gemv import gemv
 
         return gemv(x, weight)
-    if bias is None and _rows_apply(x, weight):
-        from nanograph.kernels.gemv import gemm_rows
-
-        return gemm_rows(x, weight)
     return F.linear(x, weight, bias)
 
 
@@ -129,7 +108,7 @@ def silu_and_mul_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         from nanograph.kernels.gemv import gemv
 
         return gemv(x, weight, silu_mul=True)
-    return linear(silu_and_mul(x), weight)
+    return F.linear(silu_and_mul(x), weight)
 
 
 def _impl(x: torch.Tensor):

@@ -68,7 +68,7 @@ def compile_kernels(runner: ModelRunner, page_size: int, progress: bool = False)
 
 def warm_up_kernels(runner: ModelRunner, page_size: int, progress: bool = False) -> float:
     """Runs one eager forward (and its logits) per attention launch variant, plus a plain
-    batch-1 decode and a 2-token forward; returns the seconds it took."""
+    batch-1 decode; returns the seconds it took."""
     start = time.perf_counter()
     variants = _variants(runner)
     if progress:
@@ -84,17 +84,15 @@ def warm_up_kernels(runner: ModelRunner, page_size: int, progress: bool = False)
 
 
 def _variants(runner: ModelRunner) -> list[tuple[int, contextlib.AbstractContextManager]]:
-    """(query tokens, a context selecting the launch) per attention variant, a plain batch-1
-    decode and a 2-token forward."""
+    """(query tokens, a context selecting the launch) per attention variant, and a plain
+    batch-1 decode."""
     config = runner.model.config
     dtype = runner.model.model.embed_tokens.weight.dtype
     variants = runner.attention.launch_variants(
         config.num_attention_heads, config.num_key_value_heads, config.head_dim, runner.device,
         dtype,
     )  # fmt: skip
-    # 1 token: the batch-1 GEMVs; 2: the few-row products (``gemm_rows``: one variant for 2 to
-    # ROWS_MAX rows), which a verify or a small decode batch reaches
-    return [(1, contextlib.nullcontext()), (2, contextlib.nullcontext()), *variants]
+    return [(1, contextlib.nullcontext()), *variants]
 
 
 def scratch_batch(tokens: int, page_size: int) -> ForwardBatch:
