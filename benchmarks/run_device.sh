@@ -12,7 +12,8 @@
 #   sweep-small (decode attention tiles at batch 1 and 8), hardening (start-up with cold and
 #   warm kernel caches, GPU tests), prefix (prefix caching: its GPU test under each prefill
 #   backend, then bench prefix on qwen3-8b dummy), moe (MoE models: GPU tests, decode
-#   roofline on qwen3-30b-a3b, native-MoE prefill breakable vs eager), moe-coverage (the
+#   roofline on qwen3-30b-a3b, native-MoE prefill breakable vs eager), moe-decode (the MoE
+#   layer GPU tests, the kernel floor and tokens/s of a qwen3-30b-a3b decode step), moe-coverage (the
 #   `bench coverage` table: model x MoE backend x graph backend x path), serve (`bench serve`
 #   against `nanograph serve`: arms, request-rate sweeps and the offline comparisons; needs the
 #   wheels of benchmarks/serve_wheels.txt in $SERVE_WHEELS, default .whl, carried),
@@ -223,6 +224,19 @@ case $stage in
     timeout 90 python3 -m nanograph bench prefill --models qwen3-30b-a3b,gpt-oss-20b \
       --lengths 256 --arms eager,breakable --moe-backend torch_native --peer-lengths '' \
       --repeats 5 --out "$out/prefill_moe.json" 2>&1 | grep -v "^INFO" | tee "$out/prefill_moe.log" ;;
+  moe-decode)  # ~4 min: issue 15's batch-1 MoE decode: the fused MoE's per-layer GPU tests, the
+    # kernel floor of a qwen3-30b-a3b decode step (where its time goes, kernel by kernel), then
+    # its tokens/s against the roofline
+    timeout 80 python3 -m pytest -q -p no:cacheprovider -rfE tests/gpu/test_moe_gpu.py \
+      -k "fused_moe_matches_native_per_layer or fused_decode_of_a_moe_layer" \
+      > "$out/moe_layer_tests.log" 2>&1
+    tail -2 "$out/moe_layer_tests.log"
+    timeout 100 python3 -m nanograph bench floor --model qwen3-30b-a3b --decode-batch 1 \
+      --lengths 512 --graph full --out "$out/floor_moe.json" 2>&1 | grep -v "^INFO" \
+      | tee "$out/floor_moe.log"
+    timeout 80 python3 -m nanograph bench decode --models qwen3-30b-a3b --arms full \
+      --batches 1 --repeats 3 --moe-backend triton --out "$out/decode_moe.json" 2>&1 \
+      | grep -v "^INFO" | tee "$out/decode_moe.log" ;;
   moe-coverage)  # <= ~8 min: which graph backend holds which model (qwen3-8b dense,
     # qwen3-30b-a3b, gpt-oss-20b; MoE triton and torch_native); JSON written after every cell.
     # If it runs out of time, run the rest separately: MODELS=gpt-oss-20b SUFFIX=_oss
