@@ -202,8 +202,9 @@ class Engine:
     def _speculative_decoder(self) -> SpeculativeDecoder | None:
         if self.config.speculative_algorithm is None:
             return None
-        drafter: Drafter = NgramDrafter()
-        if self.draft_runner is not None:
+        if self.draft_runner is None:
+            drafter: Drafter = NgramDrafter()
+        else:
             drafter = DraftModelDrafter(
                 self.draft_runner, self.draft_kv, self.sampler, self.config.chunked_prefill_size
             )
