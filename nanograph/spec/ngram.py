@@ -24,8 +24,9 @@ import numpy as np
 from nanograph.engine.request import Request
 from nanograph.spec.proposal import Proposal
 
-# Longest n-gram tried first (more context, better guesses), down to a single token: the
-# defaults of vLLM's and SGLang's prompt-lookup drafters.
+# The longest suffix n-gram with an earlier occurrence wins (more context, better guesses), of
+# at most NGRAM_MAX and at least NGRAM_MIN tokens: the defaults of vLLM's and SGLang's
+# prompt-lookup drafters.
 NGRAM_MAX = 4
 NGRAM_MIN = 1
 
