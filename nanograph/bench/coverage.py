@@ -114,7 +114,9 @@ def _cell(reference: dict, measured: dict | None, record: dict, path: str) -> di
     return cell
 
 
-def run_model(model: str, moe: str, args: argparse.Namespace, report: dict) -> dict:
+def run_model(model: str, moe: str, args: argparse.Namespace, report: dict) -> None:
+    """Fills ``report["models"][model][moe]``: the eager reference, then one cell a graph
+    backend, the JSON written after each."""
     # in the report from the start: the JSON written after each cell keeps what finished
     entry = report["models"].setdefault(model, {}).setdefault(moe, {})
     llm = _engine(model, moe, "eager", args)
@@ -142,7 +144,6 @@ def run_model(model: str, moe: str, args: argparse.Namespace, report: dict) -> d
                   f"build={c.get('build_s', 0):.1f}s "
                   f"graph={c.get('graph_bytes', 0) / 2**20:.0f}MiB")  # fmt: skip
         write(args.out, report)
-    return entry
 
 
 def table(report: dict) -> str:
