@@ -13,7 +13,8 @@
 #   warm kernel caches, GPU tests), prefix (prefix caching: its GPU test under each prefill
 #   backend, then bench prefix on qwen3-8b dummy), moe (MoE models: GPU tests, decode
 #   roofline on qwen3-30b-a3b, native-MoE prefill breakable vs eager), moe-decode (the MoE
-#   layer GPU tests, the kernel floor and tokens/s of a qwen3-30b-a3b decode step), moe-coverage (the
+#   layer GPU tests, the kernel floor and tokens/s of a qwen3-30b-a3b decode step), moe-sweep
+#   (that step's products one at a time, with every tile), moe-coverage (the
 #   `bench coverage` table: model x MoE backend x graph backend x path), serve (`bench serve`
 #   against `nanograph serve`: arms, request-rate sweeps and the offline comparisons; needs the
 #   wheels of benchmarks/serve_wheels.txt in $SERVE_WHEELS, default .whl, carried),
@@ -237,6 +238,11 @@ case $stage in
     timeout 80 python3 -m nanograph bench decode --models qwen3-30b-a3b --arms full \
       --batches 1 --repeats 3 --moe-backend triton --out "$out/decode_moe.json" 2>&1 \
       | grep -v "^INFO" | tee "$out/decode_moe.log" ;;
+  moe-sweep)  # ~4 min: issue 15's MoE decode products on qwen3-30b-a3b, one at a time: q/k/v,
+    # o, router and lm_head GEMVs against cuBLAS with every GEMV tile, and the fused experts of
+    # one token with every down-projection tile (`bench gemv --sweep`)
+    timeout 330 python3 -m nanograph bench gemv --models qwen3-30b-a3b --sweep --rep-ms 60 \
+      --out "$out/gemv_moe.json" 2>&1 | grep -v "^INFO" | tee "$out/gemv_moe.log" ;;
   moe-coverage)  # <= ~8 min: which graph backend holds which model (qwen3-8b dense,
     # qwen3-30b-a3b, gpt-oss-20b; MoE triton and torch_native); JSON written after every cell.
     # If it runs out of time, run the rest separately: MODELS=gpt-oss-20b SUFFIX=_oss

@@ -193,7 +193,7 @@ def main() -> int:
         ids = torch.randint(0, experts, (tokens, top_k))
         weights = torch.ones(tokens, top_k, dtype=dtype)
         # the tiles choose_tiles picks on a GPU for this many (token, expert) pairs
-        tiles = moe.choose_tiles(tokens, top_k, experts, torch.device("cuda"))
+        tiles = moe.choose_tiles(tokens, top_k, experts, hidden, inter, torch.device("cuda"))
         check(f"fused_experts {name} {tiles}", moe.fused_experts,
               torch.zeros(tokens, hidden, dtype=dtype), w13, w2, b13, b2, weights, ids,
               activation, tiles=tiles)  # fmt: skip

@@ -8,6 +8,11 @@ kernel, then the product) and one fused GEMV on the Triton side. Reported: micro
 product and weight GB/s, medians of graph-replay samples (``bench.common.graphed_samples``);
 ``--sweep`` also tries other tile shapes. What a step gains is the sum over its products
 (``per_step_us``: each product times the layer count, plus lm_head once).
+
+A MoE model's products are q/k/v, o, the router and lm_head, and its ``experts``: the fused
+pairwise MoE of one token (gate/up GEMVs of its k experts, then the down projection that sums
+them), cycling through routings that pick different experts so the weights come from HBM;
+``--sweep`` tries the down projection's tiles there.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import time
 
 import torch
 import torch.nn.functional as F
+import triton
 
 from nanograph.arith import ceil_div
 from nanograph.bench.common import (
@@ -38,11 +44,16 @@ def projections(model: str) -> dict[str, tuple[int, int, int]]:
     c = resolve_model(model, "dummy").config
     q, kv = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
     layers = c.num_hidden_layers
+    mlp = (
+        {"router": (c.num_experts, c.hidden_size, layers)} if c.is_moe else {
+            "gate_up": (2 * c.intermediate_size, c.hidden_size, layers),
+            "silu_down": (c.hidden_size, c.intermediate_size, layers),
+        }
+    )  # fmt: skip
     return {
         "qkv": (q + 2 * kv, c.hidden_size, layers),
         "o": (c.hidden_size, q, layers),
-        "gate_up": (2 * c.intermediate_size, c.hidden_size, layers),
-        "silu_down": (c.hidden_size, c.intermediate_size, layers),
+        **mlp,
         "lm_head": (c.vocab_size, c.hidden_size, 1),
     }
 
@@ -106,6 +117,85 @@ def measure(n: int, k: int, silu_mul: bool, sweep: bool, rep_ms: int) -> dict:
     return result
 
 
+def measure_experts(c, sweep: bool, rep_ms: int) -> dict:
+    """One token through a MoE layer's fused experts (``kernels.moe.fused_experts``, pairwise)
+    of config ``c``, over ``ROUTINGS`` routings of distinct experts; with ``sweep``, every
+    down-projection tile."""
+    from nanograph.kernels import moe
+
+    experts, top_k, hidden, inter = (
+        c.num_experts, c.num_experts_per_tok, c.hidden_size, c.expert_intermediate_size
+    )  # fmt: skip
+    activation = c.moe_activation
+    gpt_oss = activation == "clamped_swiglu"  # interleaved gate/up, biases
+    g = torch.Generator(device="cuda").manual_seed(0)
+    w13 = torch.randn(experts, 2 * inter, hidden, device="cuda", dtype=torch.bfloat16,
+                      generator=g) / hidden**0.5  # fmt: skip
+    w2 = torch.randn(experts, hidden, inter, device="cuda", dtype=torch.bfloat16,
+                     generator=g) / inter**0.5  # fmt: skip
+    b13 = torch.zeros(experts, 2 * inter, device="cuda", dtype=torch.bfloat16) if gpt_oss else None
+    b2 = torch.zeros(experts, hidden, device="cuda", dtype=torch.bfloat16) if gpt_oss else None
+    routings = [
+        (torch.full((1, top_k), 1 / top_k, device="cuda", dtype=torch.bfloat16),
+         torch.randperm(experts, device="cuda", generator=g)[:top_k].view(1, top_k))
+        for _ in range(ROUTINGS)
+    ]  # fmt: skip
+    x = torch.randn(1, hidden, device="cuda", dtype=torch.bfloat16, generator=g)
+    out = torch.empty_like(x)
+
+    def run(tiles: moe.MoeTiles) -> float:
+        def step() -> None:
+            for weights, ids in routings:
+                moe.fused_experts(x, w13, w2, b13, b2, weights, ids, activation, tiles=tiles,
+                                  out=out)  # fmt: skip
+
+        return 1000 * median(graphed_samples(step, rep_ms)) / len(routings)
+
+    default = moe.choose_tiles(1, top_k, experts, hidden, inter, x.device)
+    weights, ids = routings[0]
+    expected = torch.zeros(1, hidden, device="cuda", dtype=torch.float32)
+    for j in range(top_k):  # the unfused product in fp32 from the same bf16 operands
+        gate_up = (x.float() @ w13[ids[0, j]].float().T).bfloat16().float()  # stored as bf16
+        gate, up = (gate_up[:, ::2], gate_up[:, 1::2]) if gpt_oss else gate_up.chunk(2, dim=-1)
+        if gpt_oss:
+            gate, up = gate.clamp(max=7.0), up.clamp(-7.0, 7.0)
+            act = (up + 1) * gate * torch.sigmoid(1.702 * gate)
+        else:
+            act = F.silu(gate) * up
+        expected += weights[0, j].float() * (act.bfloat16().float() @ w2[ids[0, j]].float().T)
+    fused = moe.fused_experts(x, w13, w2, b13, b2, weights, ids, activation, tiles=default)
+    nbytes = top_k * 3 * inter * hidden * 2
+    result = {
+        "experts": experts, "top_k": top_k, "hidden": hidden, "inter": inter,
+        "weight_bytes": nbytes, "routings": ROUTINGS,
+        "max_abs_diff_vs_fp32": (fused.float() - expected).abs().max().item(),
+        "default_tiles": dataclasses.asdict(default), "triton_us": run(default),
+    }  # fmt: skip
+    result["triton_gbps"] = nbytes / (result["triton_us"] * 1e-6) / 1e9
+    if sweep:
+        trials = []
+        for block_n in (2, 4, 8, 16):
+            for block_k in (64, 128, 256, 512):
+                if triton.next_power_of_2(top_k) * block_n * block_k > 16384:
+                    continue
+                for warps in (4, 8):
+                    for stages in (2, 3, 4):
+                        tiles = dataclasses.replace(default, down=(block_n, block_k, warps, stages))
+                        try:
+                            trials.append({"down": tiles.down, "us": run(tiles)})
+                        except Exception as e:  # noqa: BLE001 - out of resources, etc.
+                            trials.append({"down": tiles.down, "error": str(e)})
+        ok = sorted((t for t in trials if "us" in t), key=lambda t: t["us"])
+        result["sweep"] = ok + [t for t in trials if "us" not in t]
+        result["best_us"] = ok[0]["us"] if ok else None
+    return result
+
+
+# Routings cycled through by ``measure_experts``: a token reads k of E experts, so 32 random
+# draws touch ~32 k experts' weights (qwen3-30b-a3b: ~300 MB), far past the 50 MiB L2.
+ROUTINGS = 32
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="nanograph bench gemv", description=__doc__)
     parser.add_argument("--models", default="qwen3-8b,qwen3-0.6b")
@@ -114,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=default_out("gemv.json"))
     args = parser.parse_args(argv)
     require_cuda("gemv")
+    from nanograph.loader import resolve_model
+
     report = {"bench": "gemv", "env": environment(), "config": vars(args), "models": {}}
     start = time.perf_counter()
     for model in args.models.split(","):
@@ -130,6 +222,19 @@ def main(argv: list[str] | None = None) -> int:
                   f"({r['cublas_gbps']:5.0f} GB/s) | triton {r['triton_us']:7.1f} us "
                   f"({r['triton_gbps']:5.0f} GB/s) | best swept {best:7.1f} us | "
                   f"diff {r['max_abs_diff_vs_cublas']:.3g}")  # fmt: skip
+            write(args.out, report)
+        config = resolve_model(model, "dummy").config
+        if config.is_moe:
+            r = entry["experts"] = measure_experts(config, args.sweep, args.rep_ms)
+            # no cuBLAS arm for the experts: every arm's step takes the Triton experts
+            layers = config.num_hidden_layers
+            step["cublas"] += layers * r["triton_us"]
+            step["triton"] += layers * r["triton_us"]
+            step["best"] += layers * (r.get("best_us") or r["triton_us"])
+            print(f"{model} experts   k={r['top_k']} of {r['experts']}: triton "
+                  f"{r['triton_us']:7.1f} us ({r['triton_gbps']:5.0f} GB/s) | best swept "
+                  f"{r.get('best_us') or r['triton_us']:7.1f} us | diff "
+                  f"{r['max_abs_diff_vs_fp32']:.3g}")  # fmt: skip
             write(args.out, report)
         entry["per_step_us"] = step
         print(f"{model}: products per decode step: cuBLAS {step['cublas'] / 1000:.3f} ms, "

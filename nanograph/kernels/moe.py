@@ -51,22 +51,27 @@ class MoeTiles:
     num_warps: int = 4
     num_stages: int = 3
     pairwise: bool = False  # the few-token regime: GEMVs per (token, expert) pair
+    # the pairwise down projection's (BLOCK_N, BLOCK_K, num_warps, num_stages); None: the above
+    down: tuple[int, int, int, int] | None = None
 
 
 # Up to this many tokens the pairwise GEMVs run (a decode bucket: see the module docstring).
 PAIRWISE_MAX_TOKENS = 8
 
 
-def choose_tiles(num_tokens: int, top_k: int, num_experts: int, device: torch.device) -> MoeTiles:
-    """Static launch configuration from static sizes. Pairwise: the GEMV tiles of
-    ``kernels.gemv`` (H200 sweep). Sorted: rows per block from the mean rows per expert
-    (tl.dot needs >= 16)."""
+def choose_tiles(
+    num_tokens: int, top_k: int, num_experts: int, hidden: int, inter: int, device: torch.device
+) -> MoeTiles:
+    """Static launch configuration from static sizes (``inter``: an expert's width). Pairwise:
+    the GEMV tiles of ``kernels.gemv`` (H200 sweep) for gate/up, and ``_down_tiles`` for the
+    down projection. Sorted: rows per block from the mean rows per expert (tl.dot needs >= 16).
+    ``device`` may be CUDA without a GPU (``tests/sm90_compile.py`` compiling ahead)."""
     pairwise = num_tokens <= PAIRWISE_MAX_TOKENS
     if device.type != "cuda":  # the interpreter: small tiles keep CPU tests fast
         return MoeTiles(16, 16 if pairwise else 32, 32, 1, 1, pairwise)
     if pairwise:
         return MoeTiles(block_m=1, block_n=16, block_k=512, num_warps=8, num_stages=4,
-                        pairwise=True)  # fmt: skip
+                        pairwise=True, down=_down_tiles(hidden, inter, top_k, device))  # fmt: skip
     mean_rows = num_tokens * top_k / num_experts
     block_m = 16 if mean_rows <= 16 else 32 if mean_rows <= 64 else 64
     return MoeTiles(block_m=block_m, block_n=64, block_k=64)
@@ -300,45 +305,46 @@ def _pair_down_kernel(
     a_ptr, w_ptr, bias_ptr, out_ptr, ids_ptr, topk_weights_ptr,
     N, K, stride_am, stride_we, stride_wn, stride_be, stride_om, gate_stride, up_offset, alpha,
     limit,
-    TOP_K: tl.constexpr, ACT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, ACCUMULATE: tl.constexpr,
+    TOP_K: tl.constexpr, K_PAD: tl.constexpr, ACT: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ACCUMULATE: tl.constexpr,
 ):  # fmt: skip
     """out[t, n] = sum_j weight[t, j] * (act(gate_up[t*K + j]) . w2[ids[t, j], n] (+ b2)) for
     token t = program 0: the k experts summed in fp32 in one program. ACCUMULATE:
     ``out[t, n] +=`` instead (the fused decode's residual stream; each program owns its
     elements, so the read-modify-write needs no atomics).
 
-    One loop over (expert, K block), so the weight loads stay pipelined across experts (an
-    inner loop per expert restarted the pipeline k times: at a decode step's 1 x 768 per
-    expert, qwen3-30b-a3b's down projections streamed at ~1 TB/s); the routing weight scales
-    the activation operand, one accumulator holds every expert's products."""
+    All k experts load together, as one [K_PAD, BLOCK_N, BLOCK_K] tile a K block (experts
+    past TOP_K masked): the expert ids are read once, before the loop, so no weight address
+    depends on a load inside it, and every iteration has k experts' rows in flight. (A loop
+    per expert, then one (expert, K block) loop, streamed qwen3-30b-a3b's down projections at
+    ~1.0 and ~1.2 TB/s.) The routing weight scales the activation operand."""
     token = tl.program_id(0)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
-    n_mask = offs_n < N
-    w_cols = offs_n.to(tl.int64)[:, None] * stride_wn
-    k_blocks = tl.cdiv(K, BLOCK_K)
-    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    for step in range(TOP_K * k_blocks):
-        j = step // k_blocks
-        k = (step - j * k_blocks) * BLOCK_K + offs_k
-        pair = token * TOP_K + j
-        expert = tl.load(ids_ptr + pair).to(tl.int64)
-        scale = tl.load(topk_weights_ptr + pair).to(tl.float32)
-        a_row = a_ptr + pair.to(tl.int64) * stride_am
-        act = _activation(a_row, k, k < K, gate_stride, up_offset, alpha, limit, ACT)
-        act = act.to(w_ptr.dtype.element_ty).to(tl.float32) * scale
-        w = tl.load(w_ptr + expert * stride_we + w_cols + k[None, :],
-                    mask=n_mask[:, None] & (k < K)[None, :], other=0,
+    offs_j = tl.arange(0, K_PAD)
+    n_mask, j_mask = offs_n < N, offs_j < TOP_K
+    pairs = token * TOP_K + offs_j
+    experts = tl.load(ids_ptr + pairs, mask=j_mask, other=0).to(tl.int64)
+    scales = tl.load(topk_weights_ptr + pairs, mask=j_mask, other=0).to(tl.float32)
+    a_rows = a_ptr + pairs.to(tl.int64) * stride_am  # [K_PAD]
+    w_rows = (w_ptr + experts[:, None, None] * stride_we
+              + offs_n.to(tl.int64)[None, :, None] * stride_wn)  # fmt: skip
+    w_mask = j_mask[:, None, None] & n_mask[None, :, None]
+    acc = tl.zeros((K_PAD, BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):  # pipelined num_stages deep (a launch option)
+        k = k0 + offs_k
+        k_mask = k < K
+        act = _activation(a_rows[:, None], k[None, :], j_mask[:, None] & k_mask[None, :],
+                          gate_stride, up_offset, alpha, limit, ACT)  # fmt: skip
+        act = act.to(w_ptr.dtype.element_ty).to(tl.float32) * scales[:, None]
+        w = tl.load(w_rows + k[None, None, :], mask=w_mask & k_mask[None, None, :], other=0,
                     eviction_policy="evict_first")  # fmt: skip
-        acc += w.to(tl.float32) * act[None, :]
-    total = tl.sum(acc, 1)
+        acc += w.to(tl.float32) * act[:, None, :]
+    total = tl.sum(tl.sum(acc, 2), 0)
     if HAS_BIAS:
-        for j in range(TOP_K):
-            pair = token * TOP_K + j
-            expert = tl.load(ids_ptr + pair).to(tl.int64)
-            bias = tl.load(bias_ptr + expert * stride_be + offs_n, mask=n_mask, other=0)
-            total += tl.load(topk_weights_ptr + pair).to(tl.float32) * bias.to(tl.float32)
+        bias = tl.load(bias_ptr + experts[:, None] * stride_be + offs_n[None, :],
+                       mask=j_mask[:, None] & n_mask[None, :], other=0)  # fmt: skip
+        total += tl.sum(bias.to(tl.float32) * scales[:, None], 0)
     out_row = out_ptr + token.to(tl.int64) * stride_om + offs_n
     if ACCUMULATE:  # rounded first, as the unfused path stores the sum before adding it
         total = total.to(out_ptr.dtype.element_ty).to(tl.float32)
@@ -367,31 +373,40 @@ def _pairwise(
         dict(TOP_K=top_k, HAS_BIAS=b13 is not None, BLOCK_N=tiles.block_n,
              BLOCK_K=tiles.block_k, num_warps=tiles.num_warps, num_stages=tiles.num_stages),
     )  # fmt: skip
-    down_n, down_k = _down_tiles(hidden, two_i // 2, tiles, x.device)
+    down_n, down_k, down_warps, down_stages = tiles.down or (
+        tiles.block_n,
+        tiles.block_k,
+        tiles.num_warps,
+        tiles.num_stages,
+    )
     _launch_pair_down(
         (num_tokens, triton.cdiv(hidden, down_n)),
         (gate_up, w2, b2 if b2 is not None else w2, out, ids, weights),
         (hidden, two_i // 2, gate_up.stride(0), w2.stride(0), w2.stride(1),
          b2.stride(0) if b2 is not None else 0, out.stride(0), gate_stride, up_offset,
          float(alpha), float(limit)),
-        dict(TOP_K=top_k, ACT=act, HAS_BIAS=b2 is not None, BLOCK_N=down_n,
-             BLOCK_K=down_k, ACCUMULATE=accumulate, num_warps=tiles.num_warps,
-             num_stages=tiles.num_stages),
+        dict(TOP_K=top_k, K_PAD=triton.next_power_of_2(top_k), ACT=act,
+             HAS_BIAS=b2 is not None, BLOCK_N=down_n,
+             BLOCK_K=down_k, ACCUMULATE=accumulate, num_warps=down_warps,
+             num_stages=down_stages),
     )  # fmt: skip
 
 
-def _down_tiles(hidden: int, inter: int, tiles: MoeTiles, device: torch.device) -> tuple[int, int]:
-    """(BLOCK_N, BLOCK_K) of the pairwise down projection on CUDA: output rows a program halved
-    from the gate/up's while a token's grid would give an SM fewer than two programs (its N is
-    the hidden size, 2048 on qwen3-30b-a3b: 128 programs of 16 rows), and K blocks of 256 where
-    the expert width is small (768: two blocks of 512 would half-fill the second)."""
-    if device.type != "cuda":
-        return tiles.block_n, tiles.block_k
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    block_n = tiles.block_n
+def _down_tiles(hidden: int, inter: int, top_k: int, device: torch.device) -> tuple[int, ...]:
+    """The pairwise down projection's (BLOCK_N, BLOCK_K, num_warps, num_stages) on a GPU. Its N
+    is the hidden size (2048 on qwen3-30b-a3b), so output rows a program halve from 16 while a
+    token's grid would give an SM fewer than two programs; a program's tile is top_k x BLOCK_N x
+    BLOCK_K, so K blocks of 256 (768 wide experts: two blocks of 512 would half-fill the
+    second) shrink until the tile holds at most 8K elements."""
+    cuda = device.type == "cuda" and torch.cuda.is_available()
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if cuda else 132
+    block_n = 16
     while block_n > 4 and triton.cdiv(hidden, block_n) < 2 * sms:
         block_n //= 2
-    return block_n, 256 if inter <= 1024 else tiles.block_k
+    block_k = 256 if inter <= 1024 else 512
+    while block_k > 32 and triton.next_power_of_2(top_k) * block_n * block_k > 8192:
+        block_k //= 2
+    return block_n, block_k, 8, 4
 
 
 def fused_experts(
@@ -417,7 +432,7 @@ def fused_experts(
     top_k = topk_ids.shape[1]
     if x.stride(-1) != 1 or w13.stride(-1) != 1 or w2.stride(-1) != 1:
         raise ValueError("x and the expert weights must be contiguous in their last dim")
-    tiles = tiles or choose_tiles(num_tokens, top_k, num_experts, x.device)
+    tiles = tiles or choose_tiles(num_tokens, top_k, num_experts, hidden, two_i // 2, x.device)
     if accumulate and (out is None or not tiles.pairwise):
         raise ValueError("accumulate adds into a given out, on the pairwise path only")
     if out is None:
