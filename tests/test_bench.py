@@ -90,6 +90,26 @@ def test_roofline_divides_by_the_bandwidth_it_is_given():
     assert roofline_tok_s(weights_bytes=2_000, bandwidth_bytes_s=10_000.0) == 5.0
 
 
+def test_busy_time_attributes_overlapping_kernels_once():
+    """Kernels overlapping under PDL: each is charged only past every kernel before it, gaps
+    are idle, and the charges sum to the union of the spans."""
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    from nanograph.bench.floor import busy_time
+
+    def kernel(name, start, end, kind=DeviceType.CUDA):
+        return SimpleNamespace(name=name, device_type=kind,
+                               time_range=SimpleNamespace(start=start, end=end))  # fmt: skip
+
+    events = [kernel("gemv", 900, 2000), kernel("attn", 0, 1000), kernel("host", 0, 9000,
+              DeviceType.CPU), kernel("norm", 1200, 1500), kernel("gemv", 2500, 3000)]  # fmt: skip
+    busy, idle = busy_time(events, cuda=True)
+    assert busy == pytest.approx({"attn": 1.0, "gemv": 1.5})
+    assert idle == pytest.approx(0.5)
+
+
 def test_bench_decode_runs_on_cpu_with_a_measured_roofline(tiny_model_dir, tmp_path):
     out = tmp_path / "decode.json"
     argv = ["bench", "decode", "--models", str(tiny_model_dir("llama")), "--arms",

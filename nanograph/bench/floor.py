@@ -7,6 +7,11 @@ Also lists the most expensive kernels, to show where the floor goes, and the tim
 when forwards are issued back to back with no host sync between them (``back_to_back_ms``):
 with ``--graph`` on, the host runs ahead of the GPU, so this is the GPU's time for a step,
 gaps between kernels included. An engine step that takes longer than that waits on the host.
+
+Kernels overlap under programmatic dependent launch (a GEMV starts and loads weights while the
+kernel before it finishes), so their summed times overstate the step. ``busy_ms`` attributes
+the GPU's busy time instead: walking the kernels in start order, each gets only the time it
+runs past every kernel before it (``busy_top_ms``); ``idle_ms`` is the time no kernel runs.
 """
 
 from __future__ import annotations
@@ -90,12 +95,40 @@ def kernel_floor(llm, length: int, repeats: int, decode_batch: int = 0) -> dict:
         if device_us > 0:
             kernels[event.key] = device_us / repeats / 1000  # ms per forward
     top = sorted(kernels.items(), key=lambda kv: -kv[1])[:12]
+    busy, idle_ms = busy_time(prof.events(), cuda)
     return {
         "floor_ms": sum(kernels.values()),
         "back_to_back_ms": back_to_back_ms,
         "kernels": len(kernels),
         "top_ms": dict(top),
+        "busy_ms": sum(busy.values()) / repeats,
+        "idle_ms": idle_ms / repeats,
+        "busy_top_ms": {
+            k: v / repeats for k, v in sorted(busy.items(), key=lambda kv: -kv[1])[:12]
+        },
     }
+
+
+def busy_time(events, cuda: bool) -> tuple[dict[str, float], float]:
+    """(name -> ms of busy time it alone accounts for, ms between kernels with none running)
+    over the profiled kernels (CPU ops on CPU): see the module docstring."""
+    from torch.autograd import DeviceType
+
+    kind = DeviceType.CUDA if cuda else DeviceType.CPU
+    spans = sorted(
+        (e.time_range.start, e.time_range.end, e.name) for e in events if e.device_type == kind
+    )
+    busy: dict[str, float] = {}
+    idle = 0.0
+    reach = None  # the latest end so far
+    for start, end, name in spans:
+        if reach is not None and start > reach:
+            idle += start - reach
+        past = end - (start if reach is None else max(start, reach))
+        if past > 0:
+            busy[name] = busy.get(name, 0.0) + past / 1000
+        reach = end if reach is None else max(reach, end)
+    return busy, idle / 1000
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -140,6 +173,10 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['floor_ms']:.2f} ms, back to back {r['back_to_back_ms']:.2f} ms per forward "
               f"over {r['kernels']} kernel kinds; top: " +
               ", ".join(f"{k[:40]} {v:.2f}" for k, v in list(r["top_ms"].items())[:4]))  # fmt: skip
+        print(f"  busy {r['busy_ms']:.2f} ms (each kernel past the ones before it), idle "
+              f"{r['idle_ms']:.2f} ms: " +
+              ", ".join(f"{k[:40]} {v:.2f}" for k, v in list(r["busy_top_ms"].items())[:8])
+        )  # fmt: skip
     write(args.out, report)
     free_engine(llm)
     print("unfused plain-PyTorch figures from the issue (256 tokens): eager 28.6 ms, full graph "

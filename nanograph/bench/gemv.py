@@ -85,7 +85,7 @@ def measure(n: int, k: int, silu_mul: bool, sweep: bool, rep_ms: int) -> dict:
 
     expected = cublas(x, weights[0]).float()
     error = (triton_gemv(x, weights[0]).float() - expected).abs().max().item()
-    default = choose_tiles(n, torch.cuda.current_device())
+    default = choose_tiles(n, k, torch.cuda.current_device())
     result = {
         "n": n, "k": k, "silu_mul": silu_mul, "weight_bytes": nbytes, "copies": copies,
         "max_abs_diff_vs_cublas": error, "default_tiles": dataclasses.asdict(default),
@@ -174,12 +174,12 @@ def measure_experts(c, sweep: bool, rep_ms: int) -> dict:
     result["triton_gbps"] = nbytes / (result["triton_us"] * 1e-6) / 1e9
     if sweep:
         trials = []
-        for block_n in (2, 4, 8, 16):
-            for block_k in (64, 128, 256, 512):
-                if triton.next_power_of_2(top_k) * block_n * block_k > 16384:
+        for block_n in (4, 8, 16):
+            for block_k in (128, 256, 512):
+                if triton.next_power_of_2(top_k) * block_n * block_k > 32768:
                     continue
                 for warps in (4, 8):
-                    for stages in (2, 3, 4):
+                    for stages in (2, 3):
                         tiles = dataclasses.replace(default, down=(block_n, block_k, warps, stages))
                         try:
                             trials.append({"down": tiles.down, "us": run(tiles)})
