@@ -351,58 +351,6 @@ def test_routing_kernel_matches_torch(experts, top_k, dtype):
                                    torch.bfloat16 else 1e-6)  # fmt: skip
 
 
-@needs_triton
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("experts, top_k", [(6, 2), (5, 5), (37, 4)])
-def test_norm_route_is_the_unfused_router_and_routing(experts, top_k, dtype):
-    """``norm_route`` (one kernel: rmsnorm on load, the router product, the last program
-    routing) equals the router GEMV normalising on load (``kernels.gemv``'s prologue, the row
-    the CUDA rmsnorm writes) -> ``route`` exactly, across programs (4 experts each), twice in
-    a row (its counter resets), for every routing rule."""
-    from nanograph.kernels import gemv
-
-    g = torch.Generator().manual_seed(experts)
-    hidden = 40
-    x = (3 * torch.randn(1, hidden, generator=g)).to(dtype)
-    norm = (1 + 0.1 * torch.randn(hidden, generator=g)).to(dtype)
-    router = torch.randn(experts, hidden, generator=g).to(dtype)
-    logits = gemv.gemv(x, router, norm_weight=norm, tiles=gemv.GemvTiles(4, 16, 1, 1))
-    for softmax_first, renormalize in ((True, True), (True, False), (False, False)):
-        expected = moe_kernels.route(logits, top_k, softmax_first, renormalize)
-        for _ in range(2):
-            weights, ids = moe_kernels.norm_route(x, norm, 1e-6, router, top_k, softmax_first,
-                                                  renormalize)  # fmt: skip
-            assert torch.equal(ids, expected[1]) and torch.equal(weights, expected[0])
-    with pytest.raises(ValueError, match="one contiguous row"):
-        moe_kernels.norm_route(x.expand(2, hidden), norm, 1e-6, router, top_k, True, True)
-
-
-@needs_triton
-@pytest.mark.parametrize("activation", ["silu", "clamped_swiglu"])
-def test_pairwise_experts_normalise_on_load(activation):
-    """``norm_weight``: the experts of ``rmsnorm(x)`` from the un-normalised x, equal to
-    normalising first; added into x itself (the fused decode's stream); refused off the
-    pairwise path."""
-    from nanograph.layers import ops
-
-    w13, w2, b13, b2 = _experts(activation, 6)
-    weights, ids = _routing("random", 1, 6, 2)
-    g = torch.Generator().manual_seed(3)
-    stream = 3 * torch.randn(1, w13.shape[2], generator=g)
-    norm = 1 + 0.1 * torch.randn(w13.shape[2], generator=g)
-    tiles = moe_kernels.MoeTiles(16, 16, 32, 1, 1, True)
-    expected = stream + moe_kernels.fused_experts(
-        ops.rmsnorm(stream, norm, 1e-6), w13, w2, b13, b2, weights, ids, activation, tiles=tiles
-    )
-    moe_kernels.fused_experts(stream, w13, w2, b13, b2, weights, ids, activation, tiles=tiles,
-                              out=stream, accumulate=True, norm_weight=norm)  # fmt: skip
-    torch.testing.assert_close(stream, expected, atol=1e-6, rtol=1e-6)
-    sorted_tiles = moe_kernels.MoeTiles(16, 32, 32, 1, 1, False)
-    with pytest.raises(ValueError, match="pairwise path only"):
-        moe_kernels.fused_experts(stream, w13, w2, b13, b2, weights, ids, activation,
-                                  tiles=sorted_tiles, norm_weight=norm)  # fmt: skip
-
-
 def test_transformers5_in_memory_weights_load(hf_models):
     """A transformers-5 Qwen3-MoE holds its experts fused (``mlp.experts.gate_up_proj``); its
     ``state_dict()`` loads as well as the per-expert checkpoint."""

@@ -38,10 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
-from nanograph.kernels import pdl
-from nanograph.kernels.gemv import GemvTiles, _inv_rms, _weight_block, _x_block
-from nanograph.kernels.gemv import choose_tiles as gemv_tiles
-from nanograph.kernels.launch import LaunchCache, zeroed_counters
+from nanograph.kernels.launch import LaunchCache
 
 ACTIVATIONS = {"none": 0, "silu": 1, "clamped_swiglu": 2}
 
@@ -86,25 +83,12 @@ def _route_kernel(
     TOP_K: tl.constexpr, K_PAD: tl.constexpr, E_PAD: tl.constexpr,
     SOFTMAX_FIRST: tl.constexpr, RENORMALIZE: tl.constexpr,
 ):  # fmt: skip
-    """Token t = program 0: ``_route_row`` of its router logits."""
+    """Token t = program 0: top-k of its router logits by repeated argmax (the lowest index
+    wins a tie), weights as ``models.moe.route`` defines them, in fp32, stored rounded."""
     token = tl.program_id(0).to(tl.int64)
-    _route_row(logits_ptr + token * stride_l, weights_ptr + token * TOP_K,
-               ids_ptr + token * TOP_K, num_experts, TOP_K, K_PAD, E_PAD, SOFTMAX_FIRST,
-               RENORMALIZE)  # fmt: skip
-
-
-@triton.jit
-def _route_row(
-    logits_ptr, weights_ptr, ids_ptr, num_experts,
-    TOP_K: tl.constexpr, K_PAD: tl.constexpr, E_PAD: tl.constexpr,
-    SOFTMAX_FIRST: tl.constexpr, RENORMALIZE: tl.constexpr,
-):  # fmt: skip
-    """Top-k of one row of router logits by repeated argmax (the lowest index wins a tie),
-    weights as ``models.moe.route`` defines them, in fp32, stored rounded. The logits load
-    from L2 (``.cg``): the fused router's last program reads what other programs wrote."""
     offs = tl.arange(0, E_PAD)
     valid = offs < num_experts
-    logits = tl.load(logits_ptr + offs, mask=valid, other=float("-inf"), cache_modifier=".cg")
+    logits = tl.load(logits_ptr + token * stride_l + offs, mask=valid, other=float("-inf"))
     scores = logits.to(tl.float32)
     if SOFTMAX_FIRST:
         probs = tl.exp(scores - tl.max(scores, 0))
@@ -125,8 +109,9 @@ def _route_row(
     else:
         top = tl.exp(top - tl.max(tl.where(chosen, top, float("-inf")), 0))
         top = top / tl.sum(tl.where(chosen, top, 0.0), 0)
-    tl.store(weights_ptr + k_offs, top.to(weights_ptr.dtype.element_ty), mask=chosen)
-    tl.store(ids_ptr + k_offs, ids, mask=chosen)
+    tl.store(weights_ptr + token * TOP_K + k_offs, top.to(weights_ptr.dtype.element_ty),
+             mask=chosen)  # fmt: skip
+    tl.store(ids_ptr + token * TOP_K + k_offs, ids, mask=chosen)
 
 
 _launch_route = LaunchCache(_route_kernel)
@@ -150,78 +135,6 @@ def route(
             TOP_K=top_k, K_PAD=triton.next_power_of_2(top_k),
             E_PAD=triton.next_power_of_2(num_experts), SOFTMAX_FIRST=softmax_first,
             RENORMALIZE=renormalize, num_warps=1 if num_experts <= 256 else 4, num_stages=1,
-        ),
-    )  # fmt: skip
-    return weights, ids
-
-
-@triton.jit
-def _norm_route_kernel(
-    x_ptr, norm_w_ptr, w_ptr, logits_ptr, weights_ptr, ids_ptr, counter_ptr,
-    num_experts, K, stride_wn, eps,
-    TOP_K: tl.constexpr, K_PAD: tl.constexpr, E_PAD: tl.constexpr,
-    SOFTMAX_FIRST: tl.constexpr, RENORMALIZE: tl.constexpr, PDL: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-):  # fmt: skip
-    """One row's router and routing: ``logits = rmsnorm(x) @ w^T`` with BLOCK_N experts a
-    program, in ``kernels.gemv``'s arithmetic (its norm prologue and fp32 products over the
-    same K blocks, so the logits equal the unfused GEMV's), stored rounded; then the last
-    program to count in routes the whole row (``_route_row``) and resets the counter."""
-    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    n_mask = offs_n < num_experts
-    w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
-    w = _weight_block(w_rows, offs_k, n_mask, K)  # loads before waiting: the weight is static
-    if PDL:
-        tl.extra.cuda.gdc_wait()
-    inv_rms = _inv_rms(x_ptr, offs_k, K, eps, BLOCK_K)
-    x = _x_block(x_ptr, offs_k, K, False, True, norm_w_ptr, inv_rms)
-    acc = w.to(tl.float32) * x[None, :]
-    for k0 in range(BLOCK_K, K, BLOCK_K):
-        w = _weight_block(w_rows, k0 + offs_k, n_mask, K)
-        x = _x_block(x_ptr, k0 + offs_k, K, False, True, norm_w_ptr, inv_rms)
-        acc += w.to(tl.float32) * x[None, :]
-    logits = tl.sum(acc, 1).to(logits_ptr.dtype.element_ty)
-    tl.store(logits_ptr + offs_n, logits, mask=n_mask)
-    tl.debug_barrier()  # every thread's stores before the count
-    if tl.atomic_add(counter_ptr, 1, sem="acq_rel") == tl.num_programs(0) - 1:
-        _route_row(logits_ptr, weights_ptr, ids_ptr, num_experts, TOP_K, K_PAD, E_PAD,
-                   SOFTMAX_FIRST, RENORMALIZE)  # fmt: skip
-        tl.store(counter_ptr, 0)  # every program has counted in: ready for the next launch
-
-
-_launch_norm_route = LaunchCache(_norm_route_kernel)
-
-
-def norm_route(
-    x: torch.Tensor, norm_weight: torch.Tensor, eps: float, router_weight: torch.Tensor,
-    top_k: int, softmax_first: bool, renormalize: bool, tiles: GemvTiles | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """``route(gemv(rmsnorm(x), router_weight))`` for one row ``x [1, H]`` in one kernel (the
-    fused decode's router, no bias): (weights [1, K] in x's dtype, ids [1, K] int64). ``tiles``
-    default to the router GEMV's own, so the logits equal the unfused path's."""
-    num_experts, hidden = router_weight.shape
-    if x.shape != (1, hidden) or x.stride(-1) != 1 or router_weight.stride(-1) != 1:
-        raise ValueError(f"norm_route takes one contiguous row [1, {hidden}], got "
-                         f"{tuple(x.shape)}")  # fmt: skip
-    logits = x.new_empty((1, num_experts))
-    weights = x.new_empty((1, top_k))
-    ids = torch.empty((1, top_k), dtype=torch.int64, device=x.device)
-    if tiles is None:  # on CPU (the interpreter) gemv's: small blocks, several programs
-        cuda = x.is_cuda
-        tiles = (
-            gemv_tiles(num_experts, hidden, x.device.index or 0) if cuda else GemvTiles(4, 16, 1, 1)
-        )
-    use_pdl = pdl.enabled(x)
-    _launch_norm_route(
-        (triton.cdiv(num_experts, tiles.block_n),),
-        (x, norm_weight, router_weight, logits, weights, ids, zeroed_counters(x.device, 1)),
-        (num_experts, hidden, router_weight.stride(0), eps),
-        dict(
-            TOP_K=top_k, K_PAD=triton.next_power_of_2(top_k),
-            E_PAD=triton.next_power_of_2(num_experts), SOFTMAX_FIRST=softmax_first,
-            RENORMALIZE=renormalize, PDL=use_pdl, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
-            num_warps=tiles.num_warps, num_stages=tiles.num_stages, launch_pdl=use_pdl,
         ),
     )  # fmt: skip
     return weights, ids
@@ -361,14 +274,11 @@ def _activation(a_ptr, k, mask, gate_stride, up_offset, alpha, limit, ACT: tl.co
 
 @triton.jit
 def _pair_gate_up_kernel(
-    x_ptr, w_ptr, bias_ptr, c_ptr, ids_ptr, norm_w_ptr,
-    N, K, stride_xm, stride_we, stride_wn, stride_be, stride_cm, eps,
-    TOP_K: tl.constexpr, HAS_BIAS: tl.constexpr, NORM: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+    x_ptr, w_ptr, bias_ptr, c_ptr, ids_ptr,
+    N, K, stride_xm, stride_we, stride_wn, stride_be, stride_cm,
+    TOP_K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
-    """c[f, n] = x[f // TOP_K] . w13[ids[f], n] (+ b13[ids[f], n]) for pair f = program 0.
-    NORM: x is the un-normalised row, normalised on load as ``kernels.gemv``'s prologue does
-    (the row ``rmsnorm`` would have written)."""
+    """c[f, n] = x[f // TOP_K] . w13[ids[f], n] (+ b13[ids[f], n]) for pair f = program 0."""
     pair = tl.program_id(0)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
@@ -376,13 +286,12 @@ def _pair_gate_up_kernel(
     expert = tl.load(ids_ptr + pair).to(tl.int64)
     x_row = x_ptr + (pair // TOP_K).to(tl.int64) * stride_xm
     w_rows = w_ptr + expert * stride_we + offs_n.to(tl.int64)[:, None] * stride_wn
-    inv_rms = 1.0
-    if NORM:
-        inv_rms = _inv_rms(x_row, offs_k, K, eps, BLOCK_K)
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        w = _weight_block(w_rows, k0 + offs_k, n_mask, K)
-        x = _x_block(x_row, k0 + offs_k, K, False, NORM, norm_w_ptr, inv_rms)
+        k = k0 + offs_k
+        w = tl.load(w_rows + k[None, :], mask=n_mask[:, None] & (k < K)[None, :], other=0,
+                    eviction_policy="evict_first")  # fmt: skip
+        x = tl.load(x_row + k, mask=k < K, other=0).to(tl.float32)
         acc += w.to(tl.float32) * x[None, :]
     out = tl.sum(acc, 1)
     if HAS_BIAS:
@@ -451,19 +360,17 @@ def _pairwise(
     x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, b13: torch.Tensor | None,
     b2: torch.Tensor | None, weights: torch.Tensor, ids: torch.Tensor, tiles: MoeTiles,
     act: int, gate_stride: int, up_offset: int, alpha: float, limit: float, out: torch.Tensor,
-    accumulate: bool, norm_weight: torch.Tensor | None, eps: float,
+    accumulate: bool,
 ) -> None:  # fmt: skip
     num_tokens, top_k = ids.shape
     two_i, hidden = w13.shape[1], w13.shape[2]
     gate_up = x.new_empty((num_tokens * top_k, two_i))
     _launch_pair_gate_up(
         (num_tokens * top_k, triton.cdiv(two_i, tiles.block_n)),
-        (x, w13, b13 if b13 is not None else w13, gate_up, ids,
-         norm_weight if norm_weight is not None else x),
+        (x, w13, b13 if b13 is not None else w13, gate_up, ids),
         (two_i, hidden, x.stride(0), w13.stride(0), w13.stride(1),
-         b13.stride(0) if b13 is not None else 0, gate_up.stride(0), eps),
-        dict(TOP_K=top_k, HAS_BIAS=b13 is not None, NORM=norm_weight is not None,
-             BLOCK_N=tiles.block_n,
+         b13.stride(0) if b13 is not None else 0, gate_up.stride(0)),
+        dict(TOP_K=top_k, HAS_BIAS=b13 is not None, BLOCK_N=tiles.block_n,
              BLOCK_K=tiles.block_k, num_warps=tiles.num_warps, num_stages=tiles.num_stages),
     )  # fmt: skip
     down_n, down_k, down_warps, down_stages = tiles.down or (
@@ -519,15 +426,10 @@ def fused_experts(
     tiles: MoeTiles | None = None,
     out: torch.Tensor | None = None,
     accumulate: bool = False,
-    norm_weight: torch.Tensor | None = None,
-    eps: float = 1e-6,
 ) -> torch.Tensor:
     """sum_k topk_weights[t, k] * expert_{topk_ids[t, k]}(x[t]) for ``x [T, H]``; see the
     module docstring for the weight layouts. Returns ``out`` ([T, H] in x's dtype); with
-    ``accumulate`` the sum is added to ``out`` (given; the pairwise path of small batches).
-    With ``norm_weight`` (pairwise path only) the experts take ``rmsnorm(x, norm_weight,
-    eps)``, normalised as they load x; ``out`` may then be x itself (the fused decode's
-    residual stream: the down projection writes it after gate/up has read it)."""
+    ``accumulate`` the sum is added to ``out`` (given; the pairwise path of small batches)."""
     num_tokens, hidden = x.shape
     num_experts, two_i, _ = w13.shape
     top_k = topk_ids.shape[1]
@@ -536,10 +438,6 @@ def fused_experts(
     tiles = tiles or choose_tiles(num_tokens, top_k, num_experts, hidden, two_i // 2, x.device)
     if accumulate and (out is None or not tiles.pairwise):
         raise ValueError("accumulate adds into a given out, on the pairwise path only")
-    if norm_weight is not None and (not tiles.pairwise or norm_weight.shape != (hidden,)
-                                    or norm_weight.stride(0) != 1):  # fmt: skip
-        raise ValueError(f"norm_weight must be a contiguous [{hidden}], on the pairwise path "
-                         "only")  # fmt: skip
     if out is None:
         out = torch.empty_like(x)
     interleaved = activation == "clamped_swiglu"
@@ -549,7 +447,7 @@ def fused_experts(
     ids = topk_ids.contiguous()
     if tiles.pairwise:
         _pairwise(x, w13, w2, b13, b2, weights, ids, tiles, act, gate_stride, up_offset, alpha,
-                  limit, out, accumulate, norm_weight, eps)  # fmt: skip
+                  limit, out, accumulate)  # fmt: skip
         return out
     if min(tiles.block_m, tiles.block_n, tiles.block_k) < 16:
         raise ValueError(f"MoE tiles must be >= 16 (tl.dot), got {tiles}")
