@@ -115,8 +115,7 @@ def main() -> int:
     # Every launch goes through a LaunchCache: give each one a compiling stand-in.
     launches = [attention._launch_attention, fused._launch_norm, fused._launch_silu_and_mul,
                 fused._launch_rope_store_kv, gemv._launch, moe._launch_gemm,
-                moe._launch_pair_gate_up, moe._launch_pair_down, moe._launch_route,
-                moe._launch_norm_route]  # fmt: skip
+                moe._launch_pair_gate_up, moe._launch_pair_down, moe._launch_route]  # fmt: skip
     for launch in launches:
         launch.kernel = CompileOnly(launch.kernel)
     kernels = [launch.kernel for launch in launches]
@@ -198,11 +197,6 @@ def main() -> int:
         check(f"fused_experts {name} {tiles}", moe.fused_experts,
               torch.zeros(tokens, hidden, dtype=dtype), w13, w2, b13, b2, weights, ids,
               activation, tiles=tiles)  # fmt: skip
-    # the fused decode's router (qwen3-30b-a3b): norm, router product and routing in one kernel
-    x, norm = torch.zeros(1, 2048, dtype=torch.bfloat16), torch.ones(2048, dtype=torch.bfloat16)
-    check("moe norm_route", moe.norm_route, x, norm, 1e-6,
-          torch.zeros(128, 2048, dtype=torch.bfloat16), 8, True, True,
-          tiles=gemv.GemvTiles(4, 1024))  # fmt: skip
     for experts, top_k, softmax_first, renormalize in ((128, 8, True, True), (32, 4, False, False)):
         logits = torch.zeros(4, experts, dtype=torch.bfloat16)
         check(f"moe route {experts} experts top-{top_k}", moe.route, logits, top_k,

@@ -154,8 +154,6 @@ def test_split_counters_reset_and_min_split_blocks():
     # min_split_blocks x block_n runs as one slice whatever num_splits allows.
     from dataclasses import replace
 
-    from nanograph.kernels import launch
-
     batch = _batch([5, 40, 0, 23], [3, 9, 6, 1], seed=11)
     scale = batch.q.shape[-1] ** -0.5
     args = (batch.q, batch.k_cache, batch.v_cache, *batch.metadata(), batch.page_size, scale)
@@ -165,7 +163,7 @@ def test_split_counters_reset_and_min_split_blocks():
     for tiles in (base, base, replace(base, min_split_blocks=100)):
         got = attention.paged_attention(*args, tiles=tiles)
         torch.testing.assert_close(got[:real].double(), want[:real], atol=2e-4, rtol=2e-4)
-        counters = launch._COUNTERS[(batch.q.device, threading.get_ident())][-1]
+        counters = attention._COUNTERS[(batch.q.device, threading.get_ident())][-1]
         assert int(counters.abs().sum()) == 0
 
 

@@ -351,48 +351,6 @@ def test_routing_kernel_matches_torch(experts, top_k, dtype):
                                    torch.bfloat16 else 1e-6)  # fmt: skip
 
 
-@needs_triton
-def test_routing_kernel_with_nan_logits_picks_k_distinct_experts():
-    """A NaN logit ranks as -inf: every slot is written with a distinct valid expert (a
-    garbage id would index outside the expert weights)."""
-    logits = torch.tensor([[0.5, float("nan"), 2.0, -1.0, float("nan"), 1.0]])
-    for softmax_first in (True, False):  # softmax first: every probability is NaN
-        _, ids = moe_kernels.route(logits, 4, softmax_first, True)
-        assert len(set(ids[0].tolist())) == 4 and all(0 <= i < 6 for i in ids[0].tolist())
-        if not softmax_first:  # the finite logits first, by value
-            assert ids[0, :3].tolist() == [2, 5, 0]
-
-
-@needs_triton
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("experts, top_k", [(6, 2), (5, 5), (37, 4)])
-def test_norm_route_is_the_unfused_router_and_routing(experts, top_k, dtype):
-    """``norm_route`` (one kernel: rmsnorm on load, the router product, the last program
-    routing) equals the router GEMV normalising on load (``kernels.gemv``'s prologue, the row
-    the CUDA rmsnorm writes) -> ``route`` exactly, across programs (4 experts each), twice in
-    a row (its counter resets), for every routing rule; its normalised row is that prologue's
-    (the unit weight GEMV of it gives the row back)."""
-    from nanograph.kernels import gemv
-
-    g = torch.Generator().manual_seed(experts)
-    hidden = 40
-    x = (3 * torch.randn(1, hidden, generator=g)).to(dtype)
-    norm = (1 + 0.1 * torch.randn(hidden, generator=g)).to(dtype)
-    router = torch.randn(experts, hidden, generator=g).to(dtype)
-    logits = gemv.gemv(x, router, norm_weight=norm, tiles=gemv.GemvTiles(4, 16, 1, 1))
-    for softmax_first, renormalize in ((True, True), (True, False), (False, False)):
-        expected = moe_kernels.route(logits, top_k, softmax_first, renormalize)
-        for _ in range(2):
-            weights, ids, normed = moe_kernels.norm_route(x, norm, 1e-6, router, top_k,
-                                                          softmax_first, renormalize)  # fmt: skip
-            assert torch.equal(ids, expected[1]) and torch.equal(weights, expected[0])
-    eye = torch.eye(hidden, dtype=dtype)
-    rows = gemv.gemv(x, eye, norm_weight=norm, tiles=gemv.GemvTiles(4, 16, 1, 1))
-    assert torch.equal(normed, rows)
-    with pytest.raises(ValueError, match="one contiguous row"):
-        moe_kernels.norm_route(x.expand(2, hidden), norm, 1e-6, router, top_k, True, True)
-
-
 def test_transformers5_in_memory_weights_load(hf_models):
     """A transformers-5 Qwen3-MoE holds its experts fused (``mlp.experts.gate_up_proj``); its
     ``state_dict()`` loads as well as the per-expert checkpoint."""

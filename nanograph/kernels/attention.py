@@ -25,9 +25,12 @@ Invariants:
   only as many slices as its key range fills with MIN_SPLIT_BLOCKS key blocks each, so a short
   range takes one slice and writes its output directly. A split tile writes a normalized partial
   output plus its log-sum-exp; the last of its slices to finish (an atomic counter per tile)
-  merges them, then resets the counter to zero for the next launch (``launch.zeroed_counters``:
-  one buffer per device and lane, so a background capture never shares counters with the
-  serving thread).
+  merges them, then resets the counter to zero for the next launch. The counters live in
+  persistent buffers, one per device and lane: eager launches use their thread's lane, launches
+  captured into a CUDA graph the graph lane. Launches of one lane must not run concurrently:
+  a thread's eager launches are ordered on its stream, and a capture thread never replays or
+  captures while the serving thread replays (runners/live_capture.py), so a background capture
+  on its own thread and stream never shares counters with the serving thread.
 - Two static layouts of the first grid dim: "flat" (extend: ``N // BLOCK_Q + S`` programs, each
   finds its request by binary search over ``query_start_loc``) and "per request" (decode and
   verify: ``S * cdiv(max_query_len, BLOCK_Q)`` programs); ``max_query_len`` is a static hint.
@@ -40,6 +43,7 @@ import contextvars
 import dataclasses
 import functools
 import math
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -48,7 +52,7 @@ import triton
 import triton.language as tl
 
 from nanograph.kernels import pdl
-from nanograph.kernels.launch import LaunchCache, zeroed_counters
+from nanograph.kernels.launch import LaunchCache
 
 # Largest split count. The last split of a tile merges the partials one split at a time, so
 # more splits cost merge latency: on the H200, 1 x 32k decode (qwen3-8b heads) took 58 us at 32
@@ -418,6 +422,7 @@ def _merge_rows(out_ptr, part_out_ptr, part_lse_ptr, sinks_ptr, r0, q_start, q_b
 
 # its variants compile ahead in parallel at start-up (launch.py: parallel_compiles)
 _launch_attention = LaunchCache(_paged_attention_kernel, compile_ahead=True)
+_COUNTERS: dict[tuple[torch.device, int | str], list[torch.Tensor]] = {}
 
 
 _PLACEHOLDERS: dict[torch.device, torch.Tensor] = {}
@@ -428,6 +433,20 @@ def _float32_placeholder(device: torch.device) -> torch.Tensor:
     if device not in _PLACEHOLDERS:
         _PLACEHOLDERS[device] = torch.zeros(16, dtype=torch.float32, device=device)
     return _PLACEHOLDERS[device]
+
+
+def _split_counters(device: torch.device, size: int) -> torch.Tensor:
+    """A zeroed int32 buffer of at least ``size`` counters that the kernel leaves zeroed, in
+    this launch's lane (see the module docstring).
+
+    Outgrown buffers are kept, never freed: captured CUDA graphs still point at them.
+    """
+    capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    lane = "graph" if capturing else threading.get_ident()
+    buffers = _COUNTERS.setdefault((device, lane), [])
+    if not buffers or buffers[-1].numel() < size:
+        buffers.append(torch.zeros(_next_pow2(max(size, 1024)), dtype=torch.int32, device=device))
+    return buffers[-1]
 
 
 @functools.lru_cache(maxsize=8)
@@ -636,7 +655,7 @@ def paged_attention(
     use_softcap = softcap > 0.0
     # Without softcap, fold log2(e) into the scale so the loop uses exp2 directly.
     qk_scale = scale if use_softcap else scale * math.log2(math.e)
-    counters = zeroed_counters(q.device, grid0 * num_kv_heads)
+    counters = _split_counters(q.device, grid0 * num_kv_heads)
     launched = _launch_attention(
         (grid0, num_kv_heads, tiles.num_splits),
         (

@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import os
-import threading
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -140,28 +139,3 @@ class LaunchCache:
             self.runners.clear()
         grid3 = tuple(grid) + (1,) * (3 - len(grid))
         self.runners[key] = (compiled[grid3], tuple(constexprs[n] for n in names))
-
-
-_COUNTERS: dict[tuple[torch.device, int | str], list[torch.Tensor]] = {}
-
-
-def zeroed_counters(device: torch.device, size: int) -> torch.Tensor:
-    """A zeroed int32 buffer of at least ``size`` counters, for kernels whose last program to
-    finish (an atomic count) does a final step and resets its counter to zero for the next
-    launch. One persistent buffer per device and lane: eager launches use their thread's lane,
-    launches captured into a CUDA graph the graph lane. Launches of one lane must not run
-    concurrently: a thread's eager launches are ordered on its stream, and a capture thread
-    never replays or captures while the serving thread replays (runners/live_capture.py), so a
-    background capture on its own thread and stream never shares counters with the serving
-    thread. Kernels that use them run one after another in a stream, never overlapping (no
-    programmatic dependent launch between two of them).
-
-    Outgrown buffers are kept, never freed: captured CUDA graphs still point at them.
-    """
-    capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-    lane = "graph" if capturing else threading.get_ident()
-    buffers = _COUNTERS.setdefault((device, lane), [])
-    if not buffers or buffers[-1].numel() < size:
-        buffers.append(torch.zeros(1 << max(size - 1, 1023).bit_length(), dtype=torch.int32,
-                                   device=device))  # fmt: skip
-    return buffers[-1]

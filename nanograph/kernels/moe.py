@@ -38,10 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
-from nanograph.kernels import pdl
-from nanograph.kernels.gemv import GemvTiles, _inv_rms, _weight_block, _x_block
-from nanograph.kernels.gemv import choose_tiles as gemv_tiles
-from nanograph.kernels.launch import LaunchCache, zeroed_counters
+from nanograph.kernels.launch import LaunchCache
 
 ACTIVATIONS = {"none": 0, "silu": 1, "clamped_swiglu": 2}
 
@@ -83,58 +80,41 @@ def choose_tiles(
 @triton.jit
 def _route_kernel(
     logits_ptr, weights_ptr, ids_ptr, num_experts, stride_l,
-    TOP_K: tl.constexpr, E_PAD: tl.constexpr, SOFTMAX_FIRST: tl.constexpr,
-    RENORMALIZE: tl.constexpr,
+    TOP_K: tl.constexpr, K_PAD: tl.constexpr, E_PAD: tl.constexpr,
+    SOFTMAX_FIRST: tl.constexpr, RENORMALIZE: tl.constexpr,
 ):  # fmt: skip
-    """Token t = program 0: ``_route_row`` of its router logits."""
+    """Token t = program 0: top-k of its router logits by repeated argmax (the lowest index
+    wins a tie), weights as ``models.moe.route`` defines them, in fp32, stored rounded."""
     token = tl.program_id(0).to(tl.int64)
-    _route_row(logits_ptr + token * stride_l, weights_ptr + token * TOP_K,
-               ids_ptr + token * TOP_K, num_experts, TOP_K, E_PAD, SOFTMAX_FIRST,
-               RENORMALIZE)  # fmt: skip
-
-
-@triton.jit
-def _route_row(
-    logits_ptr, weights_ptr, ids_ptr, num_experts,
-    TOP_K: tl.constexpr, E_PAD: tl.constexpr, SOFTMAX_FIRST: tl.constexpr,
-    RENORMALIZE: tl.constexpr,
-):  # fmt: skip
-    """Top-k of one row of router logits, weights as ``models.moe.route`` defines them, in
-    fp32, stored rounded. Each expert's rank is the number ranked ahead of it (a higher score,
-    or an equal one at a lower index: the order of repeated argmax, lowest index winning a
-    tie), from one [E, E] comparison reduced once; the k of rank < k store at their rank. NaN
-    scores rank as -inf, so the ranks are a permutation and every slot is written. The logits
-    load from L2 (``.cg``): the fused router's last program reads what other programs wrote."""
     offs = tl.arange(0, E_PAD)
     valid = offs < num_experts
-    logits = tl.load(logits_ptr + offs, mask=valid, other=float("-inf"), cache_modifier=".cg")
+    logits = tl.load(logits_ptr + token * stride_l + offs, mask=valid, other=float("-inf"))
     scores = logits.to(tl.float32)
     if SOFTMAX_FIRST:
         probs = tl.exp(scores - tl.max(scores, 0))
         scores = tl.where(valid, probs / tl.sum(probs, 0), float("-inf"))
-    scores = tl.where(scores == scores, scores, float("-inf"))
-    theirs, mine = scores[None, :], scores[:, None]
-    ahead = (theirs > mine) | ((theirs == mine) & (offs[None, :] < offs[:, None]))
-    rank = tl.sum(ahead.to(tl.int32), 1)
-    chosen = rank < TOP_K
+    k_offs = tl.arange(0, K_PAD)
+    top = tl.zeros((K_PAD,), dtype=tl.float32)
+    ids = tl.zeros((K_PAD,), dtype=tl.int64)
+    for j in tl.static_range(TOP_K):
+        best = tl.max(scores, 0)
+        index = tl.argmax(scores, 0)
+        top = tl.where(k_offs == j, best, top)
+        ids = tl.where(k_offs == j, index.to(tl.int64), ids)
+        scores = tl.where(offs == index, float("-inf"), scores)
+    chosen = k_offs < TOP_K
     if SOFTMAX_FIRST:
-        top = scores
         if RENORMALIZE:
             top = top / tl.sum(tl.where(chosen, top, 0.0), 0)
     else:
-        top = tl.exp(scores - tl.max(scores, 0))
+        top = tl.exp(top - tl.max(tl.where(chosen, top, float("-inf")), 0))
         top = top / tl.sum(tl.where(chosen, top, 0.0), 0)
-    tl.store(weights_ptr + rank, top.to(weights_ptr.dtype.element_ty), mask=chosen)
-    tl.store(ids_ptr + rank, offs.to(tl.int64), mask=chosen)
+    tl.store(weights_ptr + token * TOP_K + k_offs, top.to(weights_ptr.dtype.element_ty),
+             mask=chosen)  # fmt: skip
+    tl.store(ids_ptr + token * TOP_K + k_offs, ids, mask=chosen)
 
 
 _launch_route = LaunchCache(_route_kernel)
-
-
-def _route_warps(e_pad: int) -> int:
-    """Warps for ``_route_row``'s [E, E] comparison: ~128 elements a thread (1 warp at 32
-    experts, 4 at 128, 16 at 256, at most 32)."""
-    return max(1, min(32, e_pad * e_pad // 4096))
 
 
 def route(
@@ -143,7 +123,6 @@ def route(
     """``models.moe.route`` in one kernel: (weights [T, K] in the logits' dtype, ids [T, K]
     int64). One program per token; the logits row fits one block (E <= a few thousand)."""
     num_tokens, num_experts = logits.shape
-    e_pad = triton.next_power_of_2(num_experts)
     weights = logits.new_empty((num_tokens, top_k))
     ids = torch.empty((num_tokens, top_k), dtype=torch.int64, device=logits.device)
     if num_tokens == 0:
@@ -153,90 +132,12 @@ def route(
         (logits, weights, ids),
         (num_experts, logits.stride(0)),
         dict(
-            TOP_K=top_k, E_PAD=e_pad, SOFTMAX_FIRST=softmax_first, RENORMALIZE=renormalize,
-            num_warps=_route_warps(e_pad), num_stages=1,
+            TOP_K=top_k, K_PAD=triton.next_power_of_2(top_k),
+            E_PAD=triton.next_power_of_2(num_experts), SOFTMAX_FIRST=softmax_first,
+            RENORMALIZE=renormalize, num_warps=1 if num_experts <= 256 else 4, num_stages=1,
         ),
     )  # fmt: skip
     return weights, ids
-
-
-@triton.jit
-def _norm_route_kernel(
-    x_ptr, norm_w_ptr, w_ptr, normed_ptr, logits_ptr, weights_ptr, ids_ptr, counter_ptr,
-    num_experts, K, stride_wn, eps,
-    TOP_K: tl.constexpr, E_PAD: tl.constexpr, SOFTMAX_FIRST: tl.constexpr,
-    RENORMALIZE: tl.constexpr, PDL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-):  # fmt: skip
-    """One row's norm, router and routing: ``logits = rmsnorm(x) @ w^T`` with BLOCK_N experts a
-    program, in ``kernels.gemv``'s arithmetic (its norm prologue and fp32 products over the
-    same K blocks, so the logits equal the unfused GEMV's), stored rounded; program 0 also
-    stores the normalised row (the experts' input); the last program to count in routes the
-    whole row (``_route_row``) and resets the counter."""
-    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    n_mask = offs_n < num_experts
-    w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
-    w = _weight_block(w_rows, offs_k, n_mask, K)  # loads before waiting: the weight is static
-    if PDL:
-        tl.extra.cuda.gdc_wait()
-    inv_rms = _inv_rms(x_ptr, offs_k, K, eps, BLOCK_K)
-    x = _x_block(x_ptr, offs_k, K, False, True, norm_w_ptr, inv_rms)
-    if tl.program_id(0) == 0:  # program 0 stores the normalised row
-        tl.store(normed_ptr + offs_k, x.to(normed_ptr.dtype.element_ty), mask=offs_k < K)
-    acc = w.to(tl.float32) * x[None, :]
-    for k0 in range(BLOCK_K, K, BLOCK_K):  # pipelined num_stages deep (a launch option)
-        w = _weight_block(w_rows, k0 + offs_k, n_mask, K)
-        x = _x_block(x_ptr, k0 + offs_k, K, False, True, norm_w_ptr, inv_rms)
-        if tl.program_id(0) == 0:
-            tl.store(normed_ptr + k0 + offs_k, x.to(normed_ptr.dtype.element_ty),
-                     mask=k0 + offs_k < K)  # fmt: skip
-        acc += w.to(tl.float32) * x[None, :]
-    logits = tl.sum(acc, 1).to(logits_ptr.dtype.element_ty)
-    tl.store(logits_ptr + offs_n, logits, mask=n_mask)
-    tl.debug_barrier()  # every thread's stores before the count
-    if tl.atomic_add(counter_ptr, 1, sem="acq_rel") == tl.num_programs(0) - 1:
-        _route_row(logits_ptr, weights_ptr, ids_ptr, num_experts, TOP_K, E_PAD, SOFTMAX_FIRST,
-                   RENORMALIZE)  # fmt: skip
-        tl.store(counter_ptr, 0)  # every program has counted in: ready for the next launch
-
-
-_launch_norm_route = LaunchCache(_norm_route_kernel)
-
-
-def norm_route(
-    x: torch.Tensor, norm_weight: torch.Tensor, eps: float, router_weight: torch.Tensor,
-    top_k: int, softmax_first: bool, renormalize: bool, tiles: GemvTiles | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
-    """For one row ``x [1, H]`` (the fused decode's residual stream), in one kernel:
-    ``normed = rmsnorm(x, norm_weight, eps)`` and ``route(gemv(normed, router_weight))`` (no
-    router bias). Returns (weights [1, K] in x's dtype, ids [1, K] int64, normed [1, H]).
-    ``tiles`` default to the router GEMV's own, so the logits equal the unfused path's."""
-    num_experts, hidden = router_weight.shape
-    if x.shape != (1, hidden) or x.stride(-1) != 1 or router_weight.stride(-1) != 1:
-        raise ValueError(f"norm_route takes one contiguous row [1, {hidden}], got "
-                         f"{tuple(x.shape)}")  # fmt: skip
-    normed = torch.empty_like(x)
-    logits = x.new_empty((1, num_experts))
-    weights = x.new_empty((1, top_k))
-    ids = torch.empty((1, top_k), dtype=torch.int64, device=x.device)
-    if tiles is None:  # on CPU (the interpreter) gemv's: small blocks, several programs
-        cuda = x.is_cuda
-        tiles = (
-            gemv_tiles(num_experts, hidden, x.device.index or 0) if cuda else GemvTiles(4, 16, 1, 1)
-        )
-    use_pdl = pdl.enabled(x)
-    _launch_norm_route(
-        (triton.cdiv(num_experts, tiles.block_n),),
-        (x, norm_weight, router_weight, normed, logits, weights, ids,
-         zeroed_counters(x.device, 1)),
-        (num_experts, hidden, router_weight.stride(0), eps),
-        dict(
-            TOP_K=top_k, E_PAD=triton.next_power_of_2(num_experts), SOFTMAX_FIRST=softmax_first,
-            RENORMALIZE=renormalize, PDL=use_pdl, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
-            num_warps=tiles.num_warps, num_stages=tiles.num_stages, launch_pdl=use_pdl,
-        ),
-    )  # fmt: skip
-    return weights, ids, normed
 
 
 def sorted_capacity(num_pairs: int, num_experts: int, block_m: int) -> int:

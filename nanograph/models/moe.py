@@ -52,30 +52,24 @@ class TritonMoE(MoEBackend):
 
     def forward(self, layer: MoE, x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         out = torch.empty_like(x)  # every row is written
-        args = (x, logits, layer.w13, layer.w2, layer.w13_bias, layer.w2_bias, layer.top_k,
-                layer.softmax_first, layer.renormalize, layer.activation_id, layer.alpha,
-                layer.limit, out)  # fmt: skip
-        (_fused_moe_op if torch.compiler.is_compiling() else _fused_moe)(*args)
+        self._experts(layer, x, logits, out, accumulate=False)
         return out
 
     def forward_add(
-        self, layer: MoE, stream: torch.Tensor, norm_weight: torch.Tensor, eps: float
+        self, layer: MoE, x: torch.Tensor, logits: torch.Tensor, stream: torch.Tensor
     ) -> None:
-        """``stream += layer(rmsnorm(stream))`` for the fused decode's one-row residual stream,
-        in three kernels: the norm, router and routing (``norm_route``, which also writes the
-        normalised row), the experts' gate/up, and their down projection adding into the
-        stream. No norm, routing or add kernel of its own."""
-        from nanograph.kernels import moe as kernels  # imports triton: only when used
+        """``stream += experts(x)`` for a one-row ``x`` (the fused decode's residual stream,
+        added by the down projection's kernel: no separate add)."""
+        self._experts(layer, x, logits, stream, accumulate=True)
 
-        weights, ids, normed = kernels.norm_route(
-            stream, norm_weight, eps, layer.router.weight, layer.top_k, layer.softmax_first,
-            layer.renormalize,
-        )  # fmt: skip
-        kernels.fused_experts(
-            normed, layer.w13, layer.w2, layer.w13_bias, layer.w2_bias, weights, ids,
-            _ACTIVATIONS[layer.activation_id], layer.alpha, layer.limit, out=stream,
-            accumulate=True,
-        )  # fmt: skip
+    @staticmethod
+    def _experts(
+        layer: MoE, x: torch.Tensor, logits: torch.Tensor, out: torch.Tensor, accumulate: bool
+    ) -> None:
+        args = (x, logits, layer.w13, layer.w2, layer.w13_bias, layer.w2_bias, layer.top_k,
+                layer.softmax_first, layer.renormalize, layer.activation_id, layer.alpha,
+                layer.limit, out, accumulate)  # fmt: skip
+        (_fused_moe_op if torch.compiler.is_compiling() else _fused_moe)(*args)
 
 
 class TorchNativeMoE(MoEBackend):
@@ -108,12 +102,13 @@ def _fused_moe(
     x: torch.Tensor, logits: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     b13: torch.Tensor | None, b2: torch.Tensor | None, top_k: int, softmax_first: bool,
     renormalize: bool, activation: int, alpha: float, limit: float, out: torch.Tensor,
+    accumulate: bool = False,
 ) -> None:  # fmt: skip
     from nanograph.kernels import moe as kernels  # imports triton: only when used
 
     weights, ids = kernels.route(logits, top_k, softmax_first, renormalize)
     kernels.fused_experts(x, w13, w2, b13, b2, weights, ids, _ACTIVATIONS[activation], alpha,
-                          limit, out=out)  # fmt: skip
+                          limit, out=out, accumulate=accumulate)  # fmt: skip
 
 
 # What dynamo records while tracing (tc_piecewise): one opaque node inside a compiled piece.
@@ -202,17 +197,11 @@ class MoE(nn.Module):
 
     @property
     def adds_into_stream(self) -> bool:
-        """Whether ``forward_add`` can run: the triton experts on one rank, a router without
-        a bias."""
-        return (
-            isinstance(self.backend, TritonMoE) and (self.tp is None or not self.tp.enabled)
-            and self.router.bias is None
-        )  # fmt: skip
+        """Whether ``forward_add`` can run: the triton experts on one rank."""
+        return isinstance(self.backend, TritonMoE) and (self.tp is None or not self.tp.enabled)
 
-    def forward_add(
-        self, stream: torch.Tensor, norm_weight: torch.Tensor, eps: float
-    ) -> torch.Tensor:
-        """``stream += self(rmsnorm(stream, norm_weight, eps))`` in place for one row (the
-        fused decode; the norm is the layer's post-attention norm); returns ``stream``."""
-        self.backend.forward_add(self, stream, norm_weight, eps)
+    def forward_add(self, x: torch.Tensor, stream: torch.Tensor) -> torch.Tensor:
+        """``stream += self(x)`` in place for one row (the fused decode); returns ``stream``."""
+        logits = ops.linear(x, self.router.weight, self.router.bias)
+        self.backend.forward_add(self, x, logits, stream)
         return stream
