@@ -225,7 +225,7 @@ case $stage in
     timeout 90 python3 -m nanograph bench prefill --models qwen3-30b-a3b,gpt-oss-20b \
       --lengths 256 --arms eager,breakable --moe-backend torch_native --peer-lengths '' \
       --repeats 5 --out "$out/prefill_moe.json" 2>&1 | grep -v "^INFO" | tee "$out/prefill_moe.log" ;;
-  moe-decode)  # ~4 min: issue 15's batch-1 MoE decode: the fused MoE's per-layer GPU tests, the
+  moe-decode)  # ~5 min: issue 15's batch-1 MoE decode: the fused MoE's per-layer GPU tests, the
     # kernel floor of a qwen3-30b-a3b decode step (where its time goes, kernel by kernel), then
     # its tokens/s against the roofline
     timeout 80 python3 -m pytest -q -p no:cacheprovider -rfE tests/gpu/test_moe_gpu.py \
@@ -235,7 +235,7 @@ case $stage in
     timeout 100 python3 -m nanograph bench floor --model qwen3-30b-a3b --decode-batch 1 \
       --lengths 512 --graph full --out "$out/floor_moe.json" 2>&1 | grep -v "^INFO" \
       | tee "$out/floor_moe.log"
-    timeout 80 python3 -m nanograph bench decode --models qwen3-30b-a3b --arms full \
+    timeout 150 python3 -m nanograph bench decode --models qwen3-30b-a3b,gpt-oss-20b --arms full \
       --batches 1 --repeats 3 --moe-backend triton --out "$out/decode_moe.json" 2>&1 \
       | grep -v "^INFO" | tee "$out/decode_moe.log" ;;
   moe-sweep)  # ~4 min: issue 15's MoE decode products on qwen3-30b-a3b, one at a time: q/k/v,
