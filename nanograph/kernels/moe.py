@@ -373,12 +373,8 @@ def _pairwise(
         dict(TOP_K=top_k, HAS_BIAS=b13 is not None, BLOCK_N=tiles.block_n,
              BLOCK_K=tiles.block_k, num_warps=tiles.num_warps, num_stages=tiles.num_stages),
     )  # fmt: skip
-    down_n, down_k, down_warps, down_stages = tiles.down or (
-        tiles.block_n,
-        tiles.block_k,
-        tiles.num_warps,
-        tiles.num_stages,
-    )
+    down = tiles.down or (tiles.block_n, tiles.block_k, tiles.num_warps, tiles.num_stages)
+    down_n, down_k, down_warps, down_stages = down
     _launch_pair_down(
         (num_tokens, triton.cdiv(hidden, down_n)),
         (gate_up, w2, b2 if b2 is not None else w2, out, ids, weights),
@@ -386,9 +382,8 @@ def _pairwise(
          b2.stride(0) if b2 is not None else 0, out.stride(0), gate_stride, up_offset,
          float(alpha), float(limit)),
         dict(TOP_K=top_k, K_PAD=triton.next_power_of_2(top_k), ACT=act,
-             HAS_BIAS=b2 is not None, BLOCK_N=down_n,
-             BLOCK_K=down_k, ACCUMULATE=accumulate, num_warps=down_warps,
-             num_stages=down_stages),
+             HAS_BIAS=b2 is not None, BLOCK_N=down_n, BLOCK_K=down_k, ACCUMULATE=accumulate,
+             num_warps=down_warps, num_stages=down_stages),
     )  # fmt: skip
 
 
