@@ -121,13 +121,13 @@ def measure_experts(c, sweep: bool, rep_ms: int) -> dict:
     """One token through a MoE layer's fused experts (``kernels.moe.fused_experts``, pairwise)
     of config ``c``, over ``ROUTINGS`` routings of distinct experts; with ``sweep``, every
     down-projection tile."""
-    from nanograph.kernels import moe
+    from nanograph.kernels import moe, reference
 
     experts, top_k, hidden, inter = (
         c.num_experts, c.num_experts_per_tok, c.hidden_size, c.expert_intermediate_size
     )  # fmt: skip
     activation = c.moe_activation
-    gpt_oss = activation == "clamped_swiglu"  # interleaved gate/up, biases
+    gpt_oss = activation == "clamped_swiglu"  # biases
     g = torch.Generator(device="cuda").manual_seed(0)
     w13 = torch.randn(experts, 2 * inter, hidden, device="cuda", dtype=torch.bfloat16,
                       generator=g) / hidden**0.5  # fmt: skip
@@ -153,16 +153,9 @@ def measure_experts(c, sweep: bool, rep_ms: int) -> dict:
 
     default = moe.choose_tiles(1, top_k, experts, hidden, inter, x.device)
     weights, ids = routings[0]
-    expected = torch.zeros(1, hidden, device="cuda", dtype=torch.float32)
-    for j in range(top_k):  # the unfused product in fp32 from the same bf16 operands
-        gate_up = (x.float() @ w13[ids[0, j]].float().T).bfloat16().float()  # stored as bf16
-        gate, up = (gate_up[:, ::2], gate_up[:, 1::2]) if gpt_oss else gate_up.chunk(2, dim=-1)
-        if gpt_oss:
-            gate, up = gate.clamp(max=7.0), up.clamp(-7.0, 7.0)
-            act = (up + 1) * gate * torch.sigmoid(1.702 * gate)
-        else:
-            act = F.silu(gate) * up
-        expected += weights[0, j].float() * (act.bfloat16().float() @ w2[ids[0, j]].float().T)
+    # the project's fp32 reference, from the same bf16 operands (it keeps gate/up and the
+    # activation in fp32 where the kernels round them to bf16)
+    expected = reference.fused_experts(x.float(), w13, w2, b13, b2, weights, ids, activation)
     fused = moe.fused_experts(x, w13, w2, b13, b2, weights, ids, activation, tiles=default)
     nbytes = top_k * 3 * inter * hidden * 2
     result = {
