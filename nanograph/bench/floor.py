@@ -8,7 +8,9 @@ when forwards are issued back to back with no host sync between them (``back_to_
 with ``--graph`` on, the host runs ahead of the GPU, so this is the GPU's time for a step,
 gaps between kernels included, unless the runner's host work takes longer (qwen3-0.6b at batch
 1: 2.96 ms back to back for 0.83 ms of busy GPU; the engine's overlap schedule hides that host
-work, 0.88 ms a step). An engine step that takes longer than the GPU's time waits on the host.
+work, 0.88 ms a step). ``replay_ms`` leaves the host out: the captured graph replayed back to
+back, the GPU's time for a step, gaps included. An engine step that takes longer waits on
+the host.
 
 Kernels overlap under programmatic dependent launch (a GEMV starts and loads weights while the
 kernel before it finishes), so their summed times overstate the step. ``busy_ms`` attributes
@@ -79,6 +81,7 @@ def kernel_floor(llm, length: int, repeats: int, decode_batch: int = 0) -> dict:
         runner.forward(batch).argmax(dim=-1)  # the sampler's greedy work, without its sync
     sync()
     back_to_back_ms = 1000 * (time.perf_counter() - start) / repeats
+    replay_ms = graph_replay_ms(runner, batch, decode_batch, repeats) if cuda else None
     # on CPU (smoke runs) the figure is CPU operator time, not a kernel floor
     with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
         for _ in range(repeats):
@@ -101,6 +104,7 @@ def kernel_floor(llm, length: int, repeats: int, decode_batch: int = 0) -> dict:
     return {
         "floor_ms": sum(kernels.values()),
         "back_to_back_ms": back_to_back_ms,
+        "replay_ms": replay_ms,
         "kernels": len(kernels),
         "top_ms": dict(top),
         "busy_ms": sum(busy.values()) / repeats,
@@ -109,6 +113,29 @@ def kernel_floor(llm, length: int, repeats: int, decode_batch: int = 0) -> dict:
             k: v / repeats for k, v in sorted(busy.items(), key=lambda kv: -kv[1])[:12]
         },
     }
+
+
+def graph_replay_ms(runner, batch, decode_batch: int, repeats: int) -> float | None:
+    """GPU time of the batch's captured graph replayed back to back (CUDA events around
+    ``repeats`` replays, none of the runner's host work between them): the step's kernels and
+    the gaps between them. None where no graph takes the batch."""
+    from nanograph.attention.op import forward_context
+
+    graphs = runner.graph_runners.get("decode" if decode_batch else "prefill")
+    shape = graphs.dispatch(batch) if graphs is not None and graphs.live is None else None
+    if shape is None:
+        return None
+    graphs.replay(shape, batch, None)  # the batch's inputs into the static buffers
+    graph = graphs.graphs[shape]
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with forward_context(graphs.contexts[shape]):  # a breakable graph's breaks run eagerly
+        graph.replay()
+        start.record()
+        for _ in range(repeats):
+            graph.replay()
+        end.record()
+    sync()
+    return start.elapsed_time(end) / repeats
 
 
 def busy_time(events, cuda: bool) -> tuple[dict[str, float], float]:
@@ -173,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         what = f"decode x{args.decode_batch} at" if args.decode_batch else "prefill"
         print(f"{args.model} {what} {length} tokens ({args.graph}): kernel floor "
               f"{r['floor_ms']:.2f} ms, back to back {r['back_to_back_ms']:.2f} ms per forward "
+              + (f"(graph replays alone {r['replay_ms']:.3f} ms) " if r["replay_ms"] else "") +
               f"over {r['kernels']} kernel kinds; top: " +
               ", ".join(f"{k[:40]} {v:.2f}" for k, v in list(r["top_ms"].items())[:4]))  # fmt: skip
         print(f"  busy {r['busy_ms']:.2f} ms (each kernel past the ones before it), idle "
