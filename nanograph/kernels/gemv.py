@@ -63,14 +63,12 @@ def _gemv_kernel(
     out_ptr,
     norm_w_ptr,
     residual_ptr,
-    normed_ptr,
     N,
     K,
     stride_wn,
     eps,
     SILU_MUL: tl.constexpr,
     NORM: tl.constexpr,
-    NORMED_OUT: tl.constexpr,
     SILU_OUT: tl.constexpr,
     RESIDUAL: tl.constexpr,
     PDL: tl.constexpr,
@@ -93,15 +91,11 @@ def _gemv_kernel(
     if NORM:
         inv_rms = _inv_rms(x_ptr, offs_k, K, eps, BLOCK_K)
     x = _x_block(x_ptr, offs_k, K, SILU_MUL, NORM, norm_w_ptr, inv_rms)
-    if NORMED_OUT:
-        _store_normed(normed_ptr, offs_k, K, x)
     acc = w.to(tl.float32) * x[None, :]
     acc_up = w_up.to(tl.float32) * x[None, :]
     for k0 in range(BLOCK_K, K, BLOCK_K):  # pipelined num_stages deep (a launch option)
         w = _weight_block(w_rows, k0 + offs_k, n_mask, K)
         x = _x_block(x_ptr, k0 + offs_k, K, SILU_MUL, NORM, norm_w_ptr, inv_rms)
-        if NORMED_OUT:
-            _store_normed(normed_ptr, k0 + offs_k, K, x)
         acc += w.to(tl.float32) * x[None, :]
         if SILU_OUT:
             w_up = _weight_block(up_rows, k0 + offs_k, n_mask, K)
@@ -151,13 +145,6 @@ def _x_block(x_ptr, k, K, SILU_MUL: tl.constexpr, NORM: tl.constexpr, norm_w_ptr
     return x.to(tl.float32)
 
 
-@triton.jit
-def _store_normed(normed_ptr, k, K, x):
-    """Program 0 writes the normalised row's block k (already rounded to the dtype)."""
-    first = (k * 0 + tl.program_id(0)) == 0  # a vector mask: the interpreter takes no scalar
-    tl.store(normed_ptr + k, x.to(normed_ptr.dtype.element_ty), mask=first & (k < K))
-
-
 _launch = LaunchCache(_gemv_kernel)
 
 
@@ -186,16 +173,13 @@ def gemv(
     silu_out: bool = False,
     residual: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
-    normed_out: torch.Tensor | None = None,
     tiles: GemvTiles | None = None,
 ) -> torch.Tensor:
     """``x [1, K] @ weight [N, K]^T`` -> ``[1, N]`` in x's dtype; with ``silu_mul`` x is
     ``[1, 2K]`` and ``silu(x[:, :K]) * x[:, K:]`` is the row multiplied; with ``norm_weight``
     it is ``rmsnorm(x, norm_weight, eps)``. With ``silu_out`` the product ``p [1, N]`` becomes
     ``silu(p[:, :N/2]) * p[:, N/2:]``, ``[1, N/2]``. With ``residual`` the result is added to
-    it in place and ``residual`` is returned (``out`` must then be None). ``normed_out``
-    ``[1, K]`` (with ``norm_weight``) also receives ``rmsnorm(x)``, as the product used it: the
-    MoE layer's router and experts share one normalisation."""
+    it in place and ``residual`` is returned (``out`` must then be None)."""
     if x.dim() != 2 or weight.dim() != 2:
         raise ValueError(f"gemv needs x [1, K] and weight [N, K], got {tuple(x.shape)} and "
                          f"{tuple(weight.shape)}")  # fmt: skip
@@ -217,11 +201,6 @@ def gemv(
         n //= 2
     if norm_weight is not None and (norm_weight.shape != (k,) or norm_weight.stride(0) != 1):
         raise ValueError(f"norm_weight must be a contiguous [{k}], got {tuple(norm_weight.shape)}")
-    if normed_out is not None and (
-        norm_weight is None or normed_out.shape != (1, k) or normed_out.dtype != x.dtype
-        or normed_out.stride(1) != 1
-    ):  # fmt: skip
-        raise ValueError(f"normed_out needs norm_weight and a contiguous [1, {k}] of {x.dtype}")
     if residual is not None:
         if residual.shape != (1, n) or residual.dtype != x.dtype or residual.stride(1) != 1:
             raise ValueError(f"residual must be a contiguous [1, {n}] of {x.dtype}, got "
@@ -241,12 +220,10 @@ def gemv(
         (
             x, weight, out, norm_weight if norm_weight is not None else weight,
             residual if residual is not None else out,
-            normed_out if normed_out is not None else out,
         ),
         (n, k, weight.stride(0), eps),
         dict(
-            SILU_MUL=silu_mul, NORM=norm_weight is not None, NORMED_OUT=normed_out is not None,
-            SILU_OUT=silu_out,
+            SILU_MUL=silu_mul, NORM=norm_weight is not None, SILU_OUT=silu_out,
             RESIDUAL=residual is not None,
             PDL=use_pdl, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
             num_stages=tiles.num_stages, num_warps=tiles.num_warps, launch_pdl=use_pdl,

@@ -66,15 +66,13 @@ def fused_decode_applies(x: torch.Tensor) -> bool:
 
 def norm_linear(
     x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
-    *, silu_and_mul: bool = False, normed_out: torch.Tensor | None = None,
+    *, silu_and_mul: bool = False,
 ) -> torch.Tensor:  # fmt: skip
     """``linear(rmsnorm(x, norm_weight, eps), weight)`` in one kernel (fused decode only); with
-    ``silu_and_mul`` (weight = packed gate/up) only the MLP's activation of it is written;
-    ``normed_out`` also receives ``rmsnorm(x, ...)``."""
+    ``silu_and_mul`` (weight = packed gate/up) only the MLP's activation of it is written."""
     from nanograph.kernels.gemv import gemv
 
-    return gemv(x, weight, norm_weight=norm_weight, eps=eps, silu_out=silu_and_mul,
-                normed_out=normed_out)  # fmt: skip
+    return gemv(x, weight, norm_weight=norm_weight, eps=eps, silu_out=silu_and_mul)
 
 
 def linear_add(

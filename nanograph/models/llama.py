@@ -163,9 +163,9 @@ class DecoderLayer(nn.Module):
         """Four GEMVs around attention, updating the one-row ``stream`` in place: q/k/v and
         gate/up normalise it on load (gate/up writes only the activation), o and down add their
         product to it. Six kernels: the four GEMVs, rope + KV store, and attention. A MoE layer
-        normalises once for the router and the experts (in the router's GEMV, where it has no
-        bias), whose down projection adds into the stream: eight kernels (router, routing,
-        gate/up, down after the attention half) instead of eleven."""
+        normalises once for the router and the experts, whose down projection adds into the
+        stream: nine kernels (norm, router, routing, gate/up, down after the attention half)
+        instead of eleven."""
         attn, mlp = self.self_attn, self.mlp
         pre, post = self.input_layernorm, self.post_attention_layernorm
         qkv = ops.norm_linear(stream, pre.weight, pre.eps, attn.qkv_proj.weight)
@@ -173,7 +173,7 @@ class DecoderLayer(nn.Module):
         out = stream.new_empty(1, attn.num_heads, attn.head_dim)
         ops.linear_add(attn.attend(positions, qkv, cos_sin_cache, out), attn.o_proj.weight, stream)
         if isinstance(mlp, MoE):
-            return mlp.forward_add(stream, post)
+            return mlp.forward_add(post(stream), stream)
         act = ops.norm_linear(
             stream, post.weight, post.eps, mlp.gate_up_proj.weight, silu_and_mul=True
         )

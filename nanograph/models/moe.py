@@ -200,16 +200,8 @@ class MoE(nn.Module):
         """Whether ``forward_add`` can run: the triton experts on one rank."""
         return isinstance(self.backend, TritonMoE) and (self.tp is None or not self.tp.enabled)
 
-    def forward_add(self, stream: torch.Tensor, norm: nn.Module) -> torch.Tensor:
-        """``stream += self(norm(stream))`` in place for one row (the fused decode); returns
-        ``stream``. A router without a bias normalises on load and writes the normalised row for
-        the experts: no norm kernel of its own."""
-        if self.router.bias is None:
-            x = torch.empty_like(stream)
-            logits = ops.norm_linear(stream, norm.weight, norm.eps, self.router.weight,
-                                     normed_out=x)  # fmt: skip
-        else:
-            x = norm(stream)
-            logits = ops.linear(x, self.router.weight, self.router.bias)
+    def forward_add(self, x: torch.Tensor, stream: torch.Tensor) -> torch.Tensor:
+        """``stream += self(x)`` in place for one row (the fused decode); returns ``stream``."""
+        logits = ops.linear(x, self.router.weight, self.router.bias)
         self.backend.forward_add(self, x, logits, stream)
         return stream
