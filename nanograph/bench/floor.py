@@ -138,6 +138,43 @@ def graph_replay_ms(runner, batch, decode_batch: int, repeats: int) -> float | N
     return start.elapsed_time(end) / repeats
 
 
+def engine_steps(llm, length: int, decode_batch: int, steps: int) -> dict:
+    """Where the engine's decode step goes, graph and all (the lm_head and sampler after it, the
+    next step's input copies): ``generate`` of ``steps + 1`` tokens a request against one token
+    (its prefill), both under the profiler, on fresh random prompts of ``length`` tokens (no
+    prefix-cache hits); the difference over ``steps`` is one decode step. Compare ``busy_ms +
+    idle_ms`` with ``replay_ms``: what the graph leaves to the rest of the step."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from nanograph import SamplingParams
+
+    vocab = llm.engine.model_config.vocab_size
+    cuda = torch.cuda.is_available()
+
+    def run(tokens: int) -> tuple[dict[str, float], float, float]:
+        prompts = [torch.randint(0, vocab, (length,)).tolist() for _ in range(max(decode_batch, 1))]
+        params = SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True)
+        with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+            start = time.perf_counter()
+            llm.generate(prompts, params)
+            sync()
+            wall = time.perf_counter() - start
+        busy, idle = busy_time(prof.events(), cuda)
+        return busy, idle, 1000 * wall
+
+    run(steps + 1)  # warm-up
+    busy_one, idle_one, wall_one = run(1)
+    busy_all, idle_all, wall_all = run(steps + 1)
+    per_step = {k: (v - busy_one.get(k, 0.0)) / steps for k, v in busy_all.items()}
+    return {
+        "steps": steps,
+        "wall_ms": (wall_all - wall_one) / steps,
+        "busy_ms": sum(per_step.values()),
+        "idle_ms": (idle_all - idle_one) / steps,
+        "busy_top_ms": dict(sorted(per_step.items(), key=lambda kv: -kv[1])[:16]),
+    }
+
+
 def busy_time(events, cuda: bool) -> tuple[dict[str, float], float]:
     """(name -> ms of busy time it alone accounts for, ms between kernels with none running)
     over the profiled kernels (CPU ops on CPU): see the module docstring."""
@@ -177,6 +214,13 @@ def main(argv: list[str] | None = None) -> int:
         help=f"graph backend of the profiled path (decode with --decode-batch, else prefill), "
         f"one of {', '.join(ARMS)} ('none' = eager); graph backends need CUDA",
     )
+    parser.add_argument(
+        "--engine-steps",
+        type=int,
+        default=0,
+        help="with --decode-batch: also profile this many of the engine's decode steps "
+        "(generate), graph, lm_head, sampler and input copies together",
+    )
     parser.add_argument("--out", default=default_out("floor.json"))
     args = parser.parse_args(argv)
     (args.graph,) = parse_arms("floor", args.graph, flag="--graph")
@@ -191,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         cuda_graph_bs=(args.decode_batch,) if args.decode_batch else None,
         prefill_graph_tokens=None if args.decode_batch else tuple(lengths),
         chunked_prefill_size=max(lengths), max_num_seqs=max(2, args.decode_batch),
-        max_model_len=max(lengths) + 16,
+        max_model_len=max(lengths) + 16 + args.engine_steps,
         progress=False, **STARTUP_CAPTURE,
     )  # fmt: skip
     report = {"bench": "floor", "env": environment(), "config": vars(args), "lengths": {}}
@@ -207,6 +251,12 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['idle_ms']:.2f} ms: " +
               ", ".join(f"{k[:40]} {v:.2f}" for k, v in list(r["busy_top_ms"].items())[:8])
         )  # fmt: skip
+        if args.engine_steps and args.decode_batch:
+            e = r["engine_steps"] = engine_steps(llm, length, args.decode_batch, args.engine_steps)
+            print(f"  engine decode step: {e['wall_ms']:.3f} ms wall, busy {e['busy_ms']:.3f} ms, "
+                  f"idle {e['idle_ms']:.3f} ms: " +
+                  ", ".join(f"{k[:40]} {v:.3f}" for k, v in list(e["busy_top_ms"].items())[:12])
+            )  # fmt: skip
     write(args.out, report)
     free_engine(llm)
     print("unfused plain-PyTorch figures from the issue (256 tokens): eager 28.6 ms, full graph "
