@@ -232,14 +232,11 @@ def _paged_attention_kernel(
     HAS_SINKS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     PDL: tl.constexpr,
-    L2_LINES: tl.constexpr,  # 128-byte lines in one head row of the cache
 ):
     if PDL:
         # the next kernel (the batch-1 o projection's GEMV) may launch now: it prefetches
         # weights, then waits for this whole grid before reading the output
         tl.extra.cuda.gdc_launch_dependents()
-    # Until the wait below (PDL: this launch may start while rope + KV store still runs) only
-    # the lengths and the page table are read: the forward's kernels never write them.
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     if Q_BLOCKS_PER_REQUEST > 0:
@@ -268,6 +265,8 @@ def _paged_attention_kernel(
     row_valid = (q_local < q_len) & head_valid
     q_pos = context_len + q_local
     token = (q_start + q_local).to(tl.int64)
+    q_ptrs = q_ptr + token[:, None] * stride_q_tok + q_head[:, None] * stride_q_head
+    q = tl.load(q_ptrs + offs_d[None, :], mask=row_valid[:, None], other=0.0)
 
     # Key range of this query block, cut into num_splits BLOCK_N-aligned slices; inside a
     # slice only blocks that some row cannot fully see pay for the mask. [full_lo, full_hi)
@@ -292,16 +291,6 @@ def _paged_attention_kernel(
     k_base = k_cache_ptr + kv_head * stride_k_head
     v_base = v_cache_ptr + kv_head * stride_v_head
     page_row_ptr = page_table_ptr + seq.to(tl.int64) * stride_page_table
-    if PDL:
-        if Q_BLOCKS_PER_REQUEST > 0:
-            # Decode and verify: pull the slice's first key blocks into the L2 while the
-            # kernel before finishes. The L2 is coherent, so lines that kernel is still
-            # writing (this forward's keys) are not left stale; only the L1 would be.
-            _prefetch_l2(k_base, v_base, page_row_ptr, split_lo, split_hi, stride_k_slot,
-                         stride_v_slot, BLOCK_N, HEAD_DIM, PAGE_SIZE, L2_LINES)  # fmt: skip
-        tl.extra.cuda.gdc_wait()  # q (rotated in place) and this forward's keys are written
-    q_ptrs = q_ptr + token[:, None] * stride_q_tok + q_head[:, None] * stride_q_head
-    q = tl.load(q_ptrs + offs_d[None, :], mask=row_valid[:, None], other=0.0)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
@@ -354,28 +343,6 @@ def _paged_attention_kernel(
         return
     _store_rows(acc, m_i, l_i, out_ptr, sinks_ptr, token, q_head, head_valid, row_valid,
                 stride_o_tok, stride_o_head, HEAD_DIM, HAS_SINKS)  # fmt: skip
-
-
-@triton.jit
-def _prefetch_l2(k_base, v_base, page_row_ptr, lo, hi, stride_k_slot, stride_v_slot,
-                 BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
-                 LINES: tl.constexpr, BLOCKS: tl.constexpr = 2):  # fmt: skip
-    """An L2 prefetch of the keys and values at [lo, min(hi, lo + BLOCKS * BLOCK_N)), one per
-    128-byte line (LINES to a head row); positions past hi take page 0's lines, which nothing
-    reads."""
-    pos = lo + tl.arange(0, BLOCKS * BLOCK_N)
-    page = tl.load(page_row_ptr + pos // PAGE_SIZE, mask=pos < hi, other=0)
-    slot = page.to(tl.int64) * PAGE_SIZE + pos % PAGE_SIZE
-    line = tl.arange(0, LINES) * (HEAD_DIM // LINES)
-    _prefetch_lines(k_base + slot[:, None] * stride_k_slot + line[None, :])
-    _prefetch_lines(v_base + slot[:, None] * stride_v_slot + line[None, :])
-
-
-@triton.jit
-def _prefetch_lines(ptrs):
-    tl.inline_asm_elementwise(
-        "prefetch.global.L2 [$1];", "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1
-    )
 
 
 @triton.jit
@@ -689,9 +656,6 @@ def paged_attention(
     # Without softcap, fold log2(e) into the scale so the loop uses exp2 directly.
     qk_scale = scale if use_softcap else scale * math.log2(math.e)
     counters = _split_counters(q.device, grid0 * num_kv_heads)
-    # a programmatic dependent launch (sm_90+): its programs start while the kernel before
-    # (rope + KV store) finishes, read the lengths and page table, prefetch keys, then wait
-    use_pdl = pdl.enabled(q)
     launched = _launch_attention(
         (grid0, num_kv_heads, tiles.num_splits),
         (
@@ -726,11 +690,9 @@ def paged_attention(
             # fp32 inputs: exact products (tests, references). tf32x3 compiles faster but its
             # tiles overflow shared memory on the H200 (262,400 of 232,448 bytes, e13b5e9)
             DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,
-            PDL=use_pdl,
-            L2_LINES=max(head_dim * k_cache.element_size() // 128, 1),
+            PDL=pdl.enabled(q),
             num_warps=tiles.num_warps,
             num_stages=tiles.num_stages,
-            launch_pdl=use_pdl,
         ),
     )  # fmt: skip
     if not launched:  # compiled only (start-up): what follows reads defined values

@@ -7,10 +7,9 @@ such a dependent start before it exits.
 
 What a dependent may read before its wait: anything written before the kernel it follows
 began. That holds because a dependent kernel here lets its own dependents launch only after its
-wait (so while it runs, every kernel before it has finished), or, where it lets them launch
-earlier (attention), they read only weights before their wait. Lengths, page tables and
-weights are never written by a forward's kernels; routing ids (read by the experts' down
-projection, two kernels after the router) are. Both instructions exist from sm_90 (Hopper) on; on
+wait (so while it runs, every kernel before it has finished). The MoE experts' down projection
+relies on it: it reads the routing ids, written two kernels before it, before its wait. Both
+instructions exist from sm_90 (Hopper) on; on
 older GPUs and on CPU (the interpreter) every kernel is launched plainly and the ``PDL``
 constexpr that guards them is False.
 """
