@@ -335,25 +335,6 @@ case $stage in
       --dataset random,random --request-rate inf,inf --num-prompts 128,512 --warmup 128 \
       --out "$out/serve_saturation.json" 2>&1 | grep -v "^INFO" | tee "$out/serve_saturation.log"
     kill $top_pid ;;
-  pdl)  # ~8.5 min: programmatic dependent launches through attention and the MoE experts:
-    # their GPU tests as four pytest processes, then batch-1 decode on the dense and MoE models
-    py="timeout ${TEST_TIMEOUT:-230} python3 -m pytest -q -p no:cacheprovider -rfE"
-    $py tests/gpu/test_kernels_attention.py tests/gpu/test_fused_decode_gpu.py tests/gpu/test_kernels_fused.py \
-      > "$out/gpu_tests_attention.log" 2>&1 &
-    $py tests/gpu/test_moe_gpu.py -k "fused_moe_matches_native_per_layer or fused_decode_of_a_moe_layer" \
-      > "$out/gpu_tests_moe.log" 2>&1 &
-    $py tests/gpu/test_spec_gpu.py > "$out/gpu_tests_spec.log" 2>&1 &
-    $py tests/gpu/test_graph_backends.py tests/gpu/test_runners_gpu.py \
-      > "$out/gpu_tests_graphs.log" 2>&1 &
-    wait
-    for f in "$out"/gpu_tests_*.log; do echo "== $f"; grep -E "^(FAILED|ERROR)|passed|failed" "$f" \
-      | tail -8; done
-    timeout 110 python3 -m nanograph bench decode --models qwen3-0.6b,qwen3-8b --arms full \
-      --batches 1,32 --repeats 3 --out "$out/decode_dense.json" 2>&1 | grep -v "^INFO" \
-      | tee "$out/decode_dense.log"
-    timeout 150 python3 -m nanograph bench decode --models qwen3-30b-a3b,gpt-oss-20b --arms full \
-      --batches 1 --repeats 3 --moe-backend triton --out "$out/decode_moe.json" 2>&1 \
-      | grep -v "^INFO" | tee "$out/decode_moe.log" ;;
   tests-parallel)  # ~6 min: tests/gpu but tensor parallelism, as five pytest processes at once
     # (cold Triton compiles are single-threaded per process; no test asserts a time). Each
     # group is bounded by TEST_TIMEOUT and logs to its own file; the summary lines follow.

@@ -38,7 +38,6 @@ import torch
 import triton
 import triton.language as tl
 
-from nanograph.kernels import pdl
 from nanograph.kernels.launch import LaunchCache
 
 ACTIVATIONS = {"none": 0, "silu": 1, "clamped_swiglu": 2}
@@ -82,13 +81,10 @@ def choose_tiles(
 def _route_kernel(
     logits_ptr, weights_ptr, ids_ptr, num_experts, stride_l,
     TOP_K: tl.constexpr, K_PAD: tl.constexpr, E_PAD: tl.constexpr,
-    SOFTMAX_FIRST: tl.constexpr, RENORMALIZE: tl.constexpr, PDL: tl.constexpr,
+    SOFTMAX_FIRST: tl.constexpr, RENORMALIZE: tl.constexpr,
 ):  # fmt: skip
     """Token t = program 0: top-k of its router logits by repeated argmax (the lowest index
     wins a tie), weights as ``models.moe.route`` defines them, in fp32, stored rounded."""
-    if PDL:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()  # the experts' gate/up may start (and wait)
     token = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, E_PAD)
     valid = offs < num_experts
@@ -131,7 +127,6 @@ def route(
     ids = torch.empty((num_tokens, top_k), dtype=torch.int64, device=logits.device)
     if num_tokens == 0:
         return weights, ids
-    use_pdl = pdl.enabled(logits)
     _launch_route(
         (num_tokens,),
         (logits, weights, ids),
@@ -140,7 +135,6 @@ def route(
             TOP_K=top_k, K_PAD=triton.next_power_of_2(top_k),
             E_PAD=triton.next_power_of_2(num_experts), SOFTMAX_FIRST=softmax_first,
             RENORMALIZE=renormalize, num_warps=1 if num_experts <= 256 else 4, num_stages=1,
-            PDL=use_pdl, launch_pdl=use_pdl,
         ),
     )  # fmt: skip
     return weights, ids
@@ -279,26 +273,12 @@ def _activation(a_ptr, k, mask, gate_stride, up_offset, alpha, limit, ACT: tl.co
 
 
 @triton.jit
-def _scaled_activation(a_rows, k, j_mask, K, scales, gate_stride, up_offset, alpha, limit,
-                       ACT: tl.constexpr, W_DTYPE: tl.constexpr):  # fmt: skip
-    """[K_PAD, BLOCK_K]: each expert's activation at columns k, rounded to the weights' dtype
-    (as the unfused path stores it), times its routing weight."""
-    mask = j_mask[:, None] & (k < K)[None, :]
-    act = _activation(a_rows[:, None], k[None, :], mask, gate_stride, up_offset, alpha, limit,
-                      ACT)  # fmt: skip
-    return act.to(W_DTYPE).to(tl.float32) * scales[:, None]
-
-
-@triton.jit
 def _pair_gate_up_kernel(
     x_ptr, w_ptr, bias_ptr, c_ptr, ids_ptr,
     N, K, stride_xm, stride_we, stride_wn, stride_be, stride_cm,
     TOP_K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    PDL: tl.constexpr,
 ):  # fmt: skip
     """c[f, n] = x[f // TOP_K] . w13[ids[f], n] (+ b13[ids[f], n]) for pair f = program 0."""
-    if PDL:
-        tl.extra.cuda.gdc_wait()  # the ids: its weights' addresses
     pair = tl.program_id(0)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
@@ -313,8 +293,6 @@ def _pair_gate_up_kernel(
                     eviction_policy="evict_first")  # fmt: skip
         x = tl.load(x_row + k, mask=k < K, other=0).to(tl.float32)
         acc += w.to(tl.float32) * x[None, :]
-    if PDL:
-        tl.extra.cuda.gdc_launch_dependents()  # after the loop: the last wave is running
     out = tl.sum(acc, 1)
     if HAS_BIAS:
         out += tl.load(bias_ptr + expert * stride_be + offs_n, mask=n_mask, other=0).to(tl.float32)
@@ -328,7 +306,7 @@ def _pair_down_kernel(
     N, K, stride_am, stride_we, stride_wn, stride_be, stride_om, gate_stride, up_offset, alpha,
     limit,
     TOP_K: tl.constexpr, K_PAD: tl.constexpr, ACT: tl.constexpr, HAS_BIAS: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ACCUMULATE: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ACCUMULATE: tl.constexpr,
 ):  # fmt: skip
     """out[t, n] = sum_j weight[t, j] * (act(gate_up[t*K + j]) . w2[ids[t, j], n] (+ b2)) for
     token t = program 0: the k experts summed in fp32 in one program. ACCUMULATE:
@@ -339,11 +317,7 @@ def _pair_down_kernel(
     past TOP_K masked): the expert ids are read once, before the loop, so no weight address
     depends on a load inside it, and every iteration has k experts' rows in flight. (A loop
     per expert, then one (expert, K block) loop, streamed qwen3-30b-a3b's down projections at
-    ~1.0 and ~1.2 TB/s.) The routing weight scales the activation operand.
-
-    PDL: the programs may start while gate/up finishes. The ids and routing weights were
-    written before gate/up began (which read them too, and waited), so they and the first K
-    block's weights load before the wait; the activations only after it."""
+    ~1.0 and ~1.2 TB/s.) The routing weight scales the activation operand."""
     token = tl.program_id(0)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
@@ -356,21 +330,15 @@ def _pair_down_kernel(
     w_rows = (w_ptr + experts[:, None, None] * stride_we
               + offs_n.to(tl.int64)[None, :, None] * stride_wn)  # fmt: skip
     w_mask = j_mask[:, None, None] & n_mask[None, :, None]
-    # the first K block, peeled: its weights load before the wait
-    w = tl.load(w_rows + offs_k[None, None, :], mask=w_mask & (offs_k < K)[None, None, :],
-                other=0, eviction_policy="evict_first")  # fmt: skip
-    if PDL:
-        tl.extra.cuda.gdc_wait()
-    acc = w.to(tl.float32) * _scaled_activation(
-        a_rows, offs_k, j_mask, K, scales, gate_stride, up_offset, alpha, limit, ACT,
-        w_ptr.dtype.element_ty,
-    )[:, None, :]  # fmt: skip
-    for k0 in range(BLOCK_K, K, BLOCK_K):  # pipelined num_stages deep (a launch option)
+    acc = tl.zeros((K_PAD, BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):  # pipelined num_stages deep (a launch option)
         k = k0 + offs_k
-        w = tl.load(w_rows + k[None, None, :], mask=w_mask & (k < K)[None, None, :], other=0,
+        k_mask = k < K
+        act = _activation(a_rows[:, None], k[None, :], j_mask[:, None] & k_mask[None, :],
+                          gate_stride, up_offset, alpha, limit, ACT)  # fmt: skip
+        act = act.to(w_ptr.dtype.element_ty).to(tl.float32) * scales[:, None]
+        w = tl.load(w_rows + k[None, None, :], mask=w_mask & k_mask[None, None, :], other=0,
                     eviction_policy="evict_first")  # fmt: skip
-        act = _scaled_activation(a_rows, k, j_mask, K, scales, gate_stride, up_offset, alpha,
-                                 limit, ACT, w_ptr.dtype.element_ty)  # fmt: skip
         acc += w.to(tl.float32) * act[:, None, :]
     total = tl.sum(tl.sum(acc, 2), 0)
     if HAS_BIAS:
@@ -397,17 +365,13 @@ def _pairwise(
     num_tokens, top_k = ids.shape
     two_i, hidden = w13.shape[1], w13.shape[2]
     gate_up = x.new_empty((num_tokens * top_k, two_i))
-    # programmatic dependent launches (sm_90+): each kernel's programs start while the one
-    # before finishes, and wait for it before reading what it wrote
-    use_pdl = pdl.enabled(x)
     _launch_pair_gate_up(
         (num_tokens * top_k, triton.cdiv(two_i, tiles.block_n)),
         (x, w13, b13 if b13 is not None else w13, gate_up, ids),
         (two_i, hidden, x.stride(0), w13.stride(0), w13.stride(1),
          b13.stride(0) if b13 is not None else 0, gate_up.stride(0)),
         dict(TOP_K=top_k, HAS_BIAS=b13 is not None, BLOCK_N=tiles.block_n,
-             BLOCK_K=tiles.block_k, PDL=use_pdl, num_warps=tiles.num_warps,
-             num_stages=tiles.num_stages, launch_pdl=use_pdl),
+             BLOCK_K=tiles.block_k, num_warps=tiles.num_warps, num_stages=tiles.num_stages),
     )  # fmt: skip
     down = tiles.down or (tiles.block_n, tiles.block_k, tiles.num_warps, tiles.num_stages)
     down_n, down_k, down_warps, down_stages = down
@@ -419,7 +383,7 @@ def _pairwise(
          float(alpha), float(limit)),
         dict(TOP_K=top_k, K_PAD=triton.next_power_of_2(top_k), ACT=act,
              HAS_BIAS=b2 is not None, BLOCK_N=down_n, BLOCK_K=down_k, ACCUMULATE=accumulate,
-             PDL=use_pdl, num_warps=down_warps, num_stages=down_stages, launch_pdl=use_pdl),
+             num_warps=down_warps, num_stages=down_stages),
     )  # fmt: skip
 
 

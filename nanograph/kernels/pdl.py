@@ -3,15 +3,9 @@
 A kernel launched with ``launch_pdl=True`` may start while the kernel before it in the stream
 is still running; it must call ``tl.extra.cuda.gdc_wait()`` before it reads anything an earlier
 kernel wrote and before it writes anything. A kernel calls ``gdc_launch_dependents()`` to let
-such a dependent start before it exits.
-
-What a dependent may read before its wait: anything written before the kernel it follows
-began. That holds because a dependent kernel here lets its own dependents launch only after its
-wait (so while it runs, every kernel before it has finished). The MoE experts' down projection
-relies on it: it reads the routing ids, written two kernels before it, before its wait.
-
-Both instructions exist from sm_90 (Hopper) on; on older GPUs and on CPU (the interpreter) every
-kernel is launched plainly and the ``PDL`` constexpr that guards them is False.
+such a dependent start before it exits. Both instructions exist from sm_90 (Hopper) on; on
+older GPUs and on CPU (the interpreter) every kernel is launched plainly and the ``PDL``
+constexpr that guards them is False.
 """
 
 from __future__ import annotations
