@@ -28,7 +28,8 @@
 #   saturation point with the engine in a thread and in its own process), fusion (the fused batch-1 decode: its GPU tests and the
 #   GEMV's, then decode fused vs unfused on qwen3-0.6b and qwen3-8b with kernels per step),
 #   tests-parallel (tests/gpu but tensor parallelism, five pytest processes at once),
-#   serve-saturation (issue 13: 0.6b saturation at 128 and 512 prompts, with per-process CPU).
+#   serve-saturation (issue 13: 0.6b saturation at 128 and 512 prompts, with per-process CPU),
+#   ab-floor (this tree's decode graph replay time against another commit's, alternating).
 # Run from the repo root; logs and JSON land in OUTDIR (copy them to benchmarks/results/).
 # Export NANOGRAPH_COMMIT=<short hash> first: the device copy's .git can be stale.
 set -uo pipefail
@@ -335,6 +336,24 @@ case $stage in
       --dataset random,random --request-rate inf,inf --num-prompts 128,512 --warmup 128 \
       --out "$out/serve_saturation.json" 2>&1 | grep -v "^INFO" | tee "$out/serve_saturation.log"
     kill $top_pid ;;
+  ab-floor)  # ~20 s a run: this tree against another commit's kernels, side by side in one
+    # call (machines differ by 1-2% between calls, as much as the gains left). BASE: a folder
+    # holding that commit's nanograph/ (`mkdir ab && git archive COMMIT nanograph | tar x -C ab`;
+    # untracked, so it travels); this tree's bench/floor.py is copied into it for replay_ms.
+    # The decode graph's replay time (`bench floor`'s replay_ms) per MODELS x BATCHES, the two
+    # trees alternating twice
+    base=$(cd "${BASE:?set BASE to a folder holding the base commit nanograph/}" && pwd)
+    cp nanograph/bench/floor.py "$base/nanograph/bench/floor.py"
+    dest=$(cd "$out" && pwd)
+    for m in ${MODELS:-qwen3-0.6b}; do for b in ${BATCHES:-1 8}; do for i in 1 2; do
+      for t in new base; do
+        d=$PWD; [ $t = base ] && d=$base; name="ab_${m}_b${b}_${t}_$i"
+        (cd "$d" && PYTHONPATH=$d timeout 120 python3 -m nanograph bench floor --model "$m" \
+          --decode-batch "$b" --lengths 512 --graph full --repeats 20 --out "$dest/$name.json" \
+          2>&1 | grep -v "^INFO" > "$dest/$name.log")
+        echo "$m batch $b $t $i: $(grep -o 'graph replays alone [0-9.]* ms' "$dest/$name.log")"
+      done
+    done; done; done ;;
   tests-parallel)  # ~6 min: tests/gpu but tensor parallelism, as five pytest processes at once
     # (cold Triton compiles are single-threaded per process; no test asserts a time). Each
     # group is bounded by TEST_TIMEOUT and logs to its own file; the summary lines follow.
