@@ -197,6 +197,11 @@ def busy_time(events, cuda: bool) -> tuple[dict[str, float], float]:
     return busy, idle / 1000
 
 
+def _top(ms: dict[str, float], count: int, digits: int = 2) -> str:
+    """The first ``count`` entries of a name -> ms table, names cut to 40 characters."""
+    return ", ".join(f"{k[:40]} {v:.{digits}f}" for k, v in list(ms.items())[:count])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="nanograph bench floor", description=__doc__)
     parser.add_argument("--model", default="qwen3-0.6b")
@@ -245,18 +250,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.model} {what} {length} tokens ({args.graph}): kernel floor "
               f"{r['floor_ms']:.2f} ms, back to back {r['back_to_back_ms']:.2f} ms per forward "
               + (f"(graph replays alone {r['replay_ms']:.3f} ms) " if r["replay_ms"] else "") +
-              f"over {r['kernels']} kernel kinds; top: " +
-              ", ".join(f"{k[:40]} {v:.2f}" for k, v in list(r["top_ms"].items())[:4]))  # fmt: skip
+              f"over {r['kernels']} kernel kinds; top: {_top(r['top_ms'], 4)}")  # fmt: skip
         print(f"  busy {r['busy_ms']:.2f} ms (each kernel past the ones before it), idle "
-              f"{r['idle_ms']:.2f} ms: " +
-              ", ".join(f"{k[:40]} {v:.2f}" for k, v in list(r["busy_top_ms"].items())[:8])
-        )  # fmt: skip
+              f"{r['idle_ms']:.2f} ms: {_top(r['busy_top_ms'], 8)}")  # fmt: skip
         if args.engine_steps and args.decode_batch:
             e = r["engine_steps"] = engine_steps(llm, length, args.decode_batch, args.engine_steps)
             print(f"  engine decode step: {e['wall_ms']:.3f} ms wall, busy {e['busy_ms']:.3f} ms, "
-                  f"idle {e['idle_ms']:.3f} ms: " +
-                  ", ".join(f"{k[:40]} {v:.3f}" for k, v in list(e["busy_top_ms"].items())[:12])
-            )  # fmt: skip
+                  f"idle {e['idle_ms']:.3f} ms: {_top(e['busy_top_ms'], 12, 3)}")  # fmt: skip
     write(args.out, report)
     free_engine(llm)
     print("unfused plain-PyTorch figures from the issue (256 tokens): eager 28.6 ms, full graph "

@@ -37,11 +37,8 @@ from nanograph.bench.common import (
 )
 
 
-def projections(model: str) -> dict[str, tuple[int, int, int]]:
-    """name -> (N, K, times per decode step) of a preset's products."""
-    from nanograph.loader import resolve_model
-
-    c = resolve_model(model, "dummy").config
+def projections(c) -> dict[str, tuple[int, int, int]]:
+    """name -> (N, K, times per decode step) of the products of a model config ``c``."""
     q, kv = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
     layers = c.num_hidden_layers
     mlp = (
@@ -204,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     for model in args.models.split(","):
         entry = report["models"][model] = {"products": {}}
         step = {"cublas": 0.0, "triton": 0.0, "best": 0.0}
-        for name, (n, k, times) in projections(model).items():
+        config = resolve_model(model, "dummy").config
+        for name, (n, k, times) in projections(config).items():
             r = measure(n, k, name == "silu_down", args.sweep, args.rep_ms)
             entry["products"][name] = r
             best = r.get("best_us") or r["triton_us"]
@@ -216,18 +214,16 @@ def main(argv: list[str] | None = None) -> int:
                   f"({r['triton_gbps']:5.0f} GB/s) | best swept {best:7.1f} us | "
                   f"diff {r['max_abs_diff_vs_cublas']:.3g}")  # fmt: skip
             write(args.out, report)
-        config = resolve_model(model, "dummy").config
         if config.is_moe:
             r = entry["experts"] = measure_experts(config, args.sweep, args.rep_ms)
             # no cuBLAS arm for the experts: every arm's step takes the Triton experts
-            layers = config.num_hidden_layers
+            layers, best = config.num_hidden_layers, r.get("best_us") or r["triton_us"]
             step["cublas"] += layers * r["triton_us"]
             step["triton"] += layers * r["triton_us"]
-            step["best"] += layers * (r.get("best_us") or r["triton_us"])
+            step["best"] += layers * best
             print(f"{model} experts   k={r['top_k']} of {r['experts']}: triton "
                   f"{r['triton_us']:7.1f} us ({r['triton_gbps']:5.0f} GB/s) | best swept "
-                  f"{r.get('best_us') or r['triton_us']:7.1f} us | diff "
-                  f"{r['max_abs_diff_vs_fp32']:.3g}")  # fmt: skip
+                  f"{best:7.1f} us | diff {r['max_abs_diff_vs_fp32']:.3g}")  # fmt: skip
             write(args.out, report)
         entry["per_step_us"] = step
         print(f"{model}: products per decode step: cuBLAS {step['cublas'] / 1000:.3f} ms, "
