@@ -29,7 +29,8 @@
 #   GEMV's, then decode fused vs unfused on qwen3-0.6b and qwen3-8b with kernels per step),
 #   tests-parallel (tests/gpu but tensor parallelism, five pytest processes at once),
 #   serve-saturation (issue 13: 0.6b saturation at 128 and 512 prompts, with per-process CPU),
-#   ab-floor (this tree's decode graph replay time against another commit's, alternating).
+#   ab-floor (this tree's decode graph replay time against another commit's, alternating),
+#   prefill-long (extend attention vs SDPA at 8k / 32k, the 8k prefill's kernels and peer).
 # Run from the repo root; logs and JSON land in OUTDIR (copy them to benchmarks/results/).
 # Export NANOGRAPH_COMMIT=<short hash> first: the device copy's .git can be stale.
 set -uo pipefail
@@ -354,6 +355,21 @@ case $stage in
         echo "$m batch $b $t $i: $(grep -o 'graph replays alone [0-9.]* ms' "$dest/$name.log")"
       done
     done; done; done ;;
+  prefill-long)  # ~6 min: issue 18's long prompts. Extend attention against every SDPA
+    # backend at 1 x 8k / 32k in both head layouts (tiles swept at 8k), where a qwen3-0.6b
+    # prefill of 8k tokens spends its GPU time, and that prefill against the fair peer
+    timeout 240 python3 -m nanograph bench attention --cases \
+      extend_1x8192,extend_1x8192_06b,extend_1x32k,extend_1x32k_06b,extend_32x256 \
+      --out "$out/attention_extend.json" 2>&1 | tee "$out/attention_extend.log"
+    timeout 200 python3 -m nanograph bench attention --cases extend_1x8192_06b,extend_1x8192 \
+      --sweep --sweep-seconds "${SWEEP_SECONDS:-120}" --rep-ms 60 \
+      --out "$out/attention_extend_sweep.json" > "$out/attention_extend_sweep.log" 2>&1
+    grep "sweep\|wrote" "$out/attention_extend_sweep.log"
+    timeout 120 python3 -m nanograph bench floor --model qwen3-0.6b --lengths 8192 --graph full \
+      --out "$out/floor_prefill_8k.json" 2>&1 | grep -v "^INFO" | tee "$out/floor_prefill_8k.log"
+    timeout 240 python3 -m nanograph bench prefill --models qwen3-0.6b --lengths 2048,8192 \
+      --arms eager,full --peer-lengths 8192 --repeats 5 --out "$out/prefill_long.json" \
+      2>&1 | grep -v "^INFO" | tee "$out/prefill_long.log" ;;
   tests-parallel)  # ~6 min: tests/gpu but tensor parallelism, as five pytest processes at once
     # (cold Triton compiles are single-threaded per process; no test asserts a time). Each
     # group is bounded by TEST_TIMEOUT and logs to its own file; the summary lines follow.

@@ -2,8 +2,10 @@
 fused backends (flash, cuDNN, memory-efficient; one that cannot run a shape is recorded as such,
 and the ratio is against the fastest that can).
 
-Cases (qwen3-8b's head layout: 32 q heads, 8 kv heads, head_dim 128, bf16, page size 16):
-- extend: 1 request x 8192 new tokens, 32 requests x 256 (no prefix), reported in TFLOP/s;
+Cases (bf16, page size 16; qwen3-8b's head layout, 32 q heads, 8 kv heads, head_dim 128, unless
+the name ends in ``_06b``: qwen3-0.6b's 16 q heads, 8 kv heads, head_dim 128):
+- extend: 1 request x 8192 and x 32768 new tokens in both layouts, 32 requests x 256 (no
+  prefix), reported in TFLOP/s;
 - decode: 1 request at 32k context, 128 requests at 2k, and the latency-bound small cases (1 at
   512, 8 at 1k), reported in GB/s of KV read.
 SDPA runs the same work on contiguous K/V (``enable_gqa``, causal for extend; K/V expanded to the
@@ -20,7 +22,9 @@ Writes JSON: device, versions, commit, config, every sample, medians.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
@@ -38,7 +42,10 @@ from nanograph.bench.common import (
 )
 from nanograph.kernels.testing import PagedBatch, make_paged_batch
 
-HEADS = {"num_q_heads": 32, "num_kv_heads": 8, "head_dim": 128}
+HEAD_LAYOUTS = {
+    "qwen3-8b": {"num_q_heads": 32, "num_kv_heads": 8, "head_dim": 128},
+    "qwen3-0.6b": {"num_q_heads": 16, "num_kv_heads": 8, "head_dim": 128},
+}
 PAGE_SIZE = 16
 CEILING_TFLOPS = 790.0  # H200 bf16 dense, measured
 CEILING_GBPS = 4300.0  # H200 device copy, measured
@@ -51,6 +58,11 @@ class Case:
     requests: int
     context: int  # cached tokens before this forward
     new_tokens: int  # per request
+    layout: str = "qwen3-8b"  # a key of HEAD_LAYOUTS
+
+    @property
+    def heads(self) -> dict[str, int]:
+        return HEAD_LAYOUTS[self.layout]
 
     @property
     def seq_len(self) -> int:
@@ -59,14 +71,18 @@ class Case:
     def flops(self) -> float:
         # causal: query i of a request sees context + i + 1 keys; 2 matmuls x 2 flop per MAC
         keys = sum(self.context + i + 1 for i in range(self.new_tokens)) * self.requests
-        return 4.0 * keys * HEADS["num_q_heads"] * HEADS["head_dim"]
+        return 4.0 * keys * self.heads["num_q_heads"] * self.heads["head_dim"]
 
     def kv_bytes(self) -> float:
-        return 2.0 * self.requests * self.seq_len * HEADS["num_kv_heads"] * HEADS["head_dim"] * 2
+        heads = self.heads
+        return 2.0 * self.requests * self.seq_len * heads["num_kv_heads"] * heads["head_dim"] * 2
 
 
 CASES = (
     Case("extend_1x8192", "extend", 1, 0, 8192),
+    Case("extend_1x32k", "extend", 1, 0, 32768),
+    Case("extend_1x8192_06b", "extend", 1, 0, 8192, "qwen3-0.6b"),
+    Case("extend_1x32k_06b", "extend", 1, 0, 32768, "qwen3-0.6b"),
     Case("extend_32x256", "extend", 32, 0, 256),
     Case("decode_1x32k", "decode", 1, 32767, 1),
     Case("decode_128x2k", "decode", 128, 2047, 1),
@@ -78,9 +94,14 @@ CASES = (
 )
 
 
+def _head_args(case: Case) -> tuple[int, int, int]:
+    heads = case.heads
+    return heads["num_q_heads"], heads["num_kv_heads"], heads["head_dim"]
+
+
 def _paged_batch(case: Case) -> PagedBatch:
     return make_paged_batch(
-        [case.context] * case.requests, [case.new_tokens] * case.requests, **HEADS,
+        [case.context] * case.requests, [case.new_tokens] * case.requests, **case.heads,
         page_size=PAGE_SIZE, dtype=torch.bfloat16, device="cuda",
     )  # fmt: skip
 
@@ -90,7 +111,7 @@ def _triton_fn(case: Case, batch: PagedBatch, tiles=None) -> Callable[[], torch.
 
     out = torch.empty_like(batch.q)
     max_query_len = 1 if case.kind == "decode" else None
-    scale = HEADS["head_dim"] ** -0.5
+    scale = case.heads["head_dim"] ** -0.5
 
     def run() -> torch.Tensor:
         return paged_attention(
@@ -116,14 +137,14 @@ def _sdpa_fn(case: Case, backend: str) -> tuple[Callable[[], object], str]:
         "cudnn": SDPBackend.CUDNN_ATTENTION,
         "efficient": SDPBackend.EFFICIENT_ATTENTION,
     }[backend]
-    hq, hkv, d = HEADS["num_q_heads"], HEADS["num_kv_heads"], HEADS["head_dim"]
+    hq, hkv, d = (case.heads[k] for k in ("num_q_heads", "num_kv_heads", "head_dim"))
     b, lq, lk = case.requests, case.new_tokens, case.seq_len
     q = torch.randn(b, hq, lq, d, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(b, hkv, lk, d, device="cuda", dtype=torch.bfloat16)
     v = torch.randn_like(k)
     # extend: causal over a prompt without prefix (SDPA's top-left alignment is right there)
     kwargs = {"is_causal": case.kind == "extend", "enable_gqa": True}
-    note = "enable_gqa, 8 kv heads"
+    note = f"enable_gqa, {hkv} kv heads"
 
     def run() -> object:
         with sdpa_kernel(chosen):
@@ -134,7 +155,7 @@ def _sdpa_fn(case: Case, backend: str) -> tuple[Callable[[], object], str]:
     except RuntimeError:  # no GQA in this backend: the same work on K/V expanded outside timing
         k, v = k.repeat_interleave(hq // hkv, 1), v.repeat_interleave(hq // hkv, 1)
         kwargs.pop("enable_gqa")
-        note = "K/V expanded to 32 heads (the backend rejected enable_gqa)"
+        note = f"K/V expanded to {hq} heads (the backend rejected enable_gqa)"
         run()  # still refused: the caller records the backend as unsupported here
     return run, note
 
@@ -193,17 +214,24 @@ def _sweep(case: Case, batch: PagedBatch, rep_ms: int, deadline: float) -> list[
 
     n = case.requests * case.new_tokens
     base = choose_tiles(
-        torch.device("cuda"), n, case.requests, HEADS["num_q_heads"], HEADS["num_kv_heads"],
-        HEADS["head_dim"], 1 if case.kind == "decode" else None,
+        torch.device("cuda"), n, case.requests, *_head_args(case),
+        1 if case.kind == "decode" else None,
     )  # fmt: skip
     if case.kind == "extend":
+        # the likeliest first (the deadline cuts the list): 128-row tiles in 4 or 8 warps,
+        # 64- or 128-key blocks for long prompts; then 64- and 256-row tiles (256 rows only in
+        # 8 warps: 4 spill the accumulator)
+        long = case.new_tokens >= 4096
         grid = [
-            {"block_n": bn, "num_warps": w, "num_stages": st, "num_splits": sp}
-            for w in (8, 4)
-            for bn in (64, 32)
-            for st in (3, 2)
+            {"block_q": bq, "block_n": bn, "num_warps": w, "num_stages": st,
+             "num_splits": sp}
+            for bq in (base.block_q, base.block_q // 2, base.block_q * 2)
+            for bn in ((64, 128) if long else (32, 64))
+            for w in (4, 8)
+            for st in (3, 2, 4)
             for sp in sorted({1, base.num_splits})
-        ]
+            if bq >= 1 and not (bq * base.group_pad > 128 and w == 4)
+        ]  # fmt: skip
     else:
         long = case.requests == 1 and case.context >= 8192
         grid = [
@@ -224,6 +252,14 @@ def _sweep(case: Case, batch: PagedBatch, rep_ms: int, deadline: float) -> list[
             for w in (4, 8)
         ]  # fmt: skip
     default_out = _triton_fn(case, batch)().clone()
+    # compile every configuration first, on the host's cores (the timing loop then compiles
+    # nothing; one that fails to compile fails again below and is recorded there)
+    from nanograph.kernels.launch import parallel_compiles
+
+    with contextlib.suppress(Exception), parallel_compiles(os.cpu_count() or 1):
+        for overrides in grid:
+            with contextlib.suppress(Exception):
+                _triton_fn(case, batch, replace(base, **overrides))()
     results = []
     for overrides in grid:
         if time.monotonic() > deadline:
@@ -279,7 +315,12 @@ def main(argv: list[str] | None = None) -> int:
     report: dict = {
         "device": torch.cuda.get_device_name(),
         "env": environment(),
-        "config": {**HEADS, "dtype": "bfloat16", "page_size": PAGE_SIZE, "rep_ms": args.rep_ms},
+        "config": {
+            "head_layouts": HEAD_LAYOUTS,
+            "dtype": "bfloat16",
+            "page_size": PAGE_SIZE,
+            "rep_ms": args.rep_ms,
+        },  # fmt: skip
         "ceilings": {"tflops": CEILING_TFLOPS, "copy_gbps": CEILING_GBPS},
         "measured_copy_gbps": _copy_bandwidth_gbps(args.rep_ms),
         "cases": {},
@@ -295,8 +336,8 @@ def main(argv: list[str] | None = None) -> int:
         t_ms = median(triton_samples)
         n = case.requests * case.new_tokens
         tiles = choose_tiles(
-            torch.device("cuda"), n, case.requests, HEADS["num_q_heads"], HEADS["num_kv_heads"],
-            HEADS["head_dim"], 1 if case.kind == "decode" else None,
+            torch.device("cuda"), n, case.requests, *_head_args(case),
+            1 if case.kind == "decode" else None,
         )  # fmt: skip
         entry = {
             "case": asdict(case),
