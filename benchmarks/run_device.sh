@@ -30,7 +30,8 @@
 #   tests-parallel (tests/gpu but tensor parallelism, five pytest processes at once),
 #   serve-saturation (issue 13: 0.6b saturation at 128 and 512 prompts, with per-process CPU),
 #   ab-floor (this tree's decode graph replay time against another commit's, alternating),
-#   prefill-long (extend attention vs SDPA at 8k / 32k, the 8k prefill's kernels and peer).
+#   prefill-long (extend attention vs SDPA at 8k / 32k, the 8k prefill's kernels and peer),
+#   ab-attention (this tree's attention kernel against another commit's, alternating).
 # Run from the repo root; logs and JSON land in OUTDIR (copy them to benchmarks/results/).
 # Export NANOGRAPH_COMMIT=<short hash> first: the device copy's .git can be stale.
 set -uo pipefail
@@ -370,6 +371,17 @@ case $stage in
     timeout 240 python3 -m nanograph bench prefill --models qwen3-0.6b --lengths 2048,8192 \
       --arms eager,full --peer-lengths 8192 --repeats 5 --out "$out/prefill_long.json" \
       2>&1 | grep -v "^INFO" | tee "$out/prefill_long.log" ;;
+  ab-attention)  # ~40 s a run: `bench attention` of this tree against BASE's (a folder holding
+    # another commit's nanograph/, as for ab-floor), the two alternating twice, over CASES
+    base=$(cd "${BASE:?set BASE to a folder holding the base commit nanograph/}" && pwd)
+    dest=$(cd "$out" && pwd)
+    for i in 1 2; do for t in new base; do
+      d=$PWD; [ $t = base ] && d=$base; name="ab_attention_${t}_$i"
+      (cd "$d" && PYTHONPATH=$d timeout 150 python3 -m nanograph bench attention \
+        --cases "${CASES:-extend_1x8192,extend_1x8192_06b,extend_32x256,decode_1x512}" \
+        --out "$dest/$name.json" 2>&1 | grep -v "Warning\|return F" > "$dest/$name.log")
+      echo "== $t $i"; grep "triton" "$dest/$name.log" | cut -c1-60
+    done; done ;;
   tests-parallel)  # ~6 min: tests/gpu but tensor parallelism, as five pytest processes at once
     # (cold Triton compiles are single-threaded per process; no test asserts a time). Each
     # group is bounded by TEST_TIMEOUT and logs to its own file; the summary lines follow.

@@ -8,6 +8,7 @@ the compiled kernels there, and setting the variable would turn them into interp
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 import sys
@@ -201,6 +202,26 @@ def test_preallocated_out_keeps_padded_rows():
     assert torch.all(out[7:] == 7.0)
     want = reference.paged_attention(*[_f64(a) for a in args[:3]], *args[3:])
     torch.testing.assert_close(out[:7].double(), want[:7], atol=2e-4, rtol=2e-4)
+
+
+def test_launches_by_query_length_fill_one_output():
+    """A mixed extend as two launches in different tiles, each over the requests whose
+    query_len lies in its range (what ``launch_plan`` makes of a prefill graph holding short
+    and long prompts): together they write every row once, as one launch would."""
+    batch = _batch([0, 6, 0, 30], [3, 9, 1, 14], sentinels=2, seed=9)
+    scale = batch.q.shape[-1] ** -0.5
+    args = (batch.q, batch.k_cache, batch.v_cache, *batch.metadata(), batch.page_size, scale)
+    short = attention.choose_tiles(torch.device("cpu"), batch.q.shape[0], 6, 4, 2, 16, None)
+    long = dataclasses.replace(short, block_q=short.block_q * 2, block_n=short.block_n * 2)
+    out = attention.paged_attention(*args, tiles=short, query_len_range=(0, 3))
+    only_short = out.clone()
+    attention.paged_attention(*args, tiles=long, query_len_range=(4, 1 << 30), out=out)
+    want = reference.paged_attention(*[_f64(a) for a in args[:3]], *args[3:])
+    torch.testing.assert_close(out[:27].double(), want[:27], atol=2e-4, rtol=2e-4)
+    assert torch.all(out[27:] == 0), "padded rows must not be written"
+    # the first launch left the longer requests' rows (tokens 3-11 and 13-26) alone
+    assert torch.all(only_short[3:12] == 0) and torch.all(only_short[13:27] == 0)
+    assert torch.all(only_short[:3] == out[:3]) and torch.all(only_short[12] == out[12])
 
 
 def test_only_sentinels_is_a_no_op():

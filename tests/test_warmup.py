@@ -75,3 +75,29 @@ def test_per_request_variants_launch_exactly_their_query_length():
     for tokens, tiles in attention.tile_variants(torch.device("cpu"), 32, 8, 128):
         if tiles.per_request:
             assert tiles.block_q == tokens
+
+
+@pytest.mark.parametrize("heads", [(32, 8, 128), (16, 8, 128), (64, 8, 64)])
+def test_launch_plan_gives_long_requests_of_a_mixed_extend_their_own_launch(heads, monkeypatch):
+    """A prefill graph of 8192 tokens x 16 slots may hold sixteen 512-token prompts or one of
+    8192: the short requests take the short tiles, longer ones a second launch in the tiles of
+    one long request; each is a variant start-up compiles. Decode, one request, batches of at
+    most SHORT_REQUEST_TOKENS tokens and float32 keep one launch over every request."""
+    monkeypatch.setattr(attention, "_sm_count", lambda index: 132)
+    gpu = torch.device("cuda", 0)
+    hq, hkv, d = heads
+    variants = {attention.compiled_variant(t) for _, t in attention.tile_variants(gpu, hq, hkv, d)}
+    short_limit, everything = attention.SHORT_REQUEST_TOKENS, (0, attention.MAX_QUERY_LEN)
+    plan = attention.launch_plan(gpu, 8192, 16, hq, hkv, d, None)
+    assert [r for _, r in plan] == [(0, short_limit), (short_limit + 1, attention.MAX_QUERY_LEN)]
+    short, long = (t for t, _ in plan)
+    assert short == attention.choose_tiles(gpu, 8192, 16, hq, hkv, d, None)
+    assert long == attention.choose_tiles(gpu, 8192, 1, hq, hkv, d, None) != short
+    assert long.block_n > short.block_n
+    assert {attention.compiled_variant(short), attention.compiled_variant(long)} <= variants
+    for tokens, seqs, max_query_len in [(8192, 1, None), (512, 16, None), (64, 64, 1),
+                                        (20, 4, 5), (20000, 16, None)]:  # fmt: skip
+        plan = attention.launch_plan(gpu, tokens, seqs, hq, hkv, d, max_query_len)
+        assert [r for _, r in plan] == [everything], (tokens, seqs)
+    assert len(attention.launch_plan(gpu, 8192, 16, hq, hkv, d, None, exact=True)) == 1
+    assert len(attention.launch_plan(torch.device("cpu"), 8192, 16, hq, hkv, d, None)) == 1

@@ -34,6 +34,10 @@ Invariants:
 - Two static layouts of the first grid dim: "flat" (extend: ``N // BLOCK_Q + S`` programs, each
   finds its request by binary search over ``query_start_loc``) and "per request" (decode and
   verify: ``S * cdiv(max_query_len, BLOCK_Q)`` programs); ``max_query_len`` is a static hint.
+- An extend call is one launch or two (``launch_plan``): a batch short on average but with
+  room for a request longer than SHORT_REQUEST_TOKENS launches once per length class, in that
+  class's tiles, each program leaving the other class's requests alone; a prefill graph
+  (16 slots) then runs a long prompt in long-prompt tiles.
 """
 
 from __future__ import annotations
@@ -65,6 +69,8 @@ PROGRAMS_PER_SM = 4
 SMALL_QUERY_ROWS = 64
 # Extend batches averaging at most this many tokens per request slot count as short requests.
 SHORT_REQUEST_TOKENS = 512
+# No request's query is longer (int32 lengths): the upper end of an unrestricted launch.
+MAX_QUERY_LEN = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -177,6 +183,9 @@ def _attend_key_range(
             v = tl.load(v_ptrs, mask=in_seq[:, None], other=0.0)
         else:
             v = tl.load(v_ptrs)
+        # Not the FMA form exp2(s * qk_scale - m) with the max on raw scores, nor P V
+        # accumulated into the rescaled acc: on the H200 at 1 x 8192 with qwen3-8b heads
+        # (256-row tiles, 8 warps) each took 1.88 ms against 1.24 (qwen3-0.6b heads: -1.7%).
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
     return acc, m_i, l_i
@@ -185,7 +194,9 @@ def _attend_key_range(
 # Batch-dependent integers are not specialized: Triton would otherwise compile a new variant
 # whenever the request count or the page-table width changes between 1, a multiple of 16 and
 # anything else, i.e. on a request's path.
-@triton.jit(do_not_specialize=["num_seqs", "num_splits", "stride_page_table"])
+@triton.jit(
+    do_not_specialize=["num_seqs", "num_splits", "stride_page_table", "min_q_len", "max_q_len"]
+)
 def _paged_attention_kernel(
     q_ptr,
     k_cache_ptr,
@@ -201,6 +212,8 @@ def _paged_attention_kernel(
     query_start_loc_ptr,
     num_seqs,
     num_splits,  # slices of the key range, the grid's third dim: a value, not a variant
+    min_q_len,  # requests with query_len outside [min_q_len, max_q_len] are another launch's
+    max_q_len,
     stride_page_table,
     stride_q_tok,
     stride_q_head,
@@ -250,8 +263,8 @@ def _paged_attention_kernel(
         seq = _find_request(query_start_loc_ptr, pid, num_seqs, BLOCK_Q)
         q_block = pid - (tl.load(query_start_loc_ptr + seq) // BLOCK_Q + seq)
     q_len = tl.load(query_lens_ptr + seq)
-    if q_block * BLOCK_Q >= q_len:
-        return  # sentinel slot, or a spare program of the static grid
+    if q_block * BLOCK_Q >= q_len or q_len < min_q_len or q_len > max_q_len:
+        return  # sentinel slot, a spare program of the static grid, or another launch's
     seq_len = tl.load(seq_lens_ptr + seq)
     q_start = tl.load(query_start_loc_ptr + seq)
     context_len = seq_len - q_len
@@ -489,13 +502,20 @@ def choose_tiles(
         block_n = 64 if on_gpu else 16
         num_warps, num_stages = 4, 2
     else:
-        # Extend: a 128-row tile (64 for head_dim 256, to stay within registers). Short requests
-        # on average (a static ratio of the padded batch) have few key blocks per program, where
-        # the smaller key block wins (32 x 256: 0.130 vs 0.155 ms; 1 x 8192 prefers 64).
+        # Extend: a 128-row tile in 4 warps (64 for head_dim 256, to stay within registers).
+        # Short requests on average (a static ratio of the padded batch) have few key blocks
+        # per program, where the smaller key block wins (32 x 256: 0.130 vs 0.155 ms).
         target_rows = (128 if head_dim <= 128 else 64) if on_gpu else 16
         short = num_tokens <= SHORT_REQUEST_TOKENS * max(num_seqs, 1)
         block_n = (64 if head_dim <= 128 and not short else 32) if on_gpu else 16
         num_warps, num_stages = 4, (3 if head_dim <= 128 else 2)
+        if on_gpu and not exact and not short and head_dim <= 128:
+            # Long prompts: 64 query tokens a tile (at least 128 rows, at most 256) against
+            # 128-key blocks in 8 warps. H200 sweep at 7048f80, 1 x 8192: qwen3-8b heads
+            # (group 4, 256 rows) 1.229 ms against 1.47 for 128 rows x 64 keys in 4 warps;
+            # qwen3-0.6b heads (group 2, 128 rows) 0.746 against 0.882.
+            target_rows = min(max(64 * group_pad, 128), 256)
+            block_n, num_warps = 128, 8
         if exact:
             # IEEE float32 dots lower to unrolled FMAs: their count per thread (tile rows x
             # key block x head_dim / threads) drives ptxas time. 32 x 16 tiles keep it at
@@ -584,6 +604,33 @@ def forced_tiles(tiles: AttentionTiles) -> Iterator[None]:
         _FORCED_TILES.reset(token)
 
 
+def launch_plan(
+    device: torch.device,
+    num_tokens: int,
+    num_seqs: int,
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    max_query_len: int | None,
+    num_splits: int | None = None,
+    exact: bool = False,
+) -> list[tuple[AttentionTiles, tuple[int, int]]]:
+    """The launches of one attention call, each with the (inclusive) query_len range of the
+    requests it computes: one launch in ``choose_tiles``' configuration, or, for an extend
+    batch whose requests count as short on average but that has room for a longer one, the
+    short requests in it and the long ones (over SHORT_REQUEST_TOKENS) in the tiles of one
+    request holding every token, where those differ. Static sizes only (graph-safe)."""
+    args = (device, num_tokens, num_seqs, num_q_heads, num_kv_heads, head_dim, max_query_len,
+            num_splits, exact)  # fmt: skip
+    tiles = choose_tiles(*args)
+    if tiles.per_request or num_tokens <= SHORT_REQUEST_TOKENS:
+        return [(tiles, (0, MAX_QUERY_LEN))]
+    long = choose_tiles(device, num_tokens, 1, *args[3:])
+    if long == tiles:
+        return [(tiles, (0, MAX_QUERY_LEN))]
+    return [(tiles, (0, SHORT_REQUEST_TOKENS)), (long, (SHORT_REQUEST_TOKENS + 1, MAX_QUERY_LEN))]
+
+
 def paged_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -601,6 +648,7 @@ def paged_attention(
     max_query_len: int | None = None,
     num_splits: int | None = None,
     tiles: AttentionTiles | None = None,
+    query_len_range: tuple[int, int] = (0, MAX_QUERY_LEN),
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of ``q [N, Hq, D]`` over the paged cache; returns ``[N, Hq, D]``.
@@ -610,7 +658,16 @@ def paged_attention(
     (one learned logit per head, in the denominator only); ``softcap > 0`` caps logits as
     ``softcap * tanh(s / softcap)``; ``sliding_window > 0`` keeps keys with
     ``pos - window < key_pos <= pos``. ``num_splits``/``tiles`` override the static launch
-    configuration (benchmarks, tests).
+    configuration (benchmarks, tests); ``query_len_range`` (inclusive) restricts a launch to
+    the requests whose query_len lies in it (rows of the others are left as ``out`` holds
+    them).
+
+    An extend batch that may mix short and long requests (more than SHORT_REQUEST_TOKENS
+    tokens, but few enough a request on average to count as short) runs as two launches, each
+    in its own tiles: requests of at most SHORT_REQUEST_TOKENS query tokens, then the longer
+    ones. The split is by each request's length on the device, so it holds in a CUDA graph
+    captured for request slots of any length (a prefill graph of 8192 tokens x 16 slots runs
+    one 8192-token prompt in the long tiles).
     """
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[1]
@@ -623,15 +680,41 @@ def paged_attention(
         raise ValueError("q and the KV cache must be contiguous in head_dim")
     if page_table.stride(-1) != 1:
         raise ValueError("page_table must be contiguous in its last dim")
-    if tiles is None:
-        tiles = _FORCED_TILES.get() or choose_tiles(
+    tiles = tiles or _FORCED_TILES.get()
+    lo, hi = query_len_range
+    if tiles is not None:
+        launches = [(tiles, (lo, hi))]
+    else:
+        plan = launch_plan(
             q.device, num_tokens, num_seqs, num_q_heads, num_kv_heads, head_dim, max_query_len,
             num_splits, q.dtype == torch.float32,
         )  # fmt: skip
+        launches = [(t, (max(lo, a), min(hi, b))) for t, (a, b) in plan]
     if out is None:
         out = torch.zeros_like(q)
     if num_tokens == 0 or num_seqs == 0:
         return out
+    launched = True
+    for launch_tiles, (min_q_len, max_q_len) in launches:
+        launched &= _launch(
+            q, k_cache, v_cache, page_table, seq_lens, query_lens, query_start_loc, page_size,
+            scale, sliding_window, sinks, softcap, max_query_len, launch_tiles, min_q_len,
+            max_q_len, out,
+        )  # fmt: skip
+    if not launched:  # compiled only (start-up): what follows reads defined values
+        out.zero_()
+    return out
+
+
+def _launch(
+    q, k_cache, v_cache, page_table, seq_lens, query_lens, query_start_loc, page_size, scale,
+    sliding_window, sinks, softcap, max_query_len, tiles, min_q_len, max_q_len, out,
+) -> bool:  # fmt: skip
+    """One launch of the kernel in ``tiles`` over the requests whose query_len lies in
+    [min_q_len, max_q_len]; False if it only compiled (start-up)."""
+    num_tokens, num_q_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[1]
+    num_seqs = seq_lens.shape[0]
     if tiles.num_splits > 1:
         part_out = torch.empty(
             (num_tokens, num_q_heads, tiles.num_splits, head_dim),
@@ -664,7 +747,7 @@ def paged_attention(
             page_table, seq_lens, query_lens, query_start_loc,
         ),
         (
-            num_seqs, tiles.num_splits, page_table.stride(0),
+            num_seqs, tiles.num_splits, min_q_len, max_q_len, page_table.stride(0),
             q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
             v_cache.stride(0), v_cache.stride(1), out.stride(0), out.stride(1),
             qk_scale, float(softcap), int(sliding_window),
@@ -695,6 +778,4 @@ def paged_attention(
             num_stages=tiles.num_stages,
         ),
     )  # fmt: skip
-    if not launched:  # compiled only (start-up): what follows reads defined values
-        out.zero_()
-    return out
+    return launched

@@ -63,6 +63,17 @@ def test_extend_chunked_prefill_mix():
     _check(_batch([6000, 0, 0, 31, 4095, 1], [1024, 700, 3, 1, 517, 2000], sentinels=2, pad=7))
 
 
+def test_extend_short_and_long_requests_in_their_own_launches():
+    # 16 slots and ~4k tokens: short on average, so the short requests (up to 512 tokens, the
+    # border included) take the short tiles and the longer ones (513 up) a second launch
+    from nanograph.kernels.attention import launch_plan
+
+    queries = [3000, 100, 1, 513, 512, 40]
+    batch = _batch([0, 0, 9, 700, 0, 33], queries, sentinels=10, pad=5, seed=3)
+    assert len(launch_plan(batch.q.device, batch.q.shape[0], 16, 32, 8, 128, None)) == 2
+    _check(batch)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 def test_extend_other_dtypes(dtype):
     _check(_batch([100, 0], [300, 257], dtype=dtype, seed=2), dtype=dtype)
@@ -112,19 +123,24 @@ def test_gpt_oss_window_sinks_softcap(max_query_len):
 _STATIC_NAMES = ("q", "seq_lens", "query_lens", "query_start_loc")
 
 
-def _graph_case(max_query_len: int | None) -> tuple[PagedBatch, PagedBatch]:
+def _graph_case(max_query_len: int | str | None) -> tuple[PagedBatch, PagedBatch]:
     if max_query_len == 1:
         first = _batch([5, 3000, 17, 0], [1, 1, 1, 1], seed=7)
         second = _batch([2047, 1], [1, 1], sentinels=2, pad=2, seed=8)  # fewer live requests
+    elif max_query_len == "mixed":  # two launches (launch_plan) in one graph
+        first = _batch([0] * 16, [256] * 16, seed=7)
+        second = _batch([0], [4000], sentinels=15, pad=96, seed=8)
     else:
         first = _batch([0, 300], [200, 56], seed=7)
         second = _batch([1000], [250], sentinels=1, pad=6, seed=8)
     return first, second
 
 
-@pytest.mark.parametrize("max_query_len", [None, 1])
+@pytest.mark.parametrize("max_query_len", [None, 1, "mixed"])
 def test_replays_in_a_cuda_graph_with_new_lengths(max_query_len):
     first, second = _graph_case(max_query_len)
+    if max_query_len == "mixed":  # 16 short prompts captured, one long one replayed
+        max_query_len = None
     # Static buffers sized by the first batch; the second batch's caches are copied into the
     # same cache tensor (it is big enough) and its metadata into the same buffers.
     static = dataclasses.replace(
