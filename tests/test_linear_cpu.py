@@ -56,3 +56,11 @@ def test_views_other_dtypes_and_autograd_take_the_plain_product():
     out = ops.linear(x, trained)
     out.sum().backward()
     assert trained.grad is not None and _packed(trained) is None
+
+
+def test_a_weight_whose_copy_would_not_fit_stays_unpacked(monkeypatch):
+    monkeypatch.setattr(ops, "_memory_available", lambda: ops.PACK_HEADROOM_BYTES)
+    weight = torch.nn.Parameter(torch.randn(32, 16), requires_grad=False)
+    x = torch.randn(4, 16)
+    torch.testing.assert_close(ops.linear(x, weight), F.linear(x, weight))
+    assert _packed(weight)[1] is None  # decided once: later products skip the memory check

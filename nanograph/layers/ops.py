@@ -104,7 +104,9 @@ def _onednn_weight(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None
     """oneDNN's blocked copy of a float32 CPU weight for ``x @ weight.T``, made at the weight's
     first product and kept on it (again if the weight changes in place), or None where the
     plain product runs. Per-call views (an expert's slice of a stacked weight) are not packed:
-    each call would pack anew."""
+    each call would pack anew. The copy doubles the weight's memory, so a weight whose copy
+    would leave less than PACK_HEADROOM_BYTES of the host's memory available stays unpacked
+    (a large float32 model on a small host runs, as before, on ``F.linear``)."""
     global _ONEDNN
     if not (
         _ONEDNN and x.device.type == "cpu" and x.dtype == torch.float32
@@ -117,14 +119,32 @@ def _onednn_weight(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None
     cached = getattr(weight, _PACKED_ATTR, None)
     if cached is not None and cached[0] == key:
         return cached[1]
-    try:
-        # the row count only picks the blocked layout; any row count runs on it
-        packed = torch.ops.mkldnn._reorder_linear_weight(weight, 2048)
-    except (AttributeError, RuntimeError, NotImplementedError):
-        _ONEDNN = False
-        return None
+    packed = None  # where memory is short, the weight keeps the plain product
+    if _memory_available() >= weight.numel() * weight.element_size() + PACK_HEADROOM_BYTES:
+        try:
+            # the row count only picks the blocked layout; any row count runs on it
+            packed = torch.ops.mkldnn._reorder_linear_weight(weight, 2048)
+        except (AttributeError, RuntimeError, NotImplementedError):
+            _ONEDNN = False
+            return None
     setattr(weight, _PACKED_ATTR, (key, packed))
     return packed
+
+
+# A weight is packed only while this much memory would remain available after its copy.
+PACK_HEADROOM_BYTES = 2 * 2**30
+
+
+def _memory_available() -> int:
+    """The host's available memory in bytes (Linux's MemAvailable; unbounded elsewhere)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 1 << 62
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None):
