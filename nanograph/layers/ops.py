@@ -155,9 +155,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         from nanograph.kernels.gemv import gemv
 
         return gemv(x, weight)
-    packed = _onednn_weight(x, weight)
-    if packed is not None:
-        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    if not x.is_cuda:  # (CUDA's eager forwards are host-bound: no checks on their path)
+        packed = _onednn_weight(x, weight)
+        if packed is not None:
+            return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
     return F.linear(x, weight, bias)
 
 
