@@ -10,7 +10,8 @@ Invariants:
   ``slot_mapping`` (slot -1 = padded token, not written). It runs inside the attention op.
 - ``linear`` / ``silu_and_mul_linear``: a one-row product on CUDA (decode at batch 1) runs the
   Triton GEMV, which streams the weight faster than cuBLAS at that shape (``nanograph bench
-  gemv``) and takes the MLP's activation into the down projection; every other product is
+  gemv``) and takes the MLP's activation into the down projection; a float32 product on CPU
+  runs on oneDNN with the weight packed once (``_onednn_weight``); every other product is
   ``F.linear``. ``use_triton_gemv(False)`` turns the GEMV off (set it before graphs are
   captured: a graph replays whichever kernel it recorded). Under torch.compile it is off, so
   tc_piecewise keeps one compiled graph for every size.
