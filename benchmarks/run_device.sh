@@ -31,7 +31,8 @@
 #   serve-saturation (issue 13: 0.6b saturation at 128 and 512 prompts, with per-process CPU),
 #   ab-floor (this tree's decode graph replay time against another commit's, alternating),
 #   prefill-long (extend attention vs SDPA at 8k / 32k, the 8k prefill's kernels and peer),
-#   ab-attention (this tree's attention kernel against another commit's, alternating).
+#   ab-attention (this tree's attention kernel against another commit's, alternating),
+#   prefill-verify (the long-prompt attention's GPU tests, then a model's prefill table).
 # Run from the repo root; logs and JSON land in OUTDIR (copy them to benchmarks/results/).
 # Export NANOGRAPH_COMMIT=<short hash> first: the device copy's .git can be stale.
 set -uo pipefail
@@ -371,6 +372,23 @@ case $stage in
     timeout 240 python3 -m nanograph bench prefill --models qwen3-0.6b --lengths 2048,8192 \
       --arms eager,full --peer-lengths 8192 --repeats 5 --out "$out/prefill_long.json" \
       2>&1 | grep -v "^INFO" | tee "$out/prefill_long.log" ;;
+  prefill-verify)  # <= ~9 min (estimated): stop 29's attention (long-prompt tiles,
+    # launch_plan) as committed: its GPU tests in two processes, then issue 18's qwen3-0.6b
+    # prefill table, every arm beside the fair peer. MODELS=qwen3-8b for the 8b table (then
+    # TESTS=0 skips the tests)
+    if [ "${TESTS:-1}" = 1 ]; then
+      timeout 240 python3 -m pytest -q -p no:cacheprovider -rfE tests/gpu/test_kernels_attention.py \
+        tests/gpu/test_runners_gpu.py > "$out/gpu_tests_attention.log" 2>&1 &
+      timeout 240 python3 -m pytest -q -p no:cacheprovider -rfE tests/gpu/test_prefix_gpu.py \
+        tests/gpu/test_hardening_gpu.py -k "cached_prefixes or no_kernel_compiles" \
+        > "$out/gpu_tests_prefix_nocompile.log" 2>&1 &
+      wait
+      tail -1 "$out/gpu_tests_attention.log" "$out/gpu_tests_prefix_nocompile.log"
+    fi
+    m=${MODELS:-qwen3-0.6b}
+    timeout 330 python3 -m nanograph bench prefill --models "$m" --lengths 256,1024,2048,4096,8192 \
+      --peer-lengths 256,2048,8192 --repeats 5 --out "$out/prefill_$m.json" 2>&1 \
+      | grep -v "^INFO\|Warning\|warn" | tee "$out/prefill_$m.log" ;;
   ab-attention)  # ~40 s a run: `bench attention` of this tree against BASE's (a folder holding
     # another commit's nanograph/, as for ab-floor), the two alternating twice, over CASES
     base=$(cd "${BASE:?set BASE to a folder holding the base commit nanograph/}" && pwd)
