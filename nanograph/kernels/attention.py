@@ -604,6 +604,7 @@ def forced_tiles(tiles: AttentionTiles) -> Iterator[None]:
         _FORCED_TILES.reset(token)
 
 
+@functools.lru_cache(maxsize=512)  # like choose_tiles: every eager attention call asks
 def launch_plan(
     device: torch.device,
     num_tokens: int,
@@ -614,7 +615,7 @@ def launch_plan(
     max_query_len: int | None,
     num_splits: int | None = None,
     exact: bool = False,
-) -> list[tuple[AttentionTiles, tuple[int, int]]]:
+) -> tuple[tuple[AttentionTiles, tuple[int, int]], ...]:
     """The launches of one attention call, each with the (inclusive) query_len range of the
     requests it computes: one launch in ``choose_tiles``' configuration, or, for an extend
     batch whose requests count as short on average but that has room for a longer one, the
@@ -624,11 +625,11 @@ def launch_plan(
             num_splits, exact)  # fmt: skip
     tiles = choose_tiles(*args)
     if tiles.per_request or num_tokens <= SHORT_REQUEST_TOKENS:
-        return [(tiles, (0, MAX_QUERY_LEN))]
+        return ((tiles, (0, MAX_QUERY_LEN)),)
     long = choose_tiles(device, num_tokens, 1, *args[3:])
     if long == tiles:
-        return [(tiles, (0, MAX_QUERY_LEN))]
-    return [(tiles, (0, SHORT_REQUEST_TOKENS)), (long, (SHORT_REQUEST_TOKENS + 1, MAX_QUERY_LEN))]
+        return ((tiles, (0, MAX_QUERY_LEN)),)
+    return ((tiles, (0, SHORT_REQUEST_TOKENS)), (long, (SHORT_REQUEST_TOKENS + 1, MAX_QUERY_LEN)))
 
 
 def paged_attention(
