@@ -383,7 +383,7 @@ case $stage in
         tests/gpu/test_hardening_gpu.py -k "cached_prefixes or no_kernel_compiles" \
         > "$out/gpu_tests_prefix_nocompile.log" 2>&1 &
       wait
-      tail -1 "$out/gpu_tests_attention.log" "$out/gpu_tests_prefix_nocompile.log"
+      for f in "$out"/gpu_tests_attention.log "$out"/gpu_tests_prefix_nocompile.log; do tail -n 1 "$f"; done
     fi
     m=${MODELS:-qwen3-0.6b}
     timeout 330 python3 -m nanograph bench prefill --models "$m" --lengths 256,1024,2048,4096,8192 \
