@@ -224,7 +224,7 @@ def _sweep(case: Case, batch: PagedBatch, rep_ms: int, deadline: float) -> list[
         long = case.new_tokens >= 4096
         grid = [
             {"block_q": bq, "block_n": bn, "num_warps": w, "num_stages": st,
-             "num_splits": sp}
+             "num_splits": sp, "prefetch_pages": False}
             for bq in (base.block_q, base.block_q // 2, base.block_q * 2)
             for bn in ((64, 128) if long else (32, 64))
             for w in (4, 8)
@@ -232,6 +232,13 @@ def _sweep(case: Case, batch: PagedBatch, rep_ms: int, deadline: float) -> list[
             for sp in sorted({1, base.num_splits})
             if bq >= 1 and not (bq * base.group_pad > 128 and w == 4)
         ]  # fmt: skip
+        if long:
+            # first, the chosen tiles' key loop: page ids one block ahead or not, pipeline
+            # depth (Triton 3.6's automatic warp specialization of this loop measured the same
+            # as without it at 7b767ad: Hopper does not specialize it)
+            grid = [
+                {"prefetch_pages": pf, "num_stages": st} for pf in (True, False) for st in (3, 2, 4)
+            ] + grid
     else:
         long = case.requests == 1 and case.context >= 8192
         grid = [
