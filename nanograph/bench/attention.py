@@ -233,12 +233,18 @@ def _sweep(case: Case, batch: PagedBatch, rep_ms: int, deadline: float) -> list[
             if bq >= 1 and not (bq * base.group_pad > 128 and w == 4)
         ]  # fmt: skip
         if long:
-            # first, the chosen tiles' key loop: page ids one block ahead or not, pipeline
-            # depth (Triton 3.6's automatic warp specialization of this loop measured the same
-            # as without it at 7b767ad: Hopper does not specialize it)
-            grid = [
-                {"prefetch_pages": pf, "num_stages": st} for pf in (True, False) for st in (3, 2, 4)
-            ] + grid
+            # first, the key loop with page ids one block ahead (K and V are then pipelined
+            # through shared memory, so smaller tiles fit more stages), then without; Triton
+            # 3.6's automatic warp specialization of this loop measured the same as without it
+            # at 7b767ad (Hopper does not specialize it)
+            prefetching = [
+                {"prefetch_pages": True, "block_q": bq, "block_n": bn, "num_stages": st}
+                for bq in (base.block_q, max(base.block_q // 2, 1))
+                for bn in (128, 64)
+                for st in (3, 4, 2)
+            ]  # fmt: skip
+            plain = [{"prefetch_pages": False, "num_stages": st} for st in (3, 2, 4)]
+            grid = prefetching + plain + grid
     else:
         long = case.requests == 1 and case.context >= 8192
         grid = [
