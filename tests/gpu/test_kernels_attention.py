@@ -20,6 +20,9 @@ if torch.cuda.is_available():
     from nanograph.kernels.testing import PagedBatch, make_paged_batch
 
 QWEN3_8B = {"num_q_heads": 32, "num_kv_heads": 8, "head_dim": 128}
+QWEN3_06B = {"num_q_heads": 16, "num_kv_heads": 8, "head_dim": 128}  # 128-row long tiles
+# long prompts take 256-row tiles with qwen3-8b's heads and 128-row ones with qwen3-0.6b's
+LONG_LAYOUTS = pytest.mark.parametrize("layout", [QWEN3_8B, QWEN3_06B], ids=["8b", "06b"])
 GPT_OSS = {"num_q_heads": 64, "num_kv_heads": 8, "head_dim": 64}
 TOLERANCE = {torch.bfloat16: 2e-2, torch.float16: 4e-3, torch.float32: 1e-4}
 
@@ -48,8 +51,9 @@ def _check(batch: PagedBatch, dtype=torch.bfloat16, **kwargs) -> None:
     assert torch.all(got[real:] == 0)
 
 
-def test_extend_one_long_prompt():
-    _check(_batch([0], [8192]))
+@LONG_LAYOUTS
+def test_extend_one_long_prompt(layout):
+    _check(_batch([0], [8192], layout=layout))
 
 
 def test_extend_many_requests_with_prefixes_and_sentinels():
@@ -58,19 +62,23 @@ def test_extend_many_requests_with_prefixes_and_sentinels():
     _check(_batch(contexts, [256] * 32, sentinels=4, pad=100, seed=1))
 
 
-def test_extend_chunked_prefill_mix():
+@LONG_LAYOUTS
+def test_extend_chunked_prefill_mix(layout):
     # a long prefix continuing by a chunk, fresh prompts, single-token extends
-    _check(_batch([6000, 0, 0, 31, 4095, 1], [1024, 700, 3, 1, 517, 2000], sentinels=2, pad=7))
+    _check(_batch([6000, 0, 0, 31, 4095, 1], [1024, 700, 3, 1, 517, 2000], layout=layout,
+                  sentinels=2, pad=7))  # fmt: skip
 
 
-def test_extend_short_and_long_requests_in_their_own_launches():
+@LONG_LAYOUTS
+def test_extend_short_and_long_requests_in_their_own_launches(layout):
     # 16 slots and ~4k tokens: short on average, so the short requests (up to 512 tokens, the
     # border included) take the short tiles and the longer ones (513 up) a second launch
     from nanograph.kernels.attention import launch_plan
 
     queries = [3000, 100, 1, 513, 512, 40]
-    batch = _batch([0, 0, 9, 700, 0, 33], queries, sentinels=10, pad=5, seed=3)
-    assert len(launch_plan(batch.q.device, batch.q.shape[0], 16, 32, 8, 128, None)) == 2
+    batch = _batch([0, 0, 9, 700, 0, 33], queries, layout=layout, sentinels=10, pad=5, seed=3)
+    heads = (layout["num_q_heads"], layout["num_kv_heads"], layout["head_dim"])
+    assert len(launch_plan(batch.q.device, batch.q.shape[0], 16, *heads, None)) == 2
     _check(batch)
 
 
