@@ -245,6 +245,11 @@ def _sweep(case: Case, batch: PagedBatch, rep_ms: int, deadline: float) -> list[
             ]  # fmt: skip
             plain = [{"prefetch_pages": False, "num_stages": st} for st in (3, 2, 4)]
             grid = prefetching + plain + grid
+        # each configuration once (the lists above overlap), at its first place in the order
+        unique: dict = {}
+        for overrides in grid:
+            unique.setdefault(replace(base, **overrides), overrides)
+        grid = list(unique.values())
     else:
         long = case.requests == 1 and case.context >= 8192
         grid = [
