@@ -94,6 +94,9 @@ def test_launch_plan_gives_long_requests_of_a_mixed_extend_their_own_launch(head
     assert short == attention.choose_tiles(gpu, 8192, 16, hq, hkv, d, None)
     assert long == attention.choose_tiles(gpu, 8192, 1, hq, hkv, d, None) != short
     assert long.block_n > short.block_n
+    # 128-row long tiles load page ids a block ahead (measured faster); 256-row ones do not
+    assert long.prefetch_pages == (long.block_q * long.group_pad <= 128)
+    assert not short.prefetch_pages
     assert {attention.compiled_variant(short), attention.compiled_variant(long)} <= variants
     for tokens, seqs, max_query_len in [(8192, 1, None), (512, 16, None), (64, 64, 1),
                                         (20, 4, 5), (20000, 16, None)]:  # fmt: skip

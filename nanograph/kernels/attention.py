@@ -491,6 +491,7 @@ def choose_tiles(
     group_pad = _next_pow2(num_q_heads // num_kv_heads)
     on_gpu = device.type == "cuda"
     exact = exact and on_gpu
+    prefetch_long = False
     small = (
         not exact and max_query_len is not None
         and _next_pow2(max_query_len) * group_pad <= SMALL_QUERY_ROWS
@@ -516,6 +517,10 @@ def choose_tiles(
             # qwen3-0.6b heads (group 2, 128 rows) 0.746 against 0.882.
             target_rows = min(max(64 * group_pad, 128), 256)
             block_n, num_warps = 128, 8
+            # 128-row tiles load the next key block's page ids one iteration ahead: qwen3-0.6b
+            # heads 0.632 ms against 0.742-0.752 (H200 sweep at 7b767ad). 256-row tiles lose
+            # with it (1.326 against 1.270 at 2 stages; at 3 stages it overflows shared memory)
+            prefetch_long = target_rows <= 128
         if exact:
             # IEEE float32 dots lower to unrolled FMAs: their count per thread (tile rows x
             # key block x head_dim / threads) drives ptxas time. 32 x 16 tiles keep it at
@@ -547,6 +552,7 @@ def choose_tiles(
     prefetch = on_gpu and small and max_query_len == 1 and num_splits >= MAX_SPLITS
     if prefetch:
         num_warps, num_stages = 8, 3
+    prefetch = prefetch or prefetch_long
     return AttentionTiles(
         block_q, group_pad, block_n, num_splits, min_split_blocks, small, num_warps, num_stages,
         prefetch,
