@@ -101,6 +101,11 @@ def _attention_cases():
         "tiles": replace(gpu_decode, prefetch_pages=True, num_warps=8, num_stages=3),
         "max_query_len": 1,
     }, None  # fmt: skip
+    yield "decode one row, a programmatic dependent launch", {
+        "tiles": replace(gpu_decode, prefetch_pages=True, num_warps=8, num_stages=3,
+                         pdl_wait=True),
+        "max_query_len": 1,
+    }, None  # fmt: skip
     yield "extend window prefetch", {
         "tiles": replace(gpu_extend, num_splits=2, prefetch_pages=True), "sliding_window": 100,
     }, None  # fmt: skip

@@ -31,6 +31,9 @@ Invariants:
   a thread's eager launches are ordered on its stream, and a capture thread never replays or
   captures while the serving thread replays (runners/live_capture.py), so a background capture
   on its own thread and stream never shares counters with the serving thread.
+- The one-row decode (``AttentionTiles.pdl_wait``, sm_90+) is a programmatic dependent launch
+  behind rope + KV store: it reads the lengths and the page table and prefetches its first key
+  blocks into the L2, then waits for that kernel before it reads q or any key.
 - Two static layouts of the first grid dim: "flat" (extend: ``N // BLOCK_Q + S`` programs, each
   finds its request by binary search over ``query_start_loc``) and "per request" (decode and
   verify: ``S * cdiv(max_query_len, BLOCK_Q)`` programs); ``max_query_len`` is a static hint.
@@ -87,6 +90,9 @@ class AttentionTiles:
     num_stages: int
     # load the next key block's page ids one iteration ahead (split decode of few sequences)
     prefetch_pages: bool = False
+    # a programmatic dependent launch (the one-row decode, behind rope + KV store's one-row
+    # launch): lengths, page table and an L2 prefetch of the first key blocks before the wait
+    pdl_wait: bool = False
 
 
 @triton.jit
@@ -245,6 +251,8 @@ def _paged_attention_kernel(
     HAS_SINKS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     PDL: tl.constexpr,
+    PDL_WAIT: tl.constexpr,
+    L2_LINES: tl.constexpr,  # 128-byte lines in one head row of the cache
 ):
     if PDL:
         # the next kernel (the batch-1 o projection's GEMV) may launch now: it prefetches
@@ -279,7 +287,8 @@ def _paged_attention_kernel(
     q_pos = context_len + q_local
     token = (q_start + q_local).to(tl.int64)
     q_ptrs = q_ptr + token[:, None] * stride_q_tok + q_head[:, None] * stride_q_head
-    q = tl.load(q_ptrs + offs_d[None, :], mask=row_valid[:, None], other=0.0)
+    if not PDL_WAIT:
+        q = tl.load(q_ptrs + offs_d[None, :], mask=row_valid[:, None], other=0.0)
 
     # Key range of this query block, cut into num_splits BLOCK_N-aligned slices; inside a
     # slice only blocks that some row cannot fully see pay for the mask. [full_lo, full_hi)
@@ -304,6 +313,14 @@ def _paged_attention_kernel(
     k_base = k_cache_ptr + kv_head * stride_k_head
     v_base = v_cache_ptr + kv_head * stride_v_head
     page_row_ptr = page_table_ptr + seq.to(tl.int64) * stride_page_table
+    if PDL_WAIT:
+        # Until the wait only the lengths and the page table are read (no kernel of a forward
+        # writes them). The L2 is coherent, so prefetched lines that rope is still writing
+        # (this forward's key) are not left stale; only an L1 would be.
+        _prefetch_l2(k_base, v_base, page_row_ptr, split_lo, split_hi, stride_k_slot,
+                     stride_v_slot, BLOCK_N, HEAD_DIM, PAGE_SIZE, L2_LINES)  # fmt: skip
+        tl.extra.cuda.gdc_wait()  # q (rotated in place) and this forward's key are written
+        q = tl.load(q_ptrs + offs_d[None, :], mask=row_valid[:, None], other=0.0)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
@@ -356,6 +373,28 @@ def _paged_attention_kernel(
         return
     _store_rows(acc, m_i, l_i, out_ptr, sinks_ptr, token, q_head, head_valid, row_valid,
                 stride_o_tok, stride_o_head, HEAD_DIM, HAS_SINKS)  # fmt: skip
+
+
+@triton.jit
+def _prefetch_l2(k_base, v_base, page_row_ptr, lo, hi, stride_k_slot, stride_v_slot,
+                 BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
+                 LINES: tl.constexpr, BLOCKS: tl.constexpr = 2):  # fmt: skip
+    """An L2 prefetch of the keys and values at [lo, min(hi, lo + BLOCKS * BLOCK_N)), one per
+    128-byte line (LINES to a head row); positions past hi take page 0's lines, which nothing
+    reads."""
+    pos = lo + tl.arange(0, BLOCKS * BLOCK_N)
+    page = tl.load(page_row_ptr + pos // PAGE_SIZE, mask=pos < hi, other=0)
+    slot = page.to(tl.int64) * PAGE_SIZE + pos % PAGE_SIZE
+    line = tl.arange(0, LINES) * (HEAD_DIM // LINES)
+    _prefetch_lines(k_base + slot[:, None] * stride_k_slot + line[None, :])
+    _prefetch_lines(v_base + slot[:, None] * stride_v_slot + line[None, :])
+
+
+@triton.jit
+def _prefetch_lines(ptrs):
+    tl.inline_asm_elementwise(
+        "prefetch.global.L2 [$1];", "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1
+    )
 
 
 @triton.jit
@@ -552,10 +591,15 @@ def choose_tiles(
     prefetch = on_gpu and small and max_query_len == 1 and num_splits >= MAX_SPLITS
     if prefetch:
         num_warps, num_stages = 8, 3
+    # The one-row decode follows rope + KV store's one-row launch, itself a dependent that lets
+    # this launch start once it has waited. H200 (c588942, 10c1aa3): the decode graph -2.2% on
+    # qwen3-0.6b and ~-2% on qwen3-30b-a3b; the same launch at batch 8 and 32 cost 3-9%, so
+    # only one row takes it (in the prefetching configuration a single row always gets).
+    pdl_wait = prefetch and num_tokens == 1
     prefetch = prefetch or prefetch_long
     return AttentionTiles(
         block_q, group_pad, block_n, num_splits, min_split_blocks, small, num_warps, num_stages,
-        prefetch,
+        prefetch, pdl_wait,
     )  # fmt: skip
 
 
@@ -575,6 +619,7 @@ def tile_variants(
     small_block_q = [1 << i for i in range((SMALL_QUERY_ROWS // group_pad).bit_length())]
     long_query = SMALL_QUERY_ROWS + 1  # not a small query; flat layout
     inputs = [(q, q, 1, q) for q in small_block_q]  # (tokens, max_query_len, seqs, launch q)
+    inputs += [(2, 1, 2, 1)]  # decode of more than one row: no programmatic dependent launch
     inputs += [(long_query, long_query, 1, long_query)]  # short requests (block_n 32 on GPU)
     inputs += [(SHORT_REQUEST_TOKENS + 1,) * 2 + (1, long_query)]  # long requests
     variants: dict[AttentionTiles, tuple[int, AttentionTiles]] = {}
@@ -746,6 +791,7 @@ def _launch(
     # Without softcap, fold log2(e) into the scale so the loop uses exp2 directly.
     qk_scale = scale if use_softcap else scale * math.log2(math.e)
     counters = _split_counters(q.device, grid0 * num_kv_heads)
+    pdl_wait = tiles.pdl_wait and pdl.enabled(q)
     launched = _launch_attention(
         (grid0, num_kv_heads, tiles.num_splits),
         (
@@ -781,8 +827,11 @@ def _launch(
             # tiles overflow shared memory on the H200 (262,400 of 232,448 bytes, e13b5e9)
             DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,
             PDL=pdl.enabled(q),
+            PDL_WAIT=pdl_wait,
+            L2_LINES=max(head_dim * k_cache.element_size() // 128, 1),
             num_warps=tiles.num_warps,
             num_stages=tiles.num_stages,
+            launch_pdl=pdl_wait,
         ),
     )  # fmt: skip
     return launched

@@ -217,6 +217,9 @@ def _rope_store_kv_kernel(
         # launched as a programmatic dependent of the one-row q/k/v GEMV: its programs may be
         # resident early, and wait here for every earlier kernel before reading or writing
         tl.extra.cuda.gdc_wait()
+        # every earlier kernel has finished: the one-row attention launch after this one may
+        # start (it reads the lengths and page table, then waits for this kernel's q and key)
+        tl.extra.cuda.gdc_launch_dependents()
     token = tl.program_id(0)
     if HAS_NUM_TOKENS:
         if token >= tl.load(num_tokens_ptr):

@@ -3,7 +3,14 @@
 A kernel launched with ``launch_pdl=True`` may start while the kernel before it in the stream
 is still running; it must call ``tl.extra.cuda.gdc_wait()`` before it reads anything an earlier
 kernel wrote and before it writes anything. A kernel calls ``gdc_launch_dependents()`` to let
-such a dependent start before it exits. Both instructions exist from sm_90 (Hopper) on; on
+such a dependent start before it exits.
+
+What a dependent may read before its wait: anything written before the kernel it follows
+began. That holds because a dependent kernel here lets its own dependents launch only after its
+wait (so while it runs, every kernel before it has finished), or, where it lets them launch
+earlier (the one-row attention), they read only weights before their wait. The one-row
+attention reads the lengths and the page table before its wait, which no kernel of a forward
+writes. Both instructions exist from sm_90 (Hopper) on; on
 older GPUs and on CPU (the interpreter) every kernel is launched plainly and the ``PDL``
 constexpr that guards them is False.
 """
