@@ -18,7 +18,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from nanograph.kernels import attention, fused, gemv, moe
+from nanograph.kernels import attention, fused, gemv, moe, pdl
 from nanograph.kernels.testing import make_paged_batch
 
 TARGET = GPUTarget("cuda", 90, 32)
@@ -123,6 +123,8 @@ def main() -> int:
                 moe._launch_pair_gate_up, moe._launch_pair_down, moe._launch_route]  # fmt: skip
     for launch in launches:
         launch.kernel = CompileOnly(launch.kernel)
+    # CPU tensors here: compile the launches a GPU with PDL makes (pdl_wait tiles included)
+    pdl.enabled = lambda t: True
     kernels = [launch.kernel for launch in launches]
 
     def check(name, fn, *args, **kwargs):
@@ -143,6 +145,21 @@ def main() -> int:
         )  # fmt: skip
         args = (batch.q, batch.k_cache, batch.v_cache, *batch.metadata(), batch.page_size, 0.1)
         check(f"paged_attention {name}", attention.paged_attention, *args, **kwargs)
+    # the fused one-row decode: rotary and the KV store in the attention kernel
+    one_row = attention.AttentionTiles(
+        block_q=1, group_pad=16, block_n=64, num_splits=32, min_split_blocks=1,
+        per_request=True, num_warps=8, num_stages=3, prefetch_pages=True, pdl_wait=True,
+    )  # fmt: skip
+    for norm in (False, True):
+        batch = make_paged_batch([40], [1], num_q_heads=32, num_kv_heads=8, head_dim=128,
+                                 page_size=16, dtype=torch.bfloat16)  # fmt: skip
+        k, v = torch.randn(2, 1, 8, 128, dtype=torch.bfloat16)
+        weight = torch.ones(128, dtype=torch.bfloat16) if norm else None
+        rope = attention.RopeStore(k, v, batch.positions, torch.randn(256, 128),
+                                   batch.slot_mapping, weight, weight)  # fmt: skip
+        check(f"paged_attention one row with rope norm={norm}", attention.paged_attention,
+              batch.q, batch.k_cache, batch.v_cache, *batch.metadata(), batch.page_size, 0.1,
+              max_query_len=1, tiles=one_row, rope=rope)  # fmt: skip
 
     x = torch.randn(4, 1024, dtype=torch.bfloat16)
     w = torch.ones(1024, dtype=torch.bfloat16)

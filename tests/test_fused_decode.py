@@ -110,17 +110,33 @@ def test_gemv_refuses_bad_fusion_arguments():
         ops.set_fused_decode("on")
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "llama", "qwen3_moe"])
-def test_fused_decode_gives_the_unfused_greedy_tokens(tiny_model_dir, monkeypatch, arch):
+@pytest.mark.parametrize(
+    ("arch", "backend"),
+    [("qwen3", "torch_native"), ("llama", "torch_native"), ("qwen3_moe", "torch_native"),
+     ("qwen3", "triton")],
+)  # fmt: skip
+def test_fused_decode_gives_the_unfused_greedy_tokens(tiny_model_dir, monkeypatch, arch,
+                                                      backend):  # fmt: skip
     """A tiny random model in float32, two requests decoded one at a time (batch 1) and then
     together: greedy tokens with every one-row forward fused equal those of the unfused path,
     and the fused GEMVs ran only when on (four per layer per one-row forward; a MoE layer: the
-    q/k/v and o GEMVs, then its experts adding into the stream)."""
+    q/k/v and o GEMVs, then its experts adding into the stream). With Triton attention the
+    fused layer's attention kernel also rotates q/k and stores the new key and value."""
     from nanograph import LLM, SamplingParams
+    from nanograph.attention.triton_backend import TritonAttention
     from nanograph.models.moe import MoE
 
+    if backend == "triton" and "nanograph.kernels.attention" in sys.modules:
+        importlib.reload(sys.modules["nanograph.kernels.attention"])  # interpreted
     moe = arch == "qwen3_moe"
-    calls = {"norm_linear": 0, "linear_add": 0, "forward_add": 0}
+    calls = {"norm_linear": 0, "linear_add": 0, "forward_add": 0, "forward_rope": 0}
+    real_rope = TritonAttention.forward_rope
+
+    def counted_rope(self, *args):
+        calls["forward_rope"] += 1
+        return real_rope(self, *args)
+
+    monkeypatch.setattr(TritonAttention, "forward_rope", counted_rope)
     real_add = MoE.forward_add
 
     def counted_add(self, *args):
@@ -146,7 +162,7 @@ def test_fused_decode_gives_the_unfused_greedy_tokens(tiny_model_dir, monkeypatc
         ops.set_fused_decode(mode)
         try:
             llm = LLM(str(tiny_model_dir(arch)), dtype="float32", page_size=4,
-                      kv_cache_bytes=2**20, progress=False,
+                      kv_cache_bytes=2**20, progress=False, attention_backend=backend,
                       **({"moe_backend": "triton"} if moe else {}))  # fmt: skip
             alone = [llm.generate([p], params)[0].token_ids for p in prompts]
             together = [o.token_ids for o in llm.generate(prompts, params)]
@@ -159,5 +175,6 @@ def test_fused_decode_gives_the_unfused_greedy_tokens(tiny_model_dir, monkeypatc
         assert (fused_calls > 0) == (mode == "always")
         assert fused_calls % ((1 if moe else 2) * layers) == 0
         assert calls["forward_add"] == (fused_calls if moe else 0)
+        assert calls["forward_rope"] == (fused_calls // 2 if backend == "triton" else 0)
     assert tokens["always"] == tokens["off"]
     assert all(len(t) == 4 for t in tokens["off"][0])

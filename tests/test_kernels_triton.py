@@ -338,6 +338,86 @@ def test_rope_store_kv_skips_rows_past_num_tokens():
     assert not torch.equal(q[:2], q_before[:2])
 
 
+def _one_row_rope(context, q_heads, kv_heads, head_dim, qk_norm, dtype, seed):
+    """A one-row decode whose q/k/v are a GEMV's raw output: the batch, its raw k/v, the rope
+    inputs, and the float64 answer of rope_store_kv + attention (the unfused path)."""
+    gen = torch.Generator().manual_seed(seed)
+    batch = _batch([context], [1], q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim,
+                   dtype=dtype, sentinels=0, pad=0, seed=seed)  # fmt: skip
+    k = torch.randn(1, kv_heads, head_dim, generator=gen).to(dtype)
+    v = torch.randn(1, kv_heads, head_dim, generator=gen).to(dtype)
+    norms = [(1 + 0.3 * torch.randn(head_dim, generator=gen)).to(dtype) if qk_norm else None
+             for _ in range(2)]  # fmt: skip
+    rope = attention.RopeStore(k, v, batch.positions, _rope_table(head_dim, context + 1),
+                               batch.slot_mapping, *norms, eps=1e-6)  # fmt: skip
+    slot = int(batch.slot_mapping[0])
+    q_ref, k_ref = _f64(batch.q.clone()), _f64(k.clone())
+    caches_ref = [_f64(batch.k_cache.clone()), _f64(batch.v_cache.clone())]
+    reference.rope_store_kv(q_ref, k_ref, _f64(v), batch.positions, rope.cos_sin_cache.double(),
+                            *caches_ref, batch.slot_mapping, q_norm_weight=_f64(norms[0]),
+                            k_norm_weight=_f64(norms[1]), eps=1e-6)  # fmt: skip
+    want = reference.paged_attention(q_ref, *caches_ref, *batch.metadata(), batch.page_size,
+                                     head_dim**-0.5, max_query_len=1)  # fmt: skip
+    # the new key's slot holds NaN: reading it before it is stored poisons the output
+    batch.k_cache[slot] = float("nan")
+    batch.v_cache[slot] = float("nan")
+    return batch, rope, caches_ref, slot, want
+
+
+# float16, not bfloat16: the interpreter multiplies bfloat16 dot operands as their raw bits
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize(
+    ("context", "q_heads", "kv_heads", "head_dim", "num_splits", "qk_norm"),
+    [(0, 4, 2, 16, 1, True), (13, 6, 2, 32, 4, True), (37, 4, 4, 16, 8, False),
+     (64, 8, 2, 16, 32, True)],
+)  # fmt: skip
+def test_one_row_decode_rotates_and_stores_in_the_attention_kernel(
+    context, q_heads, kv_heads, head_dim, num_splits, qk_norm, dtype
+):
+    """paged_attention(rope=...) on a one-row decode equals rope_store_kv then attention: the
+    same output, the new key and value in the cache (stored before the slice holding them
+    reads them back), q and k left as the GEMV wrote them. Contexts from the first token alone
+    to several key blocks per slice; group sizes 2, 3 (padded) and 1."""
+    batch, rope, caches_ref, slot, want = _one_row_rope(
+        context, q_heads, kv_heads, head_dim, qk_norm, dtype, seed=context + num_splits
+    )
+    q_before, k_before = batch.q.clone(), rope.k.clone()
+    got = attention.paged_attention(
+        batch.q, batch.k_cache, batch.v_cache, *batch.metadata(), batch.page_size,
+        head_dim**-0.5, max_query_len=1, num_splits=num_splits, rope=rope,
+    )  # fmt: skip
+    tol = TOLERANCE[dtype]
+    torch.testing.assert_close(got.double(), want, atol=tol, rtol=tol)
+    torch.testing.assert_close(batch.k_cache[slot].double(), caches_ref[0][slot], atol=tol,
+                               rtol=tol)  # fmt: skip
+    assert torch.equal(batch.v_cache[slot], rope.v[0])
+    assert torch.equal(batch.q, q_before) and torch.equal(rope.k, k_before)
+
+
+def test_rope_in_attention_outside_a_one_row_tile_takes_rope_store_kv():
+    """Launches other than the one-row decode's (forced flat tiles, a one-token extend) rotate
+    and store through rope_store_kv first, with the same result; more rows are refused."""
+    batch, rope, caches_ref, slot, want = _one_row_rope(9, 4, 2, 16, True, torch.float32, 3)
+    flat = attention.AttentionTiles(1, 2, 16, 1, 1, False, 1, 1)
+    got = attention.paged_attention(
+        batch.q, batch.k_cache, batch.v_cache, *batch.metadata(), batch.page_size, 0.25,
+        max_query_len=1, tiles=flat, rope=rope,
+    )  # fmt: skip
+    torch.testing.assert_close(got.double(), want, atol=2e-4, rtol=2e-4)
+    torch.testing.assert_close(batch.k_cache[slot].double(), caches_ref[0][slot])
+    batch, rope, caches_ref, slot, want = _one_row_rope(9, 4, 2, 16, True, torch.float32, 3)
+    got = attention.paged_attention(  # a one-token extend: no max_query_len
+        batch.q, batch.k_cache, batch.v_cache, *batch.metadata(), batch.page_size, 0.25,
+        rope=rope,
+    )  # fmt: skip
+    torch.testing.assert_close(got.double(), want, atol=2e-4, rtol=2e-4)
+    with pytest.raises(ValueError, match="takes one row"):
+        attention.paged_attention(
+            batch.q.expand(2, -1, -1), batch.k_cache, batch.v_cache, *batch.metadata(),
+            batch.page_size, 0.25, max_query_len=1, rope=rope,
+        )  # fmt: skip
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_random_batches(seed):
     """Random lengths, head layouts and features; decode/verify/extend chosen by the lengths."""

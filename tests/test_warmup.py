@@ -119,3 +119,39 @@ def test_only_the_one_row_decode_is_a_dependent_launch(monkeypatch):
         assert not choose(gpu, tokens, seqs, 32, 8, 128, max_query_len).pdl_wait
     assert not choose(cpu, 1, 1, 32, 8, 128, 1).pdl_wait
     assert not choose(gpu, 1, 1, 32, 8, 128, 1, exact=True).pdl_wait
+
+
+def test_warm_up_launches_every_forced_variant_unfused(monkeypatch):
+    """A forced one-token launch stands for a decode of many rows, which never takes the fused
+    layer (whose attention launch also rotates and stores: another variant); only the plain
+    batch-1 decode warms the fused path. Even with the fused path forced on, each forced
+    variant's forward is unfused, and only in the thread that runs it."""
+    import contextlib
+    import threading
+    from types import SimpleNamespace
+
+    from nanograph.layers import ops
+    from nanograph.runners import warmup
+
+    forced = [(1, contextlib.nullcontext()), (65, contextlib.nullcontext())]
+    backend = SimpleNamespace(launch_variants=lambda *args: forced)
+    config = SimpleNamespace(num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+    embed = SimpleNamespace(weight=torch.zeros(1))
+    runner = SimpleNamespace(
+        attention=backend, device=torch.device("cpu"),
+        model=SimpleNamespace(config=config, model=SimpleNamespace(embed_tokens=embed)),
+    )  # fmt: skip
+    row = torch.zeros(1, 8)
+    monkeypatch.setattr(ops, "_FUSED_DECODE", "always")
+    fused = []
+    for tokens, selected in warmup._variants(runner):
+        with selected:
+            fused.append((tokens, ops.fused_decode_applies(row)))
+            other: list[bool] = []
+            thread = threading.Thread(
+                target=lambda out=other: out.append(ops.fused_decode_applies(row))
+            )
+            thread.start()
+            thread.join()
+            assert other == [True]
+    assert fused == [(1, True), (1, False), (65, False)]

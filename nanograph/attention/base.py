@@ -2,7 +2,8 @@
 
 Invariants:
 - The new k/v of a forward are already in the paged cache when ``forward`` runs (the layer's
-  fused rope+store op writes them), so a backend only reads the cache. It writes its output
+  fused rope+store op writes them), so a backend only reads the cache; ``forward_rope`` (the
+  fused one-row decode) is given them unrotated and stores them itself. It writes its output
   into a caller-owned zeroed buffer (allocated inside the graph, so an eager break has nothing
   to copy out).
 - ``AttentionMetadata`` tensors live on the model's device and have static shapes for a given
@@ -21,6 +22,8 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
 import torch
+
+from nanograph.layers import ops
 
 
 @dataclass
@@ -41,6 +44,18 @@ class AttentionMetadata:
     @property
     def num_slots(self) -> int:
         return self.seq_lens.shape[0]
+
+
+@dataclass(frozen=True)
+class RopeInputs:
+    """What rotary needs besides q and k: the tokens' positions, the cos|sin table and the
+    optional q/k RMSNorm weights."""
+
+    positions: torch.Tensor
+    cos_sin_cache: torch.Tensor
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+    eps: float
 
 
 class AttentionBackend(ABC):
@@ -72,3 +87,18 @@ class AttentionBackend(ABC):
         sliding_window: int = 0,  # > 0: a query sees only the last `sliding_window` keys
         sinks: torch.Tensor | None = None,  # fp32 [num_q_heads]: a logit with no value
     ) -> None: ...
+
+    def forward_rope(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope: RopeInputs,
+        k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
+        out: torch.Tensor, sliding_window: int = 0, sinks: torch.Tensor | None = None,
+    ) -> None:  # fmt: skip
+        """A one-row decode from the q/k/v projection: rotary (after q/k-norm), this
+        forward's k/v into the cache, then ``forward``. Here as two steps; a backend that can
+        do it in one kernel overrides it."""
+        ops.rope_store_kv(
+            q, k, v, rope.positions, rope.cos_sin_cache, k_cache, v_cache, meta.slot_mapping,
+            q_norm_weight=rope.q_norm, k_norm_weight=rope.k_norm, eps=rope.eps,
+            num_tokens=meta.num_tokens,
+        )  # fmt: skip
+        self.forward(q, k_cache, v_cache, meta, scale, out, sliding_window, sinks)

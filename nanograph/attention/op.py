@@ -9,6 +9,8 @@ Invariants:
   tc_piecewise, and an ordinary call (captured inline) under full graphs or eager. Writing into
   a caller buffer and returning nothing means a break has no output to copy, and the only work
   left eager at a break is the backend's attention itself.
+- The fused one-row decode (``one_row``) takes both steps as one split op, ``rope_attend``:
+  the backend may rotate, store and attend in one kernel (Triton does), or run the two.
 - Their tensor arguments are activations and weights only. The per-forward state (backend,
   metadata, KV cache) comes from ``forward_context``, a contextvar the runner sets around a
   forward or a replay, so the KV cache is never a traced input and a break always reads the
@@ -24,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from nanograph.attention.base import AttentionBackend, AttentionMetadata
+from nanograph.attention.base import AttentionBackend, AttentionMetadata, RopeInputs
 from nanograph.graph import split_op
 from nanograph.layers import ops
 
@@ -104,6 +106,31 @@ def attend(
     )
 
 
+@split_op("nanograph::rope_attend", fake=lambda *args: None, mutates_args=("q", "k", "out"))
+def rope_attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    q_norm: torch.Tensor | None,
+    k_norm: torch.Tensor | None,
+    out: torch.Tensor,
+    layer: int,
+    scale: float,
+    eps: float,
+    sliding_window: int,
+    sinks: torch.Tensor | None,
+) -> None:
+    """The fused one-row decode's two steps as one: the backend may do them in one kernel."""
+    ctx = _context()
+    rope = RopeInputs(positions, cos_sin_cache, q_norm, k_norm, eps)
+    ctx.backend.forward_rope(
+        q, k, v, rope, ctx.k_caches[layer], ctx.v_caches[layer], ctx.meta, scale, out,
+        sliding_window, sinks,
+    )  # fmt: skip
+
+
 def attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -118,13 +145,21 @@ def attention(
     sliding_window: int = 0,
     sinks: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
+    one_row: bool = False,
 ) -> torch.Tensor:
     """q [N, Hq, D], k/v [N, Hkv, D] of this forward -> attention output [N, Hq, D].
     ``sliding_window`` > 0 limits each query to that many most recent keys; ``sinks`` (fp32
     [Hq]) adds one learned logit per head to the softmax denominator (gpt-oss). ``out``: a
     buffer like q for the output, left as it is in padded rows; by default a zeroed one (a fill
     kernel), so padded rows read zero. The fused one-row decode passes an uninitialised one:
-    its row is written."""
+    its row is written, and ``one_row`` (never while compiling) lets the backend rotate, store
+    and attend in one step (``AttentionBackend.forward_rope``)."""
+    if one_row:
+        if out is None or q.shape[0] != 1:
+            raise ValueError("one_row attention takes one token and its output buffer")
+        rope_attend(q, k, v, positions, cos_sin_cache, q_norm, k_norm, out, layer, scale, eps,
+                    sliding_window, sinks)  # fmt: skip
+        return out
     rope = _rope_store_kv_op if torch.compiler.is_compiling() else rope_store_kv
     rope(q, k, v, positions, cos_sin_cache, q_norm, k_norm, layer, eps)
     if out is None:

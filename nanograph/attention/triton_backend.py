@@ -11,7 +11,7 @@ from contextlib import AbstractContextManager
 
 import torch
 
-from nanograph.attention.base import AttentionBackend, AttentionMetadata
+from nanograph.attention.base import AttentionBackend, AttentionMetadata, RopeInputs
 
 
 class TritonAttention(AttentionBackend):
@@ -56,3 +56,22 @@ class TritonAttention(AttentionBackend):
             max_query_len=meta.max_query_len,
             out=out,
         )
+
+    def forward_rope(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope: RopeInputs,
+        k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
+        out: torch.Tensor, sliding_window: int = 0, sinks: torch.Tensor | None = None,
+    ) -> None:  # fmt: skip
+        """One kernel: the attention kernel's programs rotate their q rows, and the one whose
+        slice holds the new key stores it and the value first (kernels.attention.RopeStore)."""
+        from nanograph.kernels.attention import RopeStore, paged_attention
+
+        store = RopeStore(
+            k, v, rope.positions, rope.cos_sin_cache, meta.slot_mapping, rope.q_norm,
+            rope.k_norm, rope.eps,
+        )  # fmt: skip
+        paged_attention(
+            q, k_cache, v_cache, meta.page_table, meta.seq_lens, meta.query_lens,
+            meta.query_start_loc, meta.page_size, scale, sliding_window=sliding_window,
+            sinks=sinks, max_query_len=meta.max_query_len, out=out, rope=store,
+        )  # fmt: skip

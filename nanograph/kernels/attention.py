@@ -7,7 +7,9 @@ Layouts (fixed; the engine writes these):
   ``query_lens [S]``, ``query_start_loc [S + 1]``: int32 device tensors.
 - Query token i of request r sits at position ``seq_lens[r] - query_lens[r] + i`` and sees keys
   at positions ``<=`` its own (and ``> pos - sliding_window`` when a window is set). Every key,
-  including this forward's, is read from the paged cache: the rope+store kernel wrote them.
+  including this forward's, is read from the paged cache: the rope+store kernel wrote them, or,
+  in a one-row decode given ``rope`` (``RopeStore``), the program whose slice holds the new
+  key stored it (rotated) just before its key loop.
 
 Invariants:
 - Grids depend only on static sizes (N, S, head counts, constexpr tiles and split count); no
@@ -32,8 +34,9 @@ Invariants:
   captures while the serving thread replays (runners/live_capture.py), so a background capture
   on its own thread and stream never shares counters with the serving thread.
 - The one-row decode (``AttentionTiles.pdl_wait``, sm_90+) is a programmatic dependent launch
-  behind rope + KV store: it reads the lengths and the page table and prefetches its first key
-  blocks into the L2, then waits for that kernel before it reads q or any key.
+  behind the kernel that wrote q (the q/k/v GEMV when it rotates q itself, else rope + KV
+  store): it reads the lengths and the page table and prefetches its first key blocks into the
+  L2, then waits for that kernel before it reads q or any of this forward's keys.
 - Two static layouts of the first grid dim: "flat" (extend: ``N // BLOCK_Q + S`` programs, each
   finds its request by binary search over ``query_start_loc``) and "per request" (decode and
   verify: ``S * cdiv(max_query_len, BLOCK_Q)`` programs); ``max_query_len`` is a static hint.
@@ -90,9 +93,27 @@ class AttentionTiles:
     num_stages: int
     # load the next key block's page ids one iteration ahead (split decode of few sequences)
     prefetch_pages: bool = False
-    # a programmatic dependent launch (the one-row decode, behind rope + KV store's one-row
-    # launch): lengths, page table and an L2 prefetch of the first key blocks before the wait
+    # a programmatic dependent launch (the one-row decode, behind the kernel that wrote q):
+    # lengths, page table and an L2 prefetch of the first key blocks before the wait
     pdl_wait: bool = False
+
+
+@dataclass(frozen=True)
+class RopeStore:
+    """A one-row decode's rotary and KV store, done by the attention kernel instead of
+    ``fused.rope_store_kv`` (one kernel less a layer): q is then the projection as the GEMV
+    wrote it, and ``k``/``v`` the new key and value ``[1, Hkv, D]``, which the program whose
+    slice holds the new position norms, rotates and stores at ``slot_mapping[0]`` (-1: not
+    stored) before reading it back. q and k are left as they are (nothing reads them later)."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    positions: torch.Tensor  # [>= 1]
+    cos_sin_cache: torch.Tensor  # [max_position, D]: cos then sin halves
+    slot_mapping: torch.Tensor  # int64 [>= 1]
+    q_norm: torch.Tensor | None = None  # [D]
+    k_norm: torch.Tensor | None = None
+    eps: float = 1e-6
 
 
 @triton.jit
@@ -216,6 +237,13 @@ def _paged_attention_kernel(
     seq_lens_ptr,
     query_lens_ptr,
     query_start_loc_ptr,
+    k_new_ptr,  # ROPE: this forward's key and value rows [N, Hkv, D], not yet rotated
+    v_new_ptr,
+    positions_ptr,
+    cos_sin_ptr,
+    slot_mapping_ptr,
+    q_norm_ptr,
+    k_norm_ptr,
     num_seqs,
     num_splits,  # slices of the key range, the grid's third dim: a value, not a variant
     min_q_len,  # requests with query_len outside [min_q_len, max_q_len] are another launch's
@@ -232,6 +260,12 @@ def _paged_attention_kernel(
     qk_scale,
     softcap,
     sliding_window,
+    stride_kn_tok,
+    stride_kn_head,
+    stride_vn_tok,
+    stride_vn_head,
+    stride_cos_sin,
+    eps,
     NUM_Q_HEADS: tl.constexpr,
     GROUP: tl.constexpr,
     GROUP_PAD: tl.constexpr,
@@ -253,6 +287,9 @@ def _paged_attention_kernel(
     PDL: tl.constexpr,
     PDL_WAIT: tl.constexpr,
     L2_LINES: tl.constexpr,  # 128-byte lines in one head row of the cache
+    ROPE: tl.constexpr,  # one-row decode: q/k-norm, rotary and the KV store done here
+    HAS_Q_NORM: tl.constexpr,
+    HAS_K_NORM: tl.constexpr,
 ):
     if PDL:
         # the next kernel (the batch-1 o projection's GEMV) may launch now: it prefetches
@@ -288,7 +325,8 @@ def _paged_attention_kernel(
     token = (q_start + q_local).to(tl.int64)
     q_ptrs = q_ptr + token[:, None] * stride_q_tok + q_head[:, None] * stride_q_head
     if not PDL_WAIT:
-        q = tl.load(q_ptrs + offs_d[None, :], mask=row_valid[:, None], other=0.0)
+        q = _load_q(q_ptrs, row_valid, positions_ptr, cos_sin_ptr, q_norm_ptr, q_start,
+                    stride_cos_sin, eps, ROPE, HAS_Q_NORM, HEAD_DIM)  # fmt: skip
 
     # Key range of this query block, cut into num_splits BLOCK_N-aligned slices; inside a
     # slice only blocks that some row cannot fully see pay for the mask. [full_lo, full_hi)
@@ -319,8 +357,18 @@ def _paged_attention_kernel(
         # (this forward's key) are not left stale; only an L1 would be.
         _prefetch_l2(k_base, v_base, page_row_ptr, split_lo, split_hi, stride_k_slot,
                      stride_v_slot, BLOCK_N, HEAD_DIM, PAGE_SIZE, L2_LINES)  # fmt: skip
-        tl.extra.cuda.gdc_wait()  # q (rotated in place) and this forward's key are written
-        q = tl.load(q_ptrs + offs_d[None, :], mask=row_valid[:, None], other=0.0)
+        tl.extra.cuda.gdc_wait()  # q and this forward's key are written
+        q = _load_q(q_ptrs, row_valid, positions_ptr, cos_sin_ptr, q_norm_ptr, q_start,
+                    stride_cos_sin, eps, ROPE, HAS_Q_NORM, HEAD_DIM)  # fmt: skip
+    if ROPE:
+        if split == active_splits - 1:  # the slice that holds this forward's key
+            _rope_store_new_kv(
+                k_new_ptr + q_start.to(tl.int64) * stride_kn_tok + kv_head * stride_kn_head,
+                v_new_ptr + q_start.to(tl.int64) * stride_vn_tok + kv_head * stride_vn_head,
+                k_base, v_base, positions_ptr, cos_sin_ptr, slot_mapping_ptr, k_norm_ptr,
+                q_start, stride_k_slot, stride_v_slot, stride_cos_sin, eps, HAS_K_NORM,
+                HEAD_DIM,
+            )  # fmt: skip
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
@@ -373,6 +421,65 @@ def _paged_attention_kernel(
         return
     _store_rows(acc, m_i, l_i, out_ptr, sinks_ptr, token, q_head, head_valid, row_valid,
                 stride_o_tok, stride_o_head, HEAD_DIM, HAS_SINKS)  # fmt: skip
+
+
+@triton.jit
+def _norm_rope_rows(row_ptrs, row_valid, positions_ptr, cos_sin_ptr, norm_ptr, token,
+                    stride_cos_sin, eps, HAS_NORM: tl.constexpr,
+                    HEAD_DIM: tl.constexpr):  # fmt: skip
+    """Rows [R, HEAD_DIM] of one token, RMS-normed (HAS_NORM) and rotated at the token's
+    position, in fp32: what rope_store_kv writes, before rounding (its halves x1, x2 become
+    x1 cos - x2 sin and x2 cos + x1 sin; here each element meets its partner in the other half)."""
+    HALF: tl.constexpr = HEAD_DIM // 2
+    offs_d = tl.arange(0, HEAD_DIM)
+    partner = (offs_d + HALF) % HEAD_DIM
+    x = tl.load(row_ptrs + offs_d[None, :], mask=row_valid[:, None], other=0.0).to(tl.float32)
+    xp = tl.load(row_ptrs + partner[None, :], mask=row_valid[:, None], other=0.0)
+    xp = xp.to(tl.float32)
+    if HAS_NORM:
+        inv_rms = tl.rsqrt(tl.sum(x * x, 1) / HEAD_DIM + eps)
+        x = x * inv_rms[:, None] * tl.load(norm_ptr + offs_d).to(tl.float32)[None, :]
+        xp = xp * inv_rms[:, None] * tl.load(norm_ptr + partner).to(tl.float32)[None, :]
+    cs_row = cos_sin_ptr + tl.load(positions_ptr + token).to(tl.int64) * stride_cos_sin
+    cos = tl.load(cs_row + offs_d % HALF).to(tl.float32)
+    sin = tl.load(cs_row + HALF + offs_d % HALF).to(tl.float32)
+    sign = tl.where(offs_d < HALF, -1.0, 1.0)
+    return x * cos[None, :] + (sign[None, :] * xp) * sin[None, :]
+
+
+@triton.jit
+def _load_q(q_ptrs, row_valid, positions_ptr, cos_sin_ptr, q_norm_ptr, token, stride_cos_sin,
+            eps, ROPE: tl.constexpr, HAS_Q_NORM: tl.constexpr, HEAD_DIM: tl.constexpr):  # fmt: skip
+    """The query rows of a tile; with ROPE q is this forward's projection, normed and rotated
+    here, rounded to its dtype as rope_store_kv would have written it."""
+    if ROPE:
+        q = _norm_rope_rows(q_ptrs, row_valid, positions_ptr, cos_sin_ptr, q_norm_ptr, token,
+                            stride_cos_sin, eps, HAS_Q_NORM, HEAD_DIM)  # fmt: skip
+        return q.to(q_ptrs.dtype.element_ty)
+    offs_d = tl.arange(0, HEAD_DIM)
+    return tl.load(q_ptrs + offs_d[None, :], mask=row_valid[:, None], other=0.0)
+
+
+@triton.jit
+def _rope_store_new_kv(k_new_ptr, v_new_ptr, k_base, v_base, positions_ptr, cos_sin_ptr,
+                       slot_mapping_ptr, k_norm_ptr, token, stride_k_slot, stride_v_slot,
+                       stride_cos_sin, eps, HAS_K_NORM: tl.constexpr,
+                       HEAD_DIM: tl.constexpr):  # fmt: skip
+    """This kv head's new key (normed, rotated) and value into the cache at the token's slot
+    (-1: a padded token, not stored), by the one program whose key range holds it; it reads
+    that slot back in its key loop, after the barrier."""
+    offs_d = tl.arange(0, HEAD_DIM)
+    one = tl.arange(0, 1)
+    slot = tl.load(slot_mapping_ptr + token + one).to(tl.int64)  # [1]: masks want a vector
+    write = slot >= 0
+    k = _norm_rope_rows(k_new_ptr + one[:, None] * 0, write, positions_ptr, cos_sin_ptr,
+                        k_norm_ptr, token, stride_cos_sin, eps, HAS_K_NORM, HEAD_DIM)  # fmt: skip
+    v = tl.load(v_new_ptr + one[:, None] * 0 + offs_d[None, :], mask=write[:, None], other=0.0)
+    tl.store(k_base + slot[:, None] * stride_k_slot + offs_d[None, :],
+             k.to(k_base.dtype.element_ty), mask=write[:, None])  # fmt: skip
+    tl.store(v_base + slot[:, None] * stride_v_slot + offs_d[None, :],
+             v.to(v_base.dtype.element_ty), mask=write[:, None])  # fmt: skip
+    tl.debug_barrier()  # every thread's stores before any thread's loads of that slot
 
 
 @triton.jit
@@ -591,10 +698,11 @@ def choose_tiles(
     prefetch = on_gpu and small and max_query_len == 1 and num_splits >= MAX_SPLITS
     if prefetch:
         num_warps, num_stages = 8, 3
-    # The one-row decode follows rope + KV store's one-row launch, itself a dependent that lets
-    # this launch start once it has waited. H200 (c588942, 10c1aa3): the decode graph -2.2% on
-    # qwen3-0.6b and ~-2% on qwen3-30b-a3b; the same launch at batch 8 and 32 cost 3-9%, so
-    # only one row takes it (in the prefetching configuration a single row always gets).
+    # The one-row decode follows a one-row launch that lets it start early (the q/k/v GEMV, or
+    # rope + KV store once it has waited). H200 (a42ae37, behind rope + KV store): the decode
+    # graph -2.2% on qwen3-0.6b and -2.1% on qwen3-30b-a3b; the same launch at batch 8 and 32
+    # cost 3-9% (c588942), so only one row takes it (in the prefetching configuration a single
+    # row always gets).
     pdl_wait = prefetch and num_tokens == 1
     prefetch = prefetch or prefetch_long
     return AttentionTiles(
@@ -702,6 +810,7 @@ def paged_attention(
     tiles: AttentionTiles | None = None,
     query_len_range: tuple[int, int] = (0, MAX_QUERY_LEN),
     out: torch.Tensor | None = None,
+    rope: RopeStore | None = None,
 ) -> torch.Tensor:
     """Causal attention of ``q [N, Hq, D]`` over the paged cache; returns ``[N, Hq, D]``.
 
@@ -720,6 +829,11 @@ def paged_attention(
     ones. The split is by each request's length on the device, so it holds in a CUDA graph
     captured for request slots of any length (a prefill graph of 8192 tokens x 16 slots runs
     one 8192-token prompt in the long tiles).
+
+    ``rope`` (one row): q is not yet rotated and this forward's key and value are not in the
+    cache; the kernel does what ``rope_store_kv`` would have in a one-row decode launch
+    (``max_query_len`` 1, per-request one-token tiles); any other launch (a one-token extend,
+    forced tiles) runs ``rope_store_kv`` first.
     """
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[1]
@@ -742,6 +856,14 @@ def paged_attention(
             num_splits, q.dtype == torch.float32,
         )  # fmt: skip
         launches = [(t, (max(lo, a), min(hi, b))) for t, (a, b) in plan]
+    if rope is not None:
+        if num_tokens != 1:
+            raise ValueError(f"rope in the attention kernel takes one row, got {num_tokens}")
+        tiles0 = launches[0][0]
+        one_row = max_query_len == 1 and tiles0.per_request and tiles0.block_q == 1
+        if len(launches) > 1 or not one_row:
+            _rope_store_kv(q, k_cache, v_cache, rope)
+            rope = None
     if out is None:
         out = torch.zeros_like(q)
     if num_tokens == 0 or num_seqs == 0:
@@ -751,16 +873,25 @@ def paged_attention(
         launched &= _launch(
             q, k_cache, v_cache, page_table, seq_lens, query_lens, query_start_loc, page_size,
             scale, sliding_window, sinks, softcap, max_query_len, launch_tiles, min_q_len,
-            max_q_len, out,
+            max_q_len, out, rope,
         )  # fmt: skip
     if not launched:  # compiled only (start-up): what follows reads defined values
         out.zero_()
     return out
 
 
+def _rope_store_kv(q, k_cache, v_cache, rope: RopeStore) -> None:
+    from nanograph.kernels.fused import rope_store_kv
+
+    rope_store_kv(
+        q, rope.k, rope.v, rope.positions, rope.cos_sin_cache, k_cache, v_cache,
+        rope.slot_mapping, q_norm_weight=rope.q_norm, k_norm_weight=rope.k_norm, eps=rope.eps,
+    )  # fmt: skip
+
+
 def _launch(
     q, k_cache, v_cache, page_table, seq_lens, query_lens, query_start_loc, page_size, scale,
-    sliding_window, sinks, softcap, max_query_len, tiles, min_q_len, max_q_len, out,
+    sliding_window, sinks, softcap, max_query_len, tiles, min_q_len, max_q_len, out, rope,
 ) -> bool:  # fmt: skip
     """One launch of the kernel in ``tiles`` over the requests whose query_len lies in
     [min_q_len, max_q_len]; False if it only compiled (start-up)."""
@@ -792,18 +923,24 @@ def _launch(
     qk_scale = scale if use_softcap else scale * math.log2(math.e)
     counters = _split_counters(q.device, grid0 * num_kv_heads)
     pdl_wait = tiles.pdl_wait and pdl.enabled(q)
+    # without rope, its pointers are placeholders of fixed dtypes (one variant for all)
+    r = rope or RopeStore(q, q, seq_lens, out, seq_lens)
     launched = _launch_attention(
         (grid0, num_kv_heads, tiles.num_splits),
         (
             q, k_cache, v_cache, out, part_out, part_lse, counters,
             sinks if sinks is not None else out,
             page_table, seq_lens, query_lens, query_start_loc,
+            r.k, r.v, r.positions, r.cos_sin_cache, r.slot_mapping,
+            r.q_norm if r.q_norm is not None else q, r.k_norm if r.k_norm is not None else q,
         ),
         (
             num_seqs, tiles.num_splits, min_q_len, max_q_len, page_table.stride(0),
             q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
             v_cache.stride(0), v_cache.stride(1), out.stride(0), out.stride(1),
             qk_scale, float(softcap), int(sliding_window),
+            r.k.stride(0), r.k.stride(1), r.v.stride(0), r.v.stride(1),
+            r.cos_sin_cache.stride(0), float(r.eps),
         ),
         dict(
             NUM_Q_HEADS=num_q_heads,
@@ -829,6 +966,9 @@ def _launch(
             PDL=pdl.enabled(q),
             PDL_WAIT=pdl_wait,
             L2_LINES=max(head_dim * k_cache.element_size() // 128, 1),
+            ROPE=rope is not None,
+            HAS_Q_NORM=rope is not None and rope.q_norm is not None,
+            HAS_K_NORM=rope is not None and rope.k_norm is not None,
             num_warps=tiles.num_warps,
             num_stages=tiles.num_stages,
             launch_pdl=pdl_wait,

@@ -27,6 +27,10 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from collections.abc import Iterator
+
 import torch
 import torch.nn.functional as F
 
@@ -54,9 +58,29 @@ def set_fused_decode(mode: str) -> None:
     _FUSED_DECODE = mode
 
 
+# this thread's forwards take the unfused path (start-up's warm-up of every attention variant)
+_UNFUSED_HERE: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "nanograph_unfused_decode", default=False
+)
+
+
+@contextlib.contextmanager
+def unfused_decode() -> Iterator[None]:
+    """Forwards of this thread inside the block take the unfused path, whatever the mode: the
+    warm-up compiles every attention variant as the unfused launches use it (the fused
+    layer's one-row launch, which also rotates and stores, is its own variant)."""
+    token = _UNFUSED_HERE.set(True)
+    try:
+        yield
+    finally:
+        _UNFUSED_HERE.reset(token)
+
+
 def fused_decode_applies(x: torch.Tensor) -> bool:
     """Whether a layer fed the one-row residual stream ``x`` takes the fused decode path."""
     if _FUSED_DECODE == "off" or x.dim() != 2 or x.shape[0] != 1 or x.stride(-1) != 1:
+        return False
+    if _UNFUSED_HERE.get():
         return False
     if torch.compiler.is_compiling():
         return False

@@ -85,10 +85,10 @@ class Attention(nn.Module):
 
     def attend(
         self, positions: torch.Tensor, qkv: torch.Tensor, cos_sin_cache: torch.Tensor,
-        out: torch.Tensor | None = None,
+        out: torch.Tensor | None = None, one_row: bool = False,
     ) -> torch.Tensor:  # fmt: skip
         """Packed q/k/v [N, q + 2 kv] -> attention output [N, q] (before the o projection);
-        ``out`` [N, heads, head_dim] as ``op.attention`` takes it (default: zeroed)."""
+        ``out`` [N, heads, head_dim] and ``one_row`` as ``op.attention`` takes them."""
         n = qkv.shape[0]
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.reshape(n, self.num_heads, self.head_dim)
@@ -96,7 +96,7 @@ class Attention(nn.Module):
         v = v.reshape(n, self.num_kv_heads, self.head_dim)
         out = attention(
             q, k, v, positions, cos_sin_cache, self.q_norm, self.k_norm, self.layer, self.scale,
-            self.eps, self.sliding_window, self.sinks, out,
+            self.eps, self.sliding_window, self.sinks, out, one_row,
         )  # fmt: skip
         return out.reshape(n, self.q_size)
 
@@ -162,16 +162,17 @@ class DecoderLayer(nn.Module):
     ) -> torch.Tensor:
         """Four GEMVs around attention, updating the one-row ``stream`` in place: q/k/v and
         gate/up normalise it on load (gate/up writes only the activation), o and down add their
-        product to it. Six kernels: the four GEMVs, rope + KV store, and attention. A MoE layer
-        normalises once for the router and the experts, whose down projection adds into the
-        stream: nine kernels (norm, router, routing, gate/up, down after the attention half)
-        instead of eleven."""
+        product to it. Five kernels with Triton attention (which rotates q and stores the new
+        k/v itself), six with rope + KV store on their own. A MoE layer normalises once for the
+        router and the experts, whose down projection adds into the stream: eight kernels
+        (norm, router, routing, gate/up, down after the attention half) instead of eleven."""
         attn, mlp = self.self_attn, self.mlp
         pre, post = self.input_layernorm, self.post_attention_layernorm
         qkv = ops.norm_linear(stream, pre.weight, pre.eps, attn.qkv_proj.weight)
         # the one row is a live token, which attention writes: no zero fill (a kernel) first
         out = stream.new_empty(1, attn.num_heads, attn.head_dim)
-        ops.linear_add(attn.attend(positions, qkv, cos_sin_cache, out), attn.o_proj.weight, stream)
+        attended = attn.attend(positions, qkv, cos_sin_cache, out, one_row=True)
+        ops.linear_add(attended, attn.o_proj.weight, stream)
         if isinstance(mlp, MoE):
             return mlp.forward_add(post(stream), stream)
         act = ops.norm_linear(

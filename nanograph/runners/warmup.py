@@ -25,12 +25,14 @@ import contextlib
 import logging
 import os
 import time
+from collections.abc import Iterator
 from concurrent.futures import as_completed
 
 import torch
 
 from nanograph.arith import ceil_div
 from nanograph.kernels.launch import parallel_compiles
+from nanograph.layers import ops
 from nanograph.runners.forward_batch import ForwardBatch
 from nanograph.runners.model_runner import ModelRunner
 
@@ -84,15 +86,22 @@ def warm_up_kernels(runner: ModelRunner, page_size: int, progress: bool = False)
 
 
 def _variants(runner: ModelRunner) -> list[tuple[int, contextlib.AbstractContextManager]]:
-    """(query tokens, a context selecting the launch) per attention variant, and a plain
-    batch-1 decode."""
+    """(query tokens, a context selecting the launch) per attention variant, each in the
+    unfused forward (a one-token forced launch stands for the decode of many rows, which is
+    never fused), and a plain batch-1 decode (the fused layer where it applies)."""
     config = runner.model.config
     dtype = runner.model.model.embed_tokens.weight.dtype
     variants = runner.attention.launch_variants(
         config.num_attention_heads, config.num_key_value_heads, config.head_dim, runner.device,
         dtype,
     )  # fmt: skip
-    return [(1, contextlib.nullcontext()), *variants]
+    return [(1, contextlib.nullcontext()), *((t, _unfused(c)) for t, c in variants)]
+
+
+@contextlib.contextmanager
+def _unfused(selected: contextlib.AbstractContextManager) -> Iterator[None]:
+    with ops.unfused_decode(), selected:
+        yield
 
 
 def scratch_batch(tokens: int, page_size: int) -> ForwardBatch:

@@ -112,6 +112,46 @@ def test_decode_one_32k_sequence(prefetch_pages):
     _check(batch, max_query_len=1, tiles=dataclasses.replace(tiles, prefetch_pages=prefetch_pages))
 
 
+@LONG_LAYOUTS
+@pytest.mark.parametrize("context", [0, 511, 4095, 32767])
+def test_one_row_decode_with_rope_in_the_kernel(layout, context):
+    """paged_attention(rope=...) against rope_store_kv + attention in float32: the program
+    whose slice holds the new key stores it, then reads it back (its slot starts as NaN, so a
+    read before the store shows), launched 20 times (the one-row launch is a programmatic
+    dependent on sm_90: each launch follows a fill kernel, as it follows the q/k/v GEMV)."""
+    from nanograph.kernels.attention import RopeStore
+
+    gen = torch.Generator().manual_seed(context)
+    batch = _batch([context], [1], layout=layout, seed=context)
+    hkv, d = layout["num_kv_heads"], layout["head_dim"]
+    k, v = (torch.randn(1, hkv, d, generator=gen).bfloat16().cuda() for _ in range(2))
+    norms = [(1 + 0.3 * torch.randn(d, generator=gen)).bfloat16().cuda() for _ in range(2)]
+    inv_freq = 1e6 ** -(torch.arange(0, d, 2, dtype=torch.float64) / d)
+    freqs = torch.outer(torch.arange(context + 1, dtype=torch.float64), inv_freq)
+    table = torch.cat([freqs.cos(), freqs.sin()], -1).float().cuda()
+    rope = RopeStore(k, v, batch.positions, table, batch.slot_mapping, *norms, eps=1e-6)
+    slot = int(batch.slot_mapping[0])
+    q_ref, k_ref = batch.q.float(), k.float()
+    caches_ref = [batch.k_cache.float(), batch.v_cache.float()]
+    reference.rope_store_kv(q_ref, k_ref, v.float(), batch.positions, table, *caches_ref,
+                            batch.slot_mapping, q_norm_weight=norms[0].float(),
+                            k_norm_weight=norms[1].float(), eps=1e-6)  # fmt: skip
+    scale = d**-0.5
+    want = reference.paged_attention(q_ref, *caches_ref, *batch.metadata(), batch.page_size,
+                                     scale, max_query_len=1)  # fmt: skip
+    for _ in range(20):
+        batch.k_cache[slot] = float("nan")
+        batch.v_cache[slot] = float("nan")
+        got = paged_attention(batch.q, batch.k_cache, batch.v_cache, *batch.metadata(),
+                              batch.page_size, scale, max_query_len=1, rope=rope)  # fmt: skip
+        torch.cuda.synchronize()
+        tol = TOLERANCE[torch.bfloat16]
+        torch.testing.assert_close(got.float(), want, atol=tol, rtol=tol)
+        torch.testing.assert_close(batch.k_cache[slot].float(), caches_ref[0][slot], atol=tol,
+                                   rtol=tol)  # fmt: skip
+        assert torch.equal(batch.v_cache[slot], v[0])
+
+
 def test_target_verify():
     gen = torch.Generator().manual_seed(5)
     contexts = torch.randint(1, 3000, (64,), generator=gen).tolist()
