@@ -389,6 +389,21 @@ case $stage in
     timeout 330 python3 -m nanograph bench prefill --models "$m" --lengths 256,1024,2048,4096,8192 \
       --peer-lengths 256,2048,8192 --repeats 5 --out "$out/prefill_$m.json" 2>&1 \
       | grep -v "^INFO\|Warning\|warn" | tee "$out/prefill_$m.log" ;;
+  decode-verify)  # <= ~9 min (estimated): stop 31's one-row decode launches (attention as a
+    # PDL dependent, rope + KV store inside it): the no-compile test its warm-up fix is for and
+    # the fused decode tests, then issue 18's and 15's batch-1 tokens/s with kernels per step
+    timeout 200 python3 -m pytest -q -p no:cacheprovider -rfE tests/gpu/test_hardening_gpu.py \
+      -k no_kernel_compiles > "$out/gpu_tests_nocompile.log" 2>&1 &
+    timeout 200 python3 -m pytest -q -p no:cacheprovider -rfE tests/gpu/test_fused_decode_gpu.py \
+      tests/gpu/test_moe_gpu.py -k "fused" > "$out/gpu_tests_fused.log" 2>&1 &
+    wait
+    for f in "$out"/gpu_tests_nocompile.log "$out"/gpu_tests_fused.log; do tail -n 1 "$f"; done
+    timeout 200 python3 -m nanograph bench decode --models qwen3-0.6b,qwen3-8b \
+      --arms full,full:unfused --batches 1,8,32 --repeats 3 --out "$out/decode_fused.json" 2>&1 \
+      | grep -v "^INFO" | tee "$out/decode_fused.log"
+    timeout 100 python3 -m nanograph bench decode --models qwen3-30b-a3b --arms full --batches 1 \
+      --repeats 3 --moe-backend triton --out "$out/decode_moe.json" 2>&1 | grep -v "^INFO" \
+      | tee "$out/decode_moe.log" ;;
   ab-attention)  # ~40 s a run: `bench attention` of this tree against BASE's (a folder holding
     # another commit's nanograph/, as for ab-floor), the two alternating twice, over CASES
     base=$(cd "${BASE:?set BASE to a folder holding the base commit nanograph/}" && pwd)
