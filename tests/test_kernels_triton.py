@@ -418,6 +418,24 @@ def test_rope_in_attention_outside_a_one_row_tile_takes_rope_store_kv():
         )  # fmt: skip
 
 
+def test_rope_in_attention_refuses_bad_rope_inputs():
+    """A cos/sin table of another width, or k/v not contiguous in head_dim, is refused before
+    anything is written (the cache still holds the NaN the new key's slot was poisoned with)."""
+    batch, rope, _, slot, _ = _one_row_rope(9, 4, 2, 16, True, torch.float32, 3)
+    bad = [
+        (dataclasses.replace(rope, cos_sin_cache=rope.cos_sin_cache[:, :8]), "head_dim 16"),
+        (dataclasses.replace(rope, k=rope.k.transpose(1, 2).contiguous().transpose(1, 2)),
+         "contiguous"),
+    ]  # fmt: skip
+    for bad_rope, match in bad:
+        with pytest.raises(ValueError, match=match):
+            attention.paged_attention(
+                batch.q, batch.k_cache, batch.v_cache, *batch.metadata(), batch.page_size, 0.25,
+                max_query_len=1, rope=bad_rope,
+            )  # fmt: skip
+    assert torch.isnan(batch.k_cache[slot]).all()
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_random_batches(seed):
     """Random lengths, head layouts and features; decode/verify/extend chosen by the lengths."""

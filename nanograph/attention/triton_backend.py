@@ -68,7 +68,7 @@ class TritonAttention(AttentionBackend):
 
         store = RopeStore(
             k, v, rope.positions, rope.cos_sin_cache, meta.slot_mapping, rope.q_norm,
-            rope.k_norm, rope.eps,
+            rope.k_norm, rope.eps, meta.num_tokens,
         )  # fmt: skip
         paged_attention(
             q, k_cache, v_cache, meta.page_table, meta.seq_lens, meta.query_lens,

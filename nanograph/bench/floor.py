@@ -226,12 +226,29 @@ def main(argv: list[str] | None = None) -> int:
         help="with --decode-batch: also profile this many of the engine's decode steps "
         "(generate), graph, lm_head, sampler and input copies together",
     )
+    parser.add_argument(
+        "--fused-decode",
+        choices=("auto", "off"),
+        default="auto",
+        help="the fused batch-1 decode layer (auto: on where it applies) or the unfused one, "
+        "as `bench decode`'s :unfused modifier",
+    )
     parser.add_argument("--out", default=default_out("floor.json"))
     args = parser.parse_args(argv)
     (args.graph,) = parse_arms("floor", args.graph, flag="--graph")
-    flag = graph_flag(args.graph)
+    from nanograph.layers import ops
+
+    ops.set_fused_decode(args.fused_decode)  # before capture: graphs record the kernels
+    try:
+        return _run(args)
+    finally:
+        ops.set_fused_decode("auto")
+
+
+def _run(args: argparse.Namespace) -> int:
     from nanograph import LLM
 
+    flag = graph_flag(args.graph)
     lengths = [int(n) for n in args.lengths.split(",")]
     llm = LLM(
         args.model, load_format="dummy",

@@ -34,8 +34,8 @@ Invariants:
   captures while the serving thread replays (runners/live_capture.py), so a background capture
   on its own thread and stream never shares counters with the serving thread.
 - The one-row decode (``AttentionTiles.pdl_wait``, sm_90+) is a programmatic dependent launch
-  behind the kernel that wrote q (the q/k/v GEMV when it rotates q itself, else rope + KV
-  store): it reads the lengths and the page table and prefetches its first key blocks into the
+  behind the kernel that wrote q (the q/k/v GEMV when this kernel rotates q itself, given
+  ``rope``; else rope + KV store): it reads the lengths and the page table and prefetches its first key blocks into the
   L2, then waits for that kernel before it reads q or any of this forward's keys.
 - Two static layouts of the first grid dim: "flat" (extend: ``N // BLOCK_Q + S`` programs, each
   finds its request by binary search over ``query_start_loc``) and "per request" (decode and
@@ -114,6 +114,9 @@ class RopeStore:
     q_norm: torch.Tensor | None = None  # [D]
     k_norm: torch.Tensor | None = None
     eps: float = 1e-6
+    # int32 [1], the true token count: only the fallback to rope_store_kv reads it (the
+    # variant the unfused path compiles); the one-row kernel has the slot's -1 for padding
+    num_tokens: torch.Tensor | None = None
 
 
 @triton.jit
@@ -353,8 +356,9 @@ def _paged_attention_kernel(
     page_row_ptr = page_table_ptr + seq.to(tl.int64) * stride_page_table
     if PDL_WAIT:
         # Until the wait only the lengths and the page table are read (no kernel of a forward
-        # writes them). The L2 is coherent, so prefetched lines that rope is still writing
-        # (this forward's key) are not left stale; only an L1 would be.
+        # writes them). The L2 is coherent, so a prefetched line of this forward's key (being
+        # written by rope_store_kv before the wait, or by this kernel after it) is not left
+        # stale; only an L1 would be.
         _prefetch_l2(k_base, v_base, page_row_ptr, split_lo, split_hi, stride_k_slot,
                      stride_v_slot, BLOCK_N, HEAD_DIM, PAGE_SIZE, L2_LINES)  # fmt: skip
         tl.extra.cuda.gdc_wait()  # q and this forward's key are written
@@ -428,8 +432,10 @@ def _norm_rope_rows(row_ptrs, row_valid, positions_ptr, cos_sin_ptr, norm_ptr, t
                     stride_cos_sin, eps, HAS_NORM: tl.constexpr,
                     HEAD_DIM: tl.constexpr):  # fmt: skip
     """Rows [R, HEAD_DIM] of one token, RMS-normed (HAS_NORM) and rotated at the token's
-    position, in fp32: what rope_store_kv writes, before rounding (its halves x1, x2 become
-    x1 cos - x2 sin and x2 cos + x1 sin; here each element meets its partner in the other half)."""
+    position, in fp32, not yet rounded. The same arithmetic as rope_store_kv (its halves x1, x2
+    become x1 cos - x2 sin and x2 cos + x1 sin; here each element meets its partner in the other
+    half) with the same rounding once the caller casts, but the fp32 sum of squares runs in
+    another order (one sum over HEAD_DIM here, two half sums there): last-bit differences."""
     HALF: tl.constexpr = HEAD_DIM // 2
     offs_d = tl.arange(0, HEAD_DIM)
     partner = (offs_d + HALF) % HEAD_DIM
@@ -451,7 +457,7 @@ def _norm_rope_rows(row_ptrs, row_valid, positions_ptr, cos_sin_ptr, norm_ptr, t
 def _load_q(q_ptrs, row_valid, positions_ptr, cos_sin_ptr, q_norm_ptr, token, stride_cos_sin,
             eps, ROPE: tl.constexpr, HAS_Q_NORM: tl.constexpr, HEAD_DIM: tl.constexpr):  # fmt: skip
     """The query rows of a tile; with ROPE q is this forward's projection, normed and rotated
-    here, rounded to its dtype as rope_store_kv would have written it."""
+    here and rounded to its dtype where rope_store_kv rounds it (``_norm_rope_rows``)."""
     if ROPE:
         q = _norm_rope_rows(q_ptrs, row_valid, positions_ptr, cos_sin_ptr, q_norm_ptr, token,
                             stride_cos_sin, eps, HAS_Q_NORM, HEAD_DIM)  # fmt: skip
@@ -859,6 +865,11 @@ def paged_attention(
     if rope is not None:
         if num_tokens != 1:
             raise ValueError(f"rope in the attention kernel takes one row, got {num_tokens}")
+        if rope.k.stride(-1) != 1 or rope.v.stride(-1) != 1 or rope.cos_sin_cache.stride(-1) != 1:
+            raise ValueError("rope's k, v and cos_sin_cache must be contiguous in their last dim")
+        if rope.cos_sin_cache.shape[-1] != head_dim:
+            raise ValueError(f"cos_sin_cache rows hold cos then sin halves of head_dim "
+                             f"{head_dim}, got {rope.cos_sin_cache.shape[-1]} wide")  # fmt: skip
         tiles0 = launches[0][0]
         one_row = max_query_len == 1 and tiles0.per_request and tiles0.block_q == 1
         if len(launches) > 1 or not one_row:
@@ -886,6 +897,7 @@ def _rope_store_kv(q, k_cache, v_cache, rope: RopeStore) -> None:
     rope_store_kv(
         q, rope.k, rope.v, rope.positions, rope.cos_sin_cache, k_cache, v_cache,
         rope.slot_mapping, q_norm_weight=rope.q_norm, k_norm_weight=rope.k_norm, eps=rope.eps,
+        num_tokens=rope.num_tokens,
     )  # fmt: skip
 
 
