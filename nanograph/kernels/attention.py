@@ -35,8 +35,9 @@ Invariants:
   on its own thread and stream never shares counters with the serving thread.
 - The one-row decode (``AttentionTiles.pdl_wait``, sm_90+) is a programmatic dependent launch
   behind the kernel that wrote q (the q/k/v GEMV when this kernel rotates q itself, given
-  ``rope``; else rope + KV store): it reads the lengths and the page table and prefetches its first key blocks into the
-  L2, then waits for that kernel before it reads q or any of this forward's keys.
+  ``rope``; else rope + KV store): it reads the lengths and the page table and prefetches its
+  first key blocks into the L2, then waits for that kernel before it reads q or any of this
+  forward's keys.
 - Two static layouts of the first grid dim: "flat" (extend: ``N // BLOCK_Q + S`` programs, each
   finds its request by binary search over ``query_start_loc``) and "per request" (decode and
   verify: ``S * cdiv(max_query_len, BLOCK_Q)`` programs); ``max_query_len`` is a static hint.
