@@ -178,3 +178,39 @@ def test_fused_decode_gives_the_unfused_greedy_tokens(tiny_model_dir, monkeypatc
         assert calls["forward_rope"] == (fused_calls // 2 if backend == "triton" else 0)
     assert tokens["always"] == tokens["off"]
     assert all(len(t) == 4 for t in tokens["off"][0])
+
+
+def test_tc_piecewise_traces_a_one_row_forward_unfused(tiny_model_dir):
+    """dynamo traces a one-token forward whole with the fused path forced on: the layers see
+    they are being compiled before anything dynamo cannot trace (the fused path is eager-only;
+    a failed trace used to leave batch-1 decode uncaptured under tc_piecewise)."""
+    from test_model_reference import TORCH_NATIVE
+
+    from nanograph.attention.op import ForwardContext, forward_context
+    from nanograph.engine.kv_cache import KVCache
+    from nanograph.graph.piecewise_compiler import PiecewiseCompiler, trace_and_split
+    from nanograph.loader import iter_hf_weights, load_weights, read_hf_config
+    from nanograph.models import build_model
+    from nanograph.runners.attention_inputs import eager_inputs
+    from nanograph.runners.forward_batch import ForwardBatch
+
+    cpu = torch.device("cpu")
+    folder = tiny_model_dir("qwen3")
+    config = read_hf_config(folder)
+    model = build_model(config, torch.float32, cpu)
+    load_weights(model, iter_hf_weights(folder, config), progress=False)
+    kv = KVCache(config, num_pages=4, page_size=4, dtype=torch.float32, device=cpu)
+    batch = ForwardBatch.build([[7]], [0], [kv.allocator.allocate(1)], kv.page_size, [True])
+    tokens, positions = torch.tensor(batch.input_ids), torch.tensor(batch.positions)
+    context = ForwardContext(TORCH_NATIVE, eager_inputs(batch, cpu)[2], kv.k, kv.v)
+    ops.set_fused_decode("always")
+    try:
+        with torch.no_grad(), forward_context(context):
+            expected = model(tokens, positions)  # eager: the fused path
+            compiler = PiecewiseCompiler("eager")
+            compiled = trace_and_split(lambda: model(tokens, positions), compiler)
+            got = compiled()
+    finally:
+        ops.set_fused_decode("auto")
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+    assert compiler.splits == {"nanograph::attend": config.num_hidden_layers}

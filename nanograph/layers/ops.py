@@ -80,9 +80,9 @@ def fused_decode_applies(x: torch.Tensor) -> bool:
     """Whether a layer fed the one-row residual stream ``x`` takes the fused decode path."""
     if _FUSED_DECODE == "off" or x.dim() != 2 or x.shape[0] != 1 or x.stride(-1) != 1:
         return False
-    if _UNFUSED_HERE.get():
+    if torch.compiler.is_compiling():  # first: dynamo cannot trace the ContextVar read below
         return False
-    if torch.compiler.is_compiling():
+    if _UNFUSED_HERE.get():
         return False
     if _FUSED_DECODE == "always":
         return True

@@ -70,6 +70,7 @@ def test_path_backend_matches_eager(model_dir, eager_tokens, decode, prefill, de
     for path, runner in runners.items():
         print(f"  {runner}")
         assert runner.replays > 0, path
+        assert not runner.failed, (path, runner.failed)  # every shape of the ladder captured
     if "prefill" in runners:
         assert runners["prefill"].fallbacks > 0  # 5+ requests in one forward > 4 slots
 
