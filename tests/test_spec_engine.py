@@ -249,3 +249,36 @@ def test_draft_loop_in_one_graph_drafts_what_the_target_decodes(tiny):
     assert result["identical"]
     assert result["replays"] >= 3 and result["fallbacks"] == 0 and result["eager_steps"] == 0
     assert result["accepted_tokens"] == result["draft_tokens"] > 0
+
+
+def test_server_metrics_report_acceptance(tiny_model_dir, tiny):
+    """The front's stats carry the speculative counters and /metrics exposes them (the
+    nanograph_spec_decode_* families, vLLM's names); with speculation off there are none."""
+    pytest.importorskip("prometheus_client")
+    from types import SimpleNamespace
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from nanograph.engine.serving_loop import ServingLoop
+    from nanograph.serve.metrics import ServerMetrics
+
+    def scrape(llm) -> dict[str, float]:
+        stats = ServingLoop(llm.engine, lambda block: [], lambda *a: None).snapshot()
+        text = ServerMetrics(SimpleNamespace(stats=stats)).render().decode()
+        return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples
+                if s.name.startswith("nanograph_spec_decode")}  # fmt: skip
+
+    prompts = repetitive_prompts(torch.Generator().manual_seed(4), 4)
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    spec = make_llm(tiny, **speculative(tiny_model_dir, tiny, "draft_model"))
+    spec.generate(prompts, params)
+    stats = spec.engine.speculative.stats
+    assert stats.draft_tokens > 0
+    assert scrape(spec) == {
+        "nanograph_spec_decode_num_draft_tokens_total": stats.draft_tokens,
+        "nanograph_spec_decode_num_accepted_tokens_total": stats.accepted_tokens,
+        "nanograph_spec_decode_num_verifications_total": stats.requests,
+        "nanograph_spec_decode_num_emitted_tokens_total": stats.emitted_tokens,
+        "nanograph_spec_decode_mean_accepted_length": pytest.approx(stats.mean_accepted_length),
+    }
+    assert scrape(make_llm(tiny)) == {}

@@ -88,6 +88,9 @@ class FrontStats:
     # background/lazy capture: Engine.graph_capture_stats() (states, ladders, histograms,
     # budget), refreshed every CAPTURE_STATS_S; empty with start-up capture
     graph_capture: dict = field(default_factory=dict)
+    # speculative decoding: SpeculativeStats.as_dict() (drafts proposed and accepted, ...);
+    # empty with speculation off
+    speculative: dict = field(default_factory=dict)
 
 
 Updates = list[tuple[Hashable, Update]]
@@ -212,6 +215,9 @@ class ServingLoop:
             output_tokens=self._totals[1],
             forward_counts=engine.runner.forward_counts(),
             graph_capture=self._graph_capture_stats(),
+            speculative=(
+                engine.speculative.stats.as_dict() if engine.speculative is not None else {}
+            ),
             **_prefix_stats(engine),
         )
 

@@ -3,7 +3,8 @@
 Engine-side values (requests running and waiting, KV pages, tokens in and out, graph replays
 and eager forwards per path; with background/lazy capture the graph shapes per state, the
 learned or configured ladder, the pools against the budget, evictions, and the observed batch
-sizes as a histogram over the configured ladder's buckets) are read at scrape time from the
+sizes as a histogram over the configured ladder's buckets; with speculative decoding the drafts
+proposed and accepted) are read at scrape time from the
 front's stats snapshot, so they cost the engine nothing. Latencies are observed where the
 client sees them: the handler, on receiving a request's tokens.
 """
@@ -86,6 +87,24 @@ class _FrontCollector:
         yield forwards
         if s.graph_capture:
             yield from _capture_metrics(s.graph_capture)
+        if s.speculative:
+            yield from _speculative_metrics(s.speculative)
+
+
+def _speculative_metrics(stats: dict):
+    """Speculative decoding: drafts proposed and accepted (vLLM's spec_decode counters)."""
+    for name, key, doc in (
+        ("num_draft_tokens", "draft_tokens", "draft tokens proposed"),
+        ("num_accepted_tokens", "accepted_tokens", "draft tokens accepted"),
+        ("num_verifications", "requests", "requests verified (a request in a verify step)"),
+        ("num_emitted_tokens", "emitted_tokens", "tokens produced by speculative steps"),
+    ):
+        yield CounterMetricFamily(f"nanograph_spec_decode_{name}", doc, value=stats[key])
+    yield GaugeMetricFamily(
+        "nanograph_spec_decode_mean_accepted_length",
+        "tokens a request gains per verification (1 + accepted drafts), since start",
+        value=stats["mean_accepted_length"],
+    )
 
 
 def _capture_metrics(stats: dict):
