@@ -177,6 +177,7 @@ def main() -> int:
             q, k, v, torch.arange(4), cos_sin, cache, cache.clone(), torch.arange(4),
             q_norm_weight=weight, k_norm_weight=weight,
             num_tokens=torch.tensor([4], dtype=torch.int32),
+            zero_padding=torch.empty_like(q) if norm else None,
         )  # fmt: skip
     for silu_mul in (False, True):
         for tiles in (gemv.GemvTiles(), gemv.GemvTiles(8, 1024, 4, 3)):

@@ -321,21 +321,34 @@ def test_rope_store_kv(qk_norm):
                                    atol=1e-5, rtol=1e-5)  # fmt: skip
 
 
-def test_rope_store_kv_skips_rows_past_num_tokens():
+@pytest.mark.parametrize("impl", [fused, reference])
+def test_rope_store_kv_skips_rows_past_num_tokens_and_zeroes_them_in_the_output(impl):
     gen = torch.Generator().manual_seed(13)
-    q = torch.randn(4, 2, 16, generator=gen)
+    q = torch.randn(4, 3, 16, generator=gen)  # 3 heads: a padded power-of-two block
     k = torch.randn(4, 1, 16, generator=gen)
     v = torch.randn(4, 1, 16, generator=gen)
     positions = torch.tensor([1, 2, 10_000, -5])  # garbage positions in padded rows
     slots = torch.tensor([0, 1, 2, 3])
     k_cache = torch.zeros(4, 1, 16)
     v_cache = torch.zeros(4, 1, 16)
+    out = torch.full_like(q, float("nan"))  # the attention output, uninitialised
     q_before = q.clone()
-    fused.rope_store_kv(q, k, v, positions, _rope_table(16, 8), k_cache, v_cache, slots,
-                        num_tokens=torch.tensor([2], dtype=torch.int32))  # fmt: skip
+    impl.rope_store_kv(q, k, v, positions, _rope_table(16, 8), k_cache, v_cache, slots,
+                       num_tokens=torch.tensor([2], dtype=torch.int32),
+                       zero_padding=out)  # fmt: skip
     assert torch.equal(q[2:], q_before[2:])
     assert torch.all(k_cache[2:] == 0) and torch.all(v_cache[2:] == 0)
     assert not torch.equal(q[:2], q_before[:2])
+    # padded rows zeroed, the token rows left to attention
+    assert torch.all(out[2:] == 0) and torch.all(out[:2].isnan())
+
+
+def test_rope_store_kv_refuses_a_zero_padding_unlike_q():
+    q, k = torch.randn(2, 2, 16), torch.randn(2, 1, 16)
+    cache = torch.zeros(4, 1, 16)
+    with pytest.raises(ValueError, match="zero_padding must be shaped like q"):
+        fused.rope_store_kv(q, k, k, torch.tensor([0, 1]), _rope_table(16, 8), cache, cache,
+                            torch.tensor([0, 1]), zero_padding=torch.zeros(2, 16, 2))  # fmt: skip
 
 
 def _one_row_rope(context, q_heads, kv_heads, head_dim, qk_norm, dtype, seed):

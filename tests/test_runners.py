@@ -245,6 +245,31 @@ def test_model_traces_fullgraph_and_splits_at_attention(llm):
     torch.testing.assert_close(got[: batch.num_tokens], expected[: batch.num_tokens])
 
 
+def test_padded_rows_of_a_padded_forwards_attention_read_zero(llm):
+    """A forward padded into a shape (12 tokens in 16 rows): the rope+store op zeroes the
+    attention output's padded rows (no zero-fill kernel of its own), attention writes the
+    others; a buffer holding NaN gives what a zeroed one gives."""
+    from nanograph.attention.op import ForwardContext, forward_context
+
+    e = llm.engine
+    batch = batch_of([(0, 9), (4, 3)])
+    shape = ShapeKey(16, 2)
+    static = StaticInputs(16, 2, 16, e.kv_cache.page_size, CPU)
+    static.copy_from(batch, shape)
+    ctx = ForwardContext(e.attention, static.metadata(shape, 16), e.kv_cache.k, e.kv_cache.v)
+    attn = e.model.model.layers[0].self_attn
+    g = torch.Generator().manual_seed(5)
+    qkv = torch.randn(16, attn.q_size + 2 * attn.kv_size, generator=g)
+    outs = []
+    with forward_context(ctx), torch.inference_mode():
+        for fill in (0.0, float("nan")):
+            out = torch.full((16, attn.num_heads, attn.head_dim), fill)
+            attn.attend(static.positions[:16], qkv.clone(), e.model.cos_sin_cache, out)
+            outs.append(out)
+    assert torch.all(outs[1][batch.num_tokens :] == 0)
+    torch.testing.assert_close(outs[1], outs[0])
+
+
 @pytest.mark.parametrize("compile_backend", ["eager", "inductor"])
 def test_one_compile_serves_every_shape_of_a_runner(llm, compile_backend):
     """The runner's pattern: a closure per shape over views of the static buffers, largest

@@ -4,8 +4,9 @@ Invariants:
 - The new k/v of a forward are already in the paged cache when ``forward`` runs (the layer's
   fused rope+store op writes them), so a backend only reads the cache; ``forward_rope`` (the
   fused one-row decode) is given them unrotated and stores them itself. It writes its output
-  into a caller-owned zeroed buffer (allocated inside the graph, so an eager break has nothing
-  to copy out).
+  into a caller-owned buffer (allocated inside the graph, so an eager break has nothing to
+  copy out): every row below ``num_tokens``; the padded rows past it were zeroed by the
+  rope+store op.
 - ``AttentionMetadata`` tensors live on the model's device and have static shapes for a given
   (tokens, request slots) pair; a graph runner owns one instance sized at its maximum and
   rewrites it in place before every replay.
@@ -83,7 +84,7 @@ class AttentionBackend(ABC):
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
-        out: torch.Tensor,  # [N, num_q_heads, head_dim], zeroed: rows of no request stay zero
+        out: torch.Tensor,  # [N, num_q_heads, head_dim]: write every row of a request
         sliding_window: int = 0,  # > 0: a query sees only the last `sliding_window` keys
         sinks: torch.Tensor | None = None,  # fp32 [num_q_heads]: a logit with no value
     ) -> None: ...

@@ -4,7 +4,10 @@ Invariants:
 - ``attention`` is two steps. (1) ``rope_store_kv``: rotate q/k (after optional q/k-norm) and
   write k/v into the cache at the metadata's slot mapping, one fused graph-safe kernel on CUDA,
   so it is captured inside the graph under every backend (an opaque custom op to dynamo).
-  (2) ``attend``: a ``split_op`` that fills a zeroed output buffer allocated by the caller, i.e.
+  Given the attention output buffer, it also zeroes that buffer's padded rows (at or past the
+  metadata's ``num_tokens``; there are none in an eager forward), the only rows attention does
+  not write: one zero-fill kernel a layer fewer.
+  (2) ``attend``: a ``split_op`` that fills that output buffer, allocated by the caller, i.e.
   inside the graph: an eager break under the breakable graph backend, a split point under
   tc_piecewise, and an ordinary call (captured inline) under full graphs or eager. Writing into
   a caller buffer and returning nothing means a break has no output to copy, and the only work
@@ -73,20 +76,22 @@ def rope_store_kv(
     k_norm: torch.Tensor | None,
     layer: int,
     eps: float,
+    out: torch.Tensor,
 ) -> None:
-    """In place on q/k; writes this forward's k/v into layer's cache (from forward_context)."""
+    """In place on q/k; writes this forward's k/v into layer's cache (from forward_context)
+    and zeroes the padded rows of ``out``, attention's output buffer."""
     ctx = _context()
     ops.rope_store_kv(
         q, k, v, positions, cos_sin_cache, ctx.k_caches[layer], ctx.v_caches[layer],
         ctx.meta.slot_mapping, q_norm_weight=q_norm, k_norm_weight=k_norm, eps=eps,
-        num_tokens=ctx.meta.num_tokens,
+        num_tokens=ctx.meta.num_tokens, zero_padding=out,
     )  # fmt: skip
 
 
 # What dynamo records while tracing (tc_piecewise): one opaque node inside a compiled piece.
-_rope_store_kv_op = torch.library.custom_op("nanograph::rope_store_kv", mutates_args=("q", "k"))(
-    rope_store_kv
-)
+_rope_store_kv_op = torch.library.custom_op(
+    "nanograph::rope_store_kv", mutates_args=("q", "k", "out")
+)(rope_store_kv)
 _rope_store_kv_op.register_fake(lambda *args: None)
 
 
@@ -99,7 +104,7 @@ def attend(
     sliding_window: int,
     sinks: torch.Tensor | None,
 ) -> None:
-    """out[N, Hq, D] (zeroed) <- attention of the rotated q over layer's cache."""
+    """out[N, Hq, D] (padded rows zeroed) <- attention of the rotated q over layer's cache."""
     ctx = _context()
     ctx.backend.forward(
         q, ctx.k_caches[layer], ctx.v_caches[layer], ctx.meta, scale, out, sliding_window, sinks
@@ -150,8 +155,7 @@ def attention(
     """q [N, Hq, D], k/v [N, Hkv, D] of this forward -> attention output [N, Hq, D].
     ``sliding_window`` > 0 limits each query to that many most recent keys; ``sinks`` (fp32
     [Hq]) adds one learned logit per head to the softmax denominator (gpt-oss). ``out``: a
-    buffer like q for the output, left as it is in padded rows; by default a zeroed one (a fill
-    kernel), so padded rows read zero. The fused one-row decode passes an uninitialised one:
+    buffer like q for the output (by default a new one); rope_store_kv zeroes its padded rows. The fused one-row decode passes an uninitialised one:
     its row is written, and ``one_row`` (never while compiling) lets the backend rotate, store
     and attend in one step (``AttentionBackend.forward_rope``)."""
     if one_row:
@@ -160,9 +164,9 @@ def attention(
         rope_attend(q, k, v, positions, cos_sin_cache, q_norm, k_norm, out, layer, scale, eps,
                     sliding_window, sinks)  # fmt: skip
         return out
-    rope = _rope_store_kv_op if torch.compiler.is_compiling() else rope_store_kv
-    rope(q, k, v, positions, cos_sin_cache, q_norm, k_norm, layer, eps)
     if out is None:
-        out = torch.zeros_like(q)  # padded rows stay zero
+        out = torch.empty_like(q)  # padded rows: zeroed by rope_store_kv
+    rope = _rope_store_kv_op if torch.compiler.is_compiling() else rope_store_kv
+    rope(q, k, v, positions, cos_sin_cache, q_norm, k_norm, layer, eps, out)
     attend(q, out, layer, scale, sliding_window, sinks)
     return out

@@ -156,7 +156,7 @@ class Startup:
         return prefill_shapes([t for t in tokens if t <= reachable], cfg.prefill_graph_slots)
 
     def _graph_runner(
-        self, path: str, backend: str, kv: KVCache, shapes: list[ShapeKey]
+        self, path: str, backend: str, kv: KVCache, shapes: list[ShapeKey], probe: bool = False
     ) -> GraphRunner:
         runner_type = _RUNNER_TYPES[path]
         k = self.config.speculative_num_draft_tokens
@@ -167,11 +167,13 @@ class Startup:
             extra["loop_steps"] = self._draft_loop_steps(backend)
             context += k  # a loop's steps past a request's drafts look up the pages there
         draft = path in _DRAFT_PATHS
-        # one warm-up for the drafter's captures where the target's have two: its kernels
-        # compiled at start-up and ran on the capture stream in the memory plan's probe
-        # capture, and a loop graph's k-1 steps repeat one step's kernels, so a single run
-        # already runs as every later call will (two made draft capture 1.45x the target's)
-        warmup = 1 if draft else None
+        # The drafter's captures run no warm-up (the target's run two): its kernels compiled
+        # at start-up, and the memory plan's probe (one warm-up, then a capture of the largest
+        # shape: `probe`) already ran every one of them on the capture stream, cuBLAS's
+        # workspace for that stream included. A warm-up of a loop graph would run its k-1
+        # steps eagerly once more: two warm-ups made draft capture 1.45x the target's, one
+        # 1.18x.
+        warmup = (1 if probe else 0) if draft else None
         return runner_type(
             self.draft_model if draft else self.model, self.attention, kv.k, kv.v,
             make_backend(backend, debug=self.config.debug_cuda_graph, warmup=warmup), shapes,
@@ -299,7 +301,7 @@ class Startup:
             # a breakable capture holds the same activations (measured: a larger pool)
             probe_backend = "breakable" if backend == "tc_piecewise" else backend
             kv = scratch[path in _DRAFT_PATHS]
-            probe = self._graph_runner(path, probe_backend, kv, [largest])
+            probe = self._graph_runner(path, probe_backend, kv, [largest], probe=True)
             probe.capture(progress=False)
             # smaller shapes reuse the largest one's pool; keep a margin for their outputs
             self.memory.graph_reserve += int(probe.pool_bytes() * GRAPH_RESERVE_MARGIN)

@@ -10,9 +10,11 @@ Invariants:
   q and k are updated in place (optional per-head RMSNorm first, as Qwen3's q/k-norm), then
   k and v are written to ``k_cache``/``v_cache [num_slots, Hkv, D]`` at ``slot_mapping``;
   slot -1 marks a padded token and is not written. Rows at or past ``num_tokens`` (a device
-  int32 ``[1]``, optional) are skipped entirely, so their positions may hold anything. A
-  one-row launch on sm_90+ is a programmatic dependent launch that waits (``gdc_wait``) before
-  anything else.
+  int32 ``[1]``, optional) are skipped entirely, so their positions may hold anything; given
+  ``zero_padding`` (the attention output that follows, ``[N, Hq, D]``), those rows of it are
+  zeroed instead: attention writes every row below ``num_tokens``, so the caller needs no
+  zero-fill kernel of its own. A one-row launch on sm_90+ is a programmatic dependent launch
+  that waits (``gdc_wait``) before anything else.
 - The torch references with the same signatures live in ``nanograph.kernels.reference``.
 """
 
@@ -191,6 +193,7 @@ def _rope_store_kv_kernel(
     num_tokens_ptr,
     q_norm_ptr,
     k_norm_ptr,
+    zero_ptr,
     stride_q_tok,
     stride_q_head,
     stride_k_tok,
@@ -202,6 +205,8 @@ def _rope_store_kv_kernel(
     stride_vc_slot,
     stride_vc_head,
     stride_cos_sin,
+    stride_z_tok,
+    stride_z_head,
     eps,
     NUM_Q_HEADS: tl.constexpr,
     NUM_KV_HEADS: tl.constexpr,
@@ -211,6 +216,7 @@ def _rope_store_kv_kernel(
     HAS_Q_NORM: tl.constexpr,
     HAS_K_NORM: tl.constexpr,
     HAS_NUM_TOKENS: tl.constexpr,
+    ZERO_PADDING: tl.constexpr,
     PDL: tl.constexpr,
 ):
     if PDL:
@@ -223,6 +229,13 @@ def _rope_store_kv_kernel(
     token = tl.program_id(0)
     if HAS_NUM_TOKENS:
         if token >= tl.load(num_tokens_ptr):
+            if ZERO_PADDING:  # the attention output's padded row: nothing else writes it
+                offs_h = tl.arange(0, BLOCK_HQ)
+                offs_z = tl.arange(0, 2 * HALF)
+                z_ptrs = zero_ptr + token.to(tl.int64) * stride_z_tok
+                z_ptrs += offs_h[:, None] * stride_z_head + offs_z[None, :]
+                zeros = tl.zeros([BLOCK_HQ, 2 * HALF], zero_ptr.dtype.element_ty)
+                tl.store(z_ptrs, zeros, mask=(offs_h < NUM_Q_HEADS)[:, None])
             return
     token = token.to(tl.int64)
     pos = tl.load(positions_ptr + token).to(tl.int64)
@@ -278,9 +291,16 @@ def rope_store_kv(
     k_norm_weight: torch.Tensor | None = None,
     eps: float = 1e-6,
     num_tokens: torch.Tensor | None = None,
+    zero_padding: torch.Tensor | None = None,
 ) -> None:
-    """In place: optional q/k RMSNorm, rotary on q and k; then k, v -> cache at slot_mapping."""
+    """In place: optional q/k RMSNorm, rotary on q and k; then k, v -> cache at slot_mapping.
+    ``zero_padding``: a tensor like q whose rows at or past ``num_tokens`` are zeroed."""
     num_rows, num_q_heads, head_dim = q.shape
+    if zero_padding is not None and (
+        zero_padding.shape != q.shape or zero_padding.stride(-1) != 1
+    ):
+        raise ValueError(f"zero_padding must be shaped like q {tuple(q.shape)} and contiguous "
+                         f"in head_dim, got {tuple(zero_padding.shape)}")  # fmt: skip
     num_kv_heads = k.shape[1]
     if head_dim % 2 or (head_dim // 2) & (head_dim // 2 - 1):
         raise ValueError(f"head_dim must be a power of two, got {head_dim}")
@@ -292,6 +312,7 @@ def rope_store_kv(
     # one row (decode at batch 1): a programmatic dependent launch behind the GEMV that wrote
     # q/k/v; larger launches stay plain
     use_pdl = num_rows == 1 and pdl.enabled(q)
+    zero = zero_padding if zero_padding is not None else q  # a placeholder when unused
     _launch_rope_store_kv(
         (num_rows,),
         (
@@ -299,11 +320,12 @@ def rope_store_kv(
             num_tokens if num_tokens is not None else slot_mapping,
             q_norm_weight if q_norm_weight is not None else cos_sin_cache,
             k_norm_weight if k_norm_weight is not None else cos_sin_cache,
+            zero,
         ),
         (
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
-            cos_sin_cache.stride(0), eps,
+            cos_sin_cache.stride(0), zero.stride(0), zero.stride(1), eps,
         ),
         dict(
             NUM_Q_HEADS=num_q_heads,
@@ -314,6 +336,8 @@ def rope_store_kv(
             HAS_Q_NORM=q_norm_weight is not None,
             HAS_K_NORM=k_norm_weight is not None,
             HAS_NUM_TOKENS=num_tokens is not None,
+            # without num_tokens every row is a token: nothing to zero
+            ZERO_PADDING=zero_padding is not None and num_tokens is not None,
             PDL=use_pdl,
             num_warps=4,
             launch_pdl=use_pdl,

@@ -101,8 +101,11 @@ def rope_store_kv(
     k_norm_weight: torch.Tensor | None = None,
     eps: float = 1e-6,
     num_tokens: torch.Tensor | None = None,
+    zero_padding: torch.Tensor | None = None,
 ) -> None:
     rows = q.shape[0] if num_tokens is None else int(num_tokens.reshape(-1)[0])
+    if zero_padding is not None:
+        zero_padding[rows:] = 0
     half = q.shape[-1] // 2
     table = cos_sin_cache[positions[:rows].long()]
     cos = table[:, None, :half].to(_compute_dtype(q))

@@ -270,9 +270,12 @@ def rope_store_kv(
     k_norm_weight: torch.Tensor | None = None,
     eps: float = 1e-6,
     num_tokens: torch.Tensor | None = None,
+    zero_padding: torch.Tensor | None = None,
 ) -> None:
-    """``num_tokens`` (device int32 [1]): rows at or past it are padding and are skipped."""
+    """``num_tokens`` (device int32 [1]): rows at or past it are padding and are skipped;
+    ``zero_padding`` (a tensor like q: the attention output) gets those rows zeroed."""
     _impl(q).rope_store_kv(
         q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
         q_norm_weight=q_norm_weight, k_norm_weight=k_norm_weight, eps=eps, num_tokens=num_tokens,
+        zero_padding=zero_padding,
     )  # fmt: skip
