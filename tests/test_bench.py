@@ -129,12 +129,14 @@ def test_bench_decode_runs_on_cpu_with_a_measured_roofline(tiny_model_dir, tmp_p
 @needs_no_cuda
 def test_bench_floor_profiles_engine_steps_on_cpu(tiny_model_dir, tmp_path):
     """--engine-steps: the engine's decode steps (generate N + 1 tokens minus 1) per step; no
-    graph replay time without CUDA. --fused-decode off is undone when the bench returns."""
-    out = tmp_path / "floor.json"
+    graph replay time without CUDA; --trace writes their Chrome trace. --fused-decode off is
+    undone when the bench returns."""
+    out, trace = tmp_path / "floor.json", tmp_path / "steps_trace.json"
     argv = ["bench", "floor", "--model", str(tiny_model_dir("llama")), "--lengths", "8",
             "--decode-batch", "1", "--repeats", "1", "--engine-steps", "3",
-            "--fused-decode", "off", "--out", str(out)]  # fmt: skip
+            "--fused-decode", "off", "--trace", str(trace), "--out", str(out)]  # fmt: skip
     assert main(argv) == 0
+    assert json.loads(trace.read_text())["traceEvents"]
     (entry,) = json.loads(out.read_text())["lengths"].values()
     assert entry["replay_ms"] is None
     steps = entry["engine_steps"]

@@ -138,12 +138,13 @@ def graph_replay_ms(runner, batch, decode_batch: int, repeats: int) -> float | N
     return start.elapsed_time(end) / repeats
 
 
-def engine_steps(llm, length: int, decode_batch: int, steps: int) -> dict:
+def engine_steps(llm, length: int, decode_batch: int, steps: int, trace: str | None = None) -> dict:
     """Where the engine's decode step goes, graph and all (the lm_head and sampler after it, the
     next step's input copies): ``generate`` of ``steps + 1`` tokens a request against one token
     (its prefill), both under the profiler, on fresh random prompts of ``length`` tokens (no
     prefix-cache hits); the difference over ``steps`` is one decode step. Compare ``busy_ms +
-    idle_ms`` with ``replay_ms``: what the graph leaves to the rest of the step."""
+    idle_ms`` with ``replay_ms``: what the graph leaves to the rest of the step. ``trace``: a
+    path for the Chrome trace of the ``steps + 1`` run (CPU calls and GPU work, to see the gaps)."""
     from torch.profiler import ProfilerActivity, profile
 
     from nanograph import SamplingParams
@@ -151,20 +152,25 @@ def engine_steps(llm, length: int, decode_batch: int, steps: int) -> dict:
     vocab = llm.engine.model_config.vocab_size
     cuda = torch.cuda.is_available()
 
-    def run(tokens: int) -> tuple[dict[str, float], float, float]:
+    def run(tokens: int, trace: str | None = None) -> tuple[dict[str, float], float, float]:
         prompts = [torch.randint(0, vocab, (length,)).tolist() for _ in range(max(decode_batch, 1))]
         params = SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True)
-        with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+        activities = [ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]
+        if trace and cuda:
+            activities.append(ProfilerActivity.CPU)  # the host side of each gap
+        with profile(activities=activities) as prof:
             start = time.perf_counter()
             llm.generate(prompts, params)
             sync()
             wall = time.perf_counter() - start
+        if trace:
+            prof.export_chrome_trace(trace)
         busy, idle = busy_time(prof.events(), cuda)
         return busy, idle, 1000 * wall
 
     run(steps + 1)  # warm-up
     busy_one, idle_one, wall_one = run(1)
-    busy_all, idle_all, wall_all = run(steps + 1)
+    busy_all, idle_all, wall_all = run(steps + 1, trace)
     per_step = {k: (v - busy_one.get(k, 0.0)) / steps for k, v in busy_all.items()}
     return {
         "steps": steps,
@@ -227,6 +233,12 @@ def main(argv: list[str] | None = None) -> int:
         "(generate), graph, lm_head, sampler and input copies together",
     )
     parser.add_argument(
+        "--trace",
+        default=None,
+        help="with --engine-steps: write the Chrome trace of the profiled steps (CPU and GPU) "
+        "to this path (the last length's)",
+    )
+    parser.add_argument(
         "--fused-decode",
         choices=("auto", "off"),
         default="auto",
@@ -271,7 +283,9 @@ def _run(args: argparse.Namespace) -> int:
         print(f"  busy {r['busy_ms']:.2f} ms (each kernel past the ones before it), idle "
               f"{r['idle_ms']:.2f} ms: {_top(r['busy_top_ms'], 8)}")  # fmt: skip
         if args.engine_steps and args.decode_batch:
-            e = r["engine_steps"] = engine_steps(llm, length, args.decode_batch, args.engine_steps)
+            e = r["engine_steps"] = engine_steps(
+                llm, length, args.decode_batch, args.engine_steps, args.trace
+            )
             print(f"  engine decode step: {e['wall_ms']:.3f} ms wall, busy {e['busy_ms']:.3f} ms, "
                   f"idle {e['idle_ms']:.3f} ms: {_top(e['busy_top_ms'], 12, 3)}")  # fmt: skip
     write(args.out, report)
