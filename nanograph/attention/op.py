@@ -155,9 +155,10 @@ def attention(
     """q [N, Hq, D], k/v [N, Hkv, D] of this forward -> attention output [N, Hq, D].
     ``sliding_window`` > 0 limits each query to that many most recent keys; ``sinks`` (fp32
     [Hq]) adds one learned logit per head to the softmax denominator (gpt-oss). ``out``: a
-    buffer like q for the output (by default a new one); rope_store_kv zeroes its padded rows. The fused one-row decode passes an uninitialised one:
-    its row is written, and ``one_row`` (never while compiling) lets the backend rotate, store
-    and attend in one step (``AttentionBackend.forward_rope``)."""
+    buffer like q for the output (by default a new one); rope_store_kv zeroes its padded rows.
+    The fused one-row decode passes one of its own: its row is written, and ``one_row`` (never
+    while compiling) lets the backend rotate, store and attend in one step
+    (``AttentionBackend.forward_rope``)."""
     if one_row:
         if out is None or q.shape[0] != 1:
             raise ValueError("one_row attention takes one token and its output buffer")

@@ -328,9 +328,18 @@ def _paged_attention_kernel(
     q_pos = context_len + q_local
     token = (q_start + q_local).to(tl.int64)
     q_ptrs = q_ptr + token[:, None] * stride_q_tok + q_head[:, None] * stride_q_head
+    if ROPE:
+        # what rotation and norms read besides this forward's q/k/v: positions and the slot
+        # mapping, which no kernel of a forward writes (like the lengths and the page table: a
+        # draft loop advances them before its next step's embedding lookup, a plain launch that
+        # waits for them), the cos/sin table and the norm weights (constants); read before the
+        # wait, so only q, k and v are left after it
+        rope = _rope_inputs(positions_ptr, cos_sin_ptr, q_norm_ptr, k_norm_ptr, q_start,
+                            stride_cos_sin, HAS_Q_NORM, HAS_K_NORM, HEAD_DIM)  # fmt: skip
+    else:
+        rope = None
     if not PDL_WAIT:
-        q = _load_q(q_ptrs, row_valid, positions_ptr, cos_sin_ptr, q_norm_ptr, q_start,
-                    stride_cos_sin, eps, ROPE, HAS_Q_NORM, HEAD_DIM)  # fmt: skip
+        q = _load_q(q_ptrs, row_valid, rope, eps, ROPE, HAS_Q_NORM, HEAD_DIM)
 
     # Key range of this query block, cut into num_splits BLOCK_N-aligned slices; inside a
     # slice only blocks that some row cannot fully see pay for the mask. [full_lo, full_hi)
@@ -362,16 +371,18 @@ def _paged_attention_kernel(
         # stale; only an L1 would be.
         _prefetch_l2(k_base, v_base, page_row_ptr, split_lo, split_hi, stride_k_slot,
                      stride_v_slot, BLOCK_N, HEAD_DIM, PAGE_SIZE, L2_LINES)  # fmt: skip
+        if ROPE:
+            slot = tl.load(slot_mapping_ptr + q_start + tl.arange(0, 1)).to(tl.int64)
         tl.extra.cuda.gdc_wait()  # q and this forward's key are written
-        q = _load_q(q_ptrs, row_valid, positions_ptr, cos_sin_ptr, q_norm_ptr, q_start,
-                    stride_cos_sin, eps, ROPE, HAS_Q_NORM, HEAD_DIM)  # fmt: skip
+        q = _load_q(q_ptrs, row_valid, rope, eps, ROPE, HAS_Q_NORM, HEAD_DIM)
+    elif ROPE:
+        slot = tl.load(slot_mapping_ptr + q_start + tl.arange(0, 1)).to(tl.int64)
     if ROPE:
         if split == active_splits - 1:  # the slice that holds this forward's key
             _rope_store_new_kv(
                 k_new_ptr + q_start.to(tl.int64) * stride_kn_tok + kv_head * stride_kn_head,
                 v_new_ptr + q_start.to(tl.int64) * stride_vn_tok + kv_head * stride_vn_head,
-                k_base, v_base, positions_ptr, cos_sin_ptr, slot_mapping_ptr, k_norm_ptr,
-                q_start, stride_k_slot, stride_v_slot, stride_cos_sin, eps, HAS_K_NORM,
+                k_base, v_base, slot, rope, stride_k_slot, stride_v_slot, eps, HAS_K_NORM,
                 HEAD_DIM,
             )  # fmt: skip
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -429,14 +440,39 @@ def _paged_attention_kernel(
 
 
 @triton.jit
-def _norm_rope_rows(row_ptrs, row_valid, positions_ptr, cos_sin_ptr, norm_ptr, token,
-                    stride_cos_sin, eps, HAS_NORM: tl.constexpr,
+def _rope_inputs(positions_ptr, cos_sin_ptr, q_norm_ptr, k_norm_ptr, token, stride_cos_sin,
+                 HAS_Q_NORM: tl.constexpr, HAS_K_NORM: tl.constexpr,
+                 HEAD_DIM: tl.constexpr):  # fmt: skip
+    """The token's rotation as two [HEAD_DIM] fp32 vectors, cos and the sign-carrying sin
+    (element d meets its partner (d + HEAD_DIM/2) % HEAD_DIM: -sin in the first half, +sin in
+    the second), and the q and k norm weights at d and at the partner (ones without a norm)."""
+    HALF: tl.constexpr = HEAD_DIM // 2
+    offs_d = tl.arange(0, HEAD_DIM)
+    partner = (offs_d + HALF) % HEAD_DIM
+    cs_row = cos_sin_ptr + tl.load(positions_ptr + token).to(tl.int64) * stride_cos_sin
+    cos = tl.load(cs_row + offs_d % HALF).to(tl.float32)
+    sin = tl.load(cs_row + HALF + offs_d % HALF).to(tl.float32)
+    sin = tl.where(offs_d < HALF, -1.0, 1.0) * sin  # exact: a sign
+    ones = tl.full([HEAD_DIM], 1.0, tl.float32)
+    q_w, q_wp, k_w, k_wp = ones, ones, ones, ones
+    if HAS_Q_NORM:
+        q_w = tl.load(q_norm_ptr + offs_d).to(tl.float32)
+        q_wp = tl.load(q_norm_ptr + partner).to(tl.float32)
+    if HAS_K_NORM:
+        k_w = tl.load(k_norm_ptr + offs_d).to(tl.float32)
+        k_wp = tl.load(k_norm_ptr + partner).to(tl.float32)
+    return cos, sin, q_w, q_wp, k_w, k_wp
+
+
+@triton.jit
+def _norm_rope_rows(row_ptrs, row_valid, cos, sin, w, wp, eps, HAS_NORM: tl.constexpr,
                     HEAD_DIM: tl.constexpr):  # fmt: skip
-    """Rows [R, HEAD_DIM] of one token, RMS-normed (HAS_NORM) and rotated at the token's
-    position, in fp32, not yet rounded. The same arithmetic as rope_store_kv (its halves x1, x2
-    become x1 cos - x2 sin and x2 cos + x1 sin; here each element meets its partner in the other
-    half) with the same rounding once the caller casts, but the fp32 sum of squares runs in
-    another order (one sum over HEAD_DIM here, two half sums there): last-bit differences."""
+    """Rows [R, HEAD_DIM] of one token, RMS-normed (HAS_NORM: weights ``w`` at d, ``wp`` at
+    the partner) and rotated (``_rope_inputs``), in fp32, not yet rounded. The same arithmetic
+    as rope_store_kv (its halves x1, x2 become x1 cos - x2 sin and x2 cos + x1 sin; here each
+    element meets its partner in the other half) with the same rounding once the caller casts,
+    but the fp32 sum of squares runs in another order (one sum over HEAD_DIM here, two half
+    sums there): last-bit differences."""
     HALF: tl.constexpr = HEAD_DIM // 2
     offs_d = tl.arange(0, HEAD_DIM)
     partner = (offs_d + HALF) % HEAD_DIM
@@ -445,42 +481,37 @@ def _norm_rope_rows(row_ptrs, row_valid, positions_ptr, cos_sin_ptr, norm_ptr, t
     xp = xp.to(tl.float32)
     if HAS_NORM:
         inv_rms = tl.rsqrt(tl.sum(x * x, 1) / HEAD_DIM + eps)
-        x = x * inv_rms[:, None] * tl.load(norm_ptr + offs_d).to(tl.float32)[None, :]
-        xp = xp * inv_rms[:, None] * tl.load(norm_ptr + partner).to(tl.float32)[None, :]
-    cs_row = cos_sin_ptr + tl.load(positions_ptr + token).to(tl.int64) * stride_cos_sin
-    cos = tl.load(cs_row + offs_d % HALF).to(tl.float32)
-    sin = tl.load(cs_row + HALF + offs_d % HALF).to(tl.float32)
-    sign = tl.where(offs_d < HALF, -1.0, 1.0)
-    return x * cos[None, :] + (sign[None, :] * xp) * sin[None, :]
+        x = x * inv_rms[:, None] * w[None, :]
+        xp = xp * inv_rms[:, None] * wp[None, :]
+    return x * cos[None, :] + xp * sin[None, :]
 
 
 @triton.jit
-def _load_q(q_ptrs, row_valid, positions_ptr, cos_sin_ptr, q_norm_ptr, token, stride_cos_sin,
-            eps, ROPE: tl.constexpr, HAS_Q_NORM: tl.constexpr, HEAD_DIM: tl.constexpr):  # fmt: skip
+def _load_q(q_ptrs, row_valid, rope, eps, ROPE: tl.constexpr, HAS_Q_NORM: tl.constexpr,
+            HEAD_DIM: tl.constexpr):  # fmt: skip
     """The query rows of a tile; with ROPE q is this forward's projection, normed and rotated
-    here and rounded to its dtype where rope_store_kv rounds it (``_norm_rope_rows``)."""
+    here (``rope``: ``_rope_inputs``) and rounded to its dtype where rope_store_kv rounds it."""
     if ROPE:
-        q = _norm_rope_rows(q_ptrs, row_valid, positions_ptr, cos_sin_ptr, q_norm_ptr, token,
-                            stride_cos_sin, eps, HAS_Q_NORM, HEAD_DIM)  # fmt: skip
+        cos, sin, q_w, q_wp, _, _ = rope
+        q = _norm_rope_rows(q_ptrs, row_valid, cos, sin, q_w, q_wp, eps, HAS_Q_NORM, HEAD_DIM)
         return q.to(q_ptrs.dtype.element_ty)
     offs_d = tl.arange(0, HEAD_DIM)
     return tl.load(q_ptrs + offs_d[None, :], mask=row_valid[:, None], other=0.0)
 
 
 @triton.jit
-def _rope_store_new_kv(k_new_ptr, v_new_ptr, k_base, v_base, positions_ptr, cos_sin_ptr,
-                       slot_mapping_ptr, k_norm_ptr, token, stride_k_slot, stride_v_slot,
-                       stride_cos_sin, eps, HAS_K_NORM: tl.constexpr,
+def _rope_store_new_kv(k_new_ptr, v_new_ptr, k_base, v_base, slot, rope, stride_k_slot,
+                       stride_v_slot, eps, HAS_K_NORM: tl.constexpr,
                        HEAD_DIM: tl.constexpr):  # fmt: skip
-    """This kv head's new key (normed, rotated) and value into the cache at the token's slot
-    (-1: a padded token, not stored), by the one program whose key range holds it; it reads
+    """This kv head's new key (normed, rotated) and value into the cache at ``slot`` ([1];
+    -1: a padded token, not stored), by the one program whose key range holds it; it reads
     that slot back in its key loop, after the barrier."""
     offs_d = tl.arange(0, HEAD_DIM)
     one = tl.arange(0, 1)
-    slot = tl.load(slot_mapping_ptr + token + one).to(tl.int64)  # [1]: masks want a vector
     write = slot >= 0
-    k = _norm_rope_rows(k_new_ptr + one[:, None] * 0, write, positions_ptr, cos_sin_ptr,
-                        k_norm_ptr, token, stride_cos_sin, eps, HAS_K_NORM, HEAD_DIM)  # fmt: skip
+    cos, sin, _, _, k_w, k_wp = rope
+    k = _norm_rope_rows(k_new_ptr + one[:, None] * 0, write, cos, sin, k_w, k_wp, eps,
+                        HAS_K_NORM, HEAD_DIM)  # fmt: skip
     v = tl.load(v_new_ptr + one[:, None] * 0 + offs_d[None, :], mask=write[:, None], other=0.0)
     tl.store(k_base + slot[:, None] * stride_k_slot + offs_d[None, :],
              k.to(k_base.dtype.element_ty), mask=write[:, None])  # fmt: skip

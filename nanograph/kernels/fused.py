@@ -296,9 +296,7 @@ def rope_store_kv(
     """In place: optional q/k RMSNorm, rotary on q and k; then k, v -> cache at slot_mapping.
     ``zero_padding``: a tensor like q whose rows at or past ``num_tokens`` are zeroed."""
     num_rows, num_q_heads, head_dim = q.shape
-    if zero_padding is not None and (
-        zero_padding.shape != q.shape or zero_padding.stride(-1) != 1
-    ):
+    if zero_padding is not None and (zero_padding.shape != q.shape or zero_padding.stride(-1) != 1):
         raise ValueError(f"zero_padding must be shaped like q {tuple(q.shape)} and contiguous "
                          f"in head_dim, got {tuple(zero_padding.shape)}")  # fmt: skip
     num_kv_heads = k.shape[1]
