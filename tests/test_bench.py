@@ -182,6 +182,7 @@ def test_bench_spec_runs_on_cpu_and_records_its_cost_model(tiny_model_dir, tmp_p
     for arm, data in report["arms"].items():
         assert set(data["median_tok_s"]) == {"1", "2"} and data["predicted_tok_s"]["2"] > 0
         assert ("verify_over_decode" in data["costs_ms"]["1"]) == (arm != "off")
+        assert ("verify_over_decode_back_to_back" in data["costs_ms"]["1"]) == (arm != "off")
     for arm, data in report["arms"].items():  # the catch-up lowers only draft arms' figure
         with_catch_up = data["predicted_with_catch_up_tok_s"]["2"]
         steady = data["predicted_tok_s"]["2"]

@@ -11,8 +11,10 @@ first over the span from first to last token), the mean accepted length L (token
 gains per verify forward; fewer than k+1 near max_tokens, where fewer drafts are allowed) and
 the acceptance rate (accepted / proposed drafts). The cost model, each figure a median of timed
 forwards on scratch pages (no KV written): a plain decode step t_decode(B) of the target; a
-verify forward of k+1 tokens per request t_verify(B) (aim at batch 1, k=4: <= 1.15 x t_decode);
-the draft loop as the engine runs it, a draft-extend forward of 2 tokens per request and k-1
+verify forward of k+1 tokens per request t_verify(B) (aim at batch 1, k=4: <= 1.15 x t_decode;
+``verify_over_decode``, and ``verify_over_decode_back_to_back``, the same ratio of forwards
+issued back to back: the device's times without host latency); the draft loop as the engine
+runs it, a draft-extend forward of 2 tokens per request and k-1
 draft steps chained on the device, t_loop(B), beside k plain decode steps of the drafter (aim:
 no more). Predicted tokens/s = B x L / (t_verify + t_loop) (n-gram: t_loop = 0, its host step is
 not modelled), beside the measured one (aim: within 10%); where a fraction of the steps had
@@ -85,6 +87,18 @@ def scratch_batch(batch: int, query_len: int, context: int, page_size: int,
 def forward_ms(runner, batch: ForwardBatch, path: str, repeats: int) -> float:
     """Median ms of one forward and its logits (an argmax of them, as greedy decoding does)."""
     return 1e3 * median(timed(lambda: runner.forward(batch, path=path).argmax(-1), repeats))
+
+
+def back_to_back_ms(runner, batch: ForwardBatch, path: str, repeats: int) -> float:
+    """Ms per forward (and argmax) issued ``repeats`` times with one sync at the end: the host
+    runs ahead, so on a GPU this is the device's time for one, without the host latency a
+    synchronised forward pays (a median of three such runs)."""
+
+    def run() -> None:
+        for _ in range(repeats):
+            runner.forward(batch, path=path).argmax(-1)
+
+    return 1e3 * median(timed(run, 3)) / repeats
 
 
 def draft_loop_ms(engine, batch: int, k: int, context: int, repeats: int) -> float:
@@ -227,6 +241,12 @@ def measure_arm(args: argparse.Namespace, arm: str, batches: list[int]) -> dict:
             verify = scratch_batch(batch, k + 1, args.prompt_len, page, all_rows=True)
             costs["verify"] = forward_ms(engine.runner, verify, "verify", args.repeats * 4)
             costs["verify_over_decode"] = costs["verify"] / costs["decode"]
+            # the same ratio of device times (forwards back to back): host latency left out
+            decode_gpu = back_to_back_ms(engine.runner,
+                                         scratch_batch(batch, 1, args.prompt_len, page, False),
+                                         "decode", args.repeats * 4)  # fmt: skip
+            verify_gpu = back_to_back_ms(engine.runner, verify, "verify", args.repeats * 4)
+            costs["verify_over_decode_back_to_back"] = verify_gpu / decode_gpu
             # a step where no request got a draft runs a plain decode forward
             step_ms = verifying * costs["verify"] + (1 - verifying) * costs["decode"]
         if engine.draft_runner is not None:
