@@ -336,6 +336,7 @@ def _paged_attention_kernel(
         # wait, so only q, k and v are left after it
         rope = _rope_inputs(positions_ptr, cos_sin_ptr, q_norm_ptr, k_norm_ptr, q_start,
                             stride_cos_sin, HAS_Q_NORM, HAS_K_NORM, HEAD_DIM)  # fmt: skip
+        slot = tl.load(slot_mapping_ptr + q_start + tl.arange(0, 1)).to(tl.int64)  # [1]
     else:
         rope = None
     if not PDL_WAIT:
@@ -371,12 +372,8 @@ def _paged_attention_kernel(
         # stale; only an L1 would be.
         _prefetch_l2(k_base, v_base, page_row_ptr, split_lo, split_hi, stride_k_slot,
                      stride_v_slot, BLOCK_N, HEAD_DIM, PAGE_SIZE, L2_LINES)  # fmt: skip
-        if ROPE:
-            slot = tl.load(slot_mapping_ptr + q_start + tl.arange(0, 1)).to(tl.int64)
         tl.extra.cuda.gdc_wait()  # q and this forward's key are written
         q = _load_q(q_ptrs, row_valid, rope, eps, ROPE, HAS_Q_NORM, HEAD_DIM)
-    elif ROPE:
-        slot = tl.load(slot_mapping_ptr + q_start + tl.arange(0, 1)).to(tl.int64)
     if ROPE:
         if split == active_splits - 1:  # the slice that holds this forward's key
             _rope_store_new_kv(
