@@ -233,18 +233,15 @@ def measure_arm(args: argparse.Namespace, arm: str, batches: list[int]) -> dict:
             verifying = verifies / max(1, steps)
             result["verify_step_fraction"][batch] = verifying
         result["mean_accepted_length"][batch] = accepted
-        costs = {"decode": forward_ms(engine.runner,
-                                      scratch_batch(batch, 1, args.prompt_len, page, False),
-                                      "decode", args.repeats * 4)}  # fmt: skip
+        decode = scratch_batch(batch, 1, args.prompt_len, page, False)
+        costs = {"decode": forward_ms(engine.runner, decode, "decode", args.repeats * 4)}
         step_ms = costs["decode"]
         if algorithm is not None:
             verify = scratch_batch(batch, k + 1, args.prompt_len, page, all_rows=True)
             costs["verify"] = forward_ms(engine.runner, verify, "verify", args.repeats * 4)
             costs["verify_over_decode"] = costs["verify"] / costs["decode"]
             # the same ratio of device times (forwards back to back): host latency left out
-            decode_gpu = back_to_back_ms(engine.runner,
-                                         scratch_batch(batch, 1, args.prompt_len, page, False),
-                                         "decode", args.repeats * 4)  # fmt: skip
+            decode_gpu = back_to_back_ms(engine.runner, decode, "decode", args.repeats * 4)
             verify_gpu = back_to_back_ms(engine.runner, verify, "verify", args.repeats * 4)
             costs["verify_over_decode_back_to_back"] = verify_gpu / decode_gpu
             # a step where no request got a draft runs a plain decode forward
