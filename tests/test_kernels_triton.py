@@ -351,9 +351,10 @@ def test_rope_store_kv_refuses_a_zero_padding_unlike_q():
                             torch.tensor([0, 1]), zero_padding=torch.zeros(2, 16, 2))  # fmt: skip
 
 
-def _one_row_rope(context, q_heads, kv_heads, head_dim, qk_norm, dtype, seed):
+def _one_row_rope(context, q_heads, kv_heads, head_dim, qk_norm, dtype, seed, **attend):
     """A one-row decode whose q/k/v are a GEMV's raw output: the batch, its raw k/v, the rope
-    inputs, and the float64 answer of rope_store_kv + attention (the unfused path)."""
+    inputs, and the float64 answer of rope_store_kv + attention (the unfused path; ``attend``:
+    the attention's window, sinks, softcap)."""
     gen = torch.Generator().manual_seed(seed)
     batch = _batch([context], [1], q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim,
                    dtype=dtype, sentinels=0, pad=0, seed=seed)  # fmt: skip
@@ -370,7 +371,7 @@ def _one_row_rope(context, q_heads, kv_heads, head_dim, qk_norm, dtype, seed):
                             *caches_ref, batch.slot_mapping, q_norm_weight=_f64(norms[0]),
                             k_norm_weight=_f64(norms[1]), eps=1e-6)  # fmt: skip
     want = reference.paged_attention(q_ref, *caches_ref, *batch.metadata(), batch.page_size,
-                                     head_dim**-0.5, max_query_len=1)  # fmt: skip
+                                     head_dim**-0.5, max_query_len=1, **attend)  # fmt: skip
     # the new key's slot holds NaN: reading it before it is stored poisons the output
     batch.k_cache[slot] = float("nan")
     batch.v_cache[slot] = float("nan")
@@ -382,15 +383,18 @@ def _one_row_rope(context, q_heads, kv_heads, head_dim, qk_norm, dtype, seed):
 @pytest.mark.parametrize(
     ("context", "q_heads", "kv_heads", "head_dim", "num_splits", "qk_norm"),
     [(0, 4, 2, 16, 1, True), (13, 6, 2, 32, 4, True), (37, 4, 4, 16, 8, False),
-     (64, 8, 2, 16, 32, True)],
+     (64, 8, 2, 16, 32, True), (16, 4, 2, 16, 2, True), (15, 4, 2, 16, 1, True),
+     (37, 4, 2, 16, 1, True)],
 )  # fmt: skip
 def test_one_row_decode_rotates_and_stores_in_the_attention_kernel(
     context, q_heads, kv_heads, head_dim, num_splits, qk_norm, dtype
 ):
     """paged_attention(rope=...) on a one-row decode equals rope_store_kv then attention: the
     same output, the new key and value in the cache (stored before the slice holding them
-    reads them back), q and k left as the GEMV wrote them. Contexts from the first token alone
-    to several key blocks per slice; group sizes 2, 3 (padded) and 1."""
+    reads them back: their slot holds NaN before the launch), q and k left as the GEMV wrote
+    them. Contexts from the first token alone to several key blocks per slice, the new key
+    first in its key block (16: a slice of it alone), last in it (15) and in a slice's third
+    block (37, one slice); group sizes 2, 3 (padded) and 1."""
     batch, rope, caches_ref, slot, want = _one_row_rope(
         context, q_heads, kv_heads, head_dim, qk_norm, dtype, seed=context + num_splits
     )
@@ -405,6 +409,25 @@ def test_one_row_decode_rotates_and_stores_in_the_attention_kernel(
                                rtol=tol)  # fmt: skip
     assert torch.equal(batch.v_cache[slot], rope.v[0])
     assert torch.equal(batch.q, q_before) and torch.equal(rope.k, k_before)
+
+
+@pytest.mark.parametrize("num_splits", [1, 4])
+def test_one_row_decode_with_rope_under_window_sinks_and_softcap(num_splits):
+    """The one-row decode rotating and storing its key under a sliding window, sinks and a
+    softcap (gpt-oss's layers): the new key is inside the window and capped like the cached
+    ones, the window's start falls inside a key block, and the sinks join the denominator."""
+    sinks = torch.randn(4, generator=torch.Generator().manual_seed(1))
+    window, softcap = 7, 3.0
+    batch, rope, _, _, want = _one_row_rope(
+        37, 4, 2, 16, False, torch.float32, 5, sliding_window=window, sinks=_f64(sinks),
+        softcap=softcap,
+    )  # fmt: skip
+    got = attention.paged_attention(
+        batch.q, batch.k_cache, batch.v_cache, *batch.metadata(), batch.page_size, 16**-0.5,
+        sliding_window=window, sinks=sinks, softcap=softcap, max_query_len=1,
+        num_splits=num_splits, rope=rope,
+    )  # fmt: skip
+    torch.testing.assert_close(got.double(), want, atol=2e-4, rtol=2e-4)
 
 
 def test_rope_in_attention_outside_a_one_row_tile_takes_rope_store_kv():

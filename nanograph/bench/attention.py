@@ -3,11 +3,12 @@ fused backends (flash, cuDNN, memory-efficient; one that cannot run a shape is r
 and the ratio is against the fastest that can).
 
 Cases (bf16, page size 16; qwen3-8b's head layout, 32 q heads, 8 kv heads, head_dim 128, unless
-the name ends in ``_06b``: qwen3-0.6b's 16 q heads, 8 kv heads, head_dim 128):
+the name ends in ``_06b``: qwen3-0.6b's 16 q heads, 8 kv heads, head_dim 128; in ``_30b``:
+qwen3-30b-a3b's 32 q heads, 4 kv heads, head_dim 128):
 - extend: 1 request x 8192 and x 32768 new tokens in both layouts, 32 requests x 256 (no
   prefix), reported in TFLOP/s;
 - decode: 1 request at 32k context, 128 requests at 2k, and the latency-bound small cases (1 at
-  512, 8 at 1k), reported in GB/s of KV read.
+  512 in all three layouts, 1 at 4k, 8 at 1k), reported in GB/s of KV read.
 SDPA runs the same work on contiguous K/V (``enable_gqa``, causal for extend; K/V expanded to the
 q heads, outside timing, for a backend without GQA), so the gap is the price of paging plus
 kernel quality. Both are timed as CUDA-graph replays (as the engine runs them): medians of
@@ -45,6 +46,7 @@ from nanograph.kernels.testing import PagedBatch, make_paged_batch
 HEAD_LAYOUTS = {
     "qwen3-8b": {"num_q_heads": 32, "num_kv_heads": 8, "head_dim": 128},
     "qwen3-0.6b": {"num_q_heads": 16, "num_kv_heads": 8, "head_dim": 128},
+    "qwen3-30b-a3b": {"num_q_heads": 32, "num_kv_heads": 4, "head_dim": 128},
 }
 PAGE_SIZE = 16
 CEILING_TFLOPS = 790.0  # H200 bf16 dense, measured
@@ -91,6 +93,11 @@ CASES = (
     Case("decode_1x512", "decode", 1, 511, 1),
     # a small batch at a short context: 16 splits, the regime between the two tile choices
     Case("decode_8x1k", "decode", 8, 1023, 1),
+    # the batch-1 decode of the small and the MoE model (issues 15, 18): ~9 us a layer in
+    # their decode graphs at 512 tokens, a third of qwen3-0.6b's step
+    Case("decode_1x512_06b", "decode", 1, 511, 1, "qwen3-0.6b"),
+    Case("decode_1x512_30b", "decode", 1, 511, 1, "qwen3-30b-a3b"),
+    Case("decode_1x4k_30b", "decode", 1, 4095, 1, "qwen3-30b-a3b"),
 )
 
 
