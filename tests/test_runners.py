@@ -392,6 +392,22 @@ def test_page_table_past_each_request_is_scratch_after_any_batch_sequence():
         assert table[:, pages:].eq(0).all() and table[requests:].eq(0).all()
 
 
+@pytest.mark.parametrize(("tokens", "slots", "pages"), [(8, 8, 16), (7, 3, 5), (8192, 16, 513)])
+def test_static_inputs_are_one_buffer_of_aligned_blocks(tokens, slots, pages):
+    """Token rows, lengths and page table share one buffer (a step refills them with one copy)
+    and every buffer a kernel takes starts 16-byte aligned, odd sizes included (Triton compiles
+    a variant per pointer alignment)."""
+    static = StaticInputs(max_tokens=tokens, max_slots=slots, max_pages=pages, page_size=4,
+                          device=CPU)  # fmt: skip
+    names = ("input_ids", "positions", "slot_mapping", "seq_lens", "query_lens",
+             "query_start_loc", "num_tokens", "page_table")  # fmt: skip
+    blocks = [getattr(static, name) for name in names]
+    storage = static.input_ids.untyped_storage().data_ptr()
+    assert all(b.untyped_storage().data_ptr() == storage for b in blocks)
+    assert all(b.data_ptr() % 16 == 0 for b in blocks)
+    assert static.page_table.shape == (slots, pages) and static.page_table.is_contiguous()
+
+
 _BATCH = st.lists(st.tuples(st.integers(0, 40), st.integers(1, 5)), min_size=1, max_size=8)
 
 

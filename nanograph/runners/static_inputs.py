@@ -10,16 +10,55 @@ Invariants:
 - The pinned host mirrors the device buffers are copied from come in two sets, used in turn:
   under the overlap schedule the host fills step t+1's while step t's copy may still be
   queued, and it waits for a set's last copy (two steps back) before writing it again.
+- The three blocks (token rows, lengths, page table) lie in one byte buffer, on the device as
+  in each mirror, so a step refills them with one host-to-device copy (three before: each copy
+  is a launch and a gap on the step's path). Each block starts ALIGN-aligned, so its pointers
+  have the alignment Triton specializes on, as separate allocations had.
 """
 
 from __future__ import annotations
 
 import torch
 
+from nanograph.arith import ceil_div
 from nanograph.attention.base import AttentionMetadata
 from nanograph.runners.attention_inputs import fill, lens_size, lens_stride, views
 from nanograph.runners.forward_batch import ForwardBatch
 from nanograph.runners.shapes import ShapeKey
+
+ALIGN = 256  # bytes; a fresh CUDA allocation's alignment
+
+
+class _Layout:
+    """Byte offsets of the three blocks in one buffer: token rows [3, max_tokens rounded up to
+    even] int64 (so the positions row is 16-byte aligned too, as in ``eager_inputs``), the
+    lengths block (``attention_inputs.lens_size``) and the page table [slots, max_pages],
+    both int32."""
+
+    def __init__(self, max_tokens: int, max_slots: int, max_pages: int) -> None:
+        self.max_slots, self.max_pages = max_slots, max_pages
+        self.row = max_tokens + max_tokens % 2
+        self.tokens_bytes = 3 * self.row * 8
+        self.lens_at = _aligned(self.tokens_bytes)
+        self.lens_bytes = lens_size(max_slots) * 4
+        self.pages_at = _aligned(self.lens_at + self.lens_bytes)
+        self.row_bytes = max_pages * 4  # one slot's page-table row
+        self.size = self.pages_at + max_slots * self.row_bytes
+
+    def blocks(self, buffer: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Views of ``buffer`` (uint8, ``size`` bytes): tokens, lens, page table."""
+        tokens = buffer[: self.tokens_bytes].view(torch.long).view(3, self.row)
+        lens = buffer[self.lens_at : self.lens_at + self.lens_bytes].view(torch.int32)
+        pages = buffer[self.pages_at :].view(torch.int32).view(self.max_slots, self.max_pages)
+        return tokens, lens, pages
+
+    def used(self, num_slots: int) -> int:
+        """Bytes up to the end of the first ``num_slots`` page-table rows (what a step copies)."""
+        return self.pages_at + num_slots * self.row_bytes
+
+
+def _aligned(offset: int) -> int:
+    return ceil_div(offset, ALIGN) * ALIGN
 
 
 class StaticInputs:
@@ -29,18 +68,19 @@ class StaticInputs:
         self.max_tokens, self.max_slots, self.max_pages = max_tokens, max_slots, max_pages
         self.page_size = page_size
         m = max_slots
-        # Three device blocks, each refilled by one host-to-device copy per step; the named
-        # buffers are fixed views into them (graphs were captured against those addresses).
-        self._tokens = torch.zeros(3, max_tokens, dtype=torch.long, device=device)
-        self._lens = torch.zeros(lens_size(m), dtype=torch.int32, device=device)
-        self.page_table = torch.zeros(m, max_pages, dtype=torch.int32, device=device)
+        # Three device blocks in one buffer, refilled by one host-to-device copy per step; the
+        # named buffers are fixed views into them (graphs were captured against those
+        # addresses).
+        self._layout = _Layout(max_tokens, m, max_pages)
+        self._buffer = torch.zeros(self._layout.size, dtype=torch.uint8, device=device)
+        self._tokens, self._lens, self.page_table = self._layout.blocks(self._buffer)
         self.input_ids, self.positions, self.slot_mapping = self._tokens
         stride = lens_stride(m)
         self.seq_lens = self._lens[:m]
         self.query_lens = self._lens[stride : stride + m]
         self.query_start_loc = self._lens[2 * stride : 2 * stride + m + 1]
         self.num_tokens = self._lens[3 * stride : 3 * stride + 1]
-        self._mirrors = [_HostMirror(max_tokens, m, max_pages, device) for _ in range(2)]
+        self._mirrors = [_HostMirror(self._layout, device) for _ in range(2)]
         self._turn = 0
         self.seq_lens_cpu: list[int] = [0] * m
         self.query_lens_cpu: list[int] = [0] * m
@@ -62,10 +102,8 @@ class StaticInputs:
         fill(batch, shape.num_slots, mirror.tokens_np, mirror.lens_np, mirror.pages_np,
              mirror.page_extent)  # fmt: skip
         mirror.page_extent = (batch.num_requests, batch.max_pages)
-        s = shape.num_slots
-        self._tokens.copy_(mirror.tokens, non_blocking=True)
-        self._lens.copy_(mirror.lens, non_blocking=True)
-        self.page_table[:s].copy_(mirror.pages[:s], non_blocking=True)
+        used = self._layout.used(shape.num_slots)
+        self._buffer[:used].copy_(mirror.buffer[:used], non_blocking=True)
         mirror.copied()
         self.seq_lens_cpu[:] = batch.seq_lens + [0] * (m - r)
         self.query_lens_cpu[:] = batch.query_lens + [0] * (m - r)
@@ -80,17 +118,14 @@ class StaticInputs:
 
 
 class _HostMirror:
-    """Pinned host buffers in the device blocks' layout, written through numpy views."""
+    """A pinned host buffer in the device buffer's layout, written through numpy views."""
 
-    def __init__(self, max_tokens: int, max_slots: int, max_pages: int, device: torch.device):
+    def __init__(self, layout: _Layout, device: torch.device):
         pin = device.type == "cuda"
-        m = max_slots
-        self.tokens = torch.zeros(3, max_tokens, dtype=torch.long, pin_memory=pin)
-        self.lens = torch.zeros(lens_size(m), dtype=torch.int32, pin_memory=pin)
-        self.pages = torch.zeros(m, max_pages, dtype=torch.int32, pin_memory=pin)
+        self.buffer = torch.zeros(layout.size, dtype=torch.uint8, pin_memory=pin)
         self.tokens_np, self.lens_np, self.pages_np = (
-            self.tokens.numpy(), self.lens.numpy(), self.pages.numpy(),
-        )  # fmt: skip
+            block.numpy() for block in layout.blocks(self.buffer)
+        )
         self.page_extent = (0, 0)  # page-table rows and columns its last batch wrote
         self._event = torch.cuda.Event() if pin else None
         self._pending = False
