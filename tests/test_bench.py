@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 
 import pytest
 import torch
@@ -140,7 +141,9 @@ def test_bench_floor_profiles_engine_steps_on_cpu(tiny_model_dir, tmp_path):
     (entry,) = json.loads(out.read_text())["lengths"].values()
     assert entry["replay_ms"] is None
     steps = entry["engine_steps"]
-    assert steps["steps"] == 3 and steps["wall_ms"] > 0 and steps["busy_top_ms"]
+    # a difference of two wall times: its sign is the machine's load, not the bench's (no
+    # timing assertion), so only that it was computed
+    assert steps["steps"] == 3 and math.isfinite(steps["wall_ms"]) and steps["busy_top_ms"]
     from nanograph.layers import ops
 
     assert ops._FUSED_DECODE == "auto"

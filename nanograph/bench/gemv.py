@@ -13,6 +13,13 @@ A MoE model's products are q/k/v, o, the router and lm_head, and its ``experts``
 pairwise MoE of one token (gate/up GEMVs of its k experts, then the down projection that sums
 them), cycling through routings that pick different experts so the weights come from HBM;
 ``--sweep`` tries the down projection's tiles there.
+
+``--rows 5,8,16`` times the same products over a few rows instead (a speculative verify: k + 1
+rows a request), cuBLAS only (the Triton GEMV takes one row), under each BLAS library of
+``--blas`` (torch's ``preferred_blas_library``: cuBLAS or cuBLASLt pick their kernels with
+different heuristics): which library, and which padded row count, streams a verify's products
+fastest. qwen3-8b's 5-row o and down products ran at 2.6 and 3.0 TB/s under cuBLAS at d147c49,
+its gate/up at 3.9.
 """
 
 from __future__ import annotations
@@ -114,6 +121,56 @@ def measure(n: int, k: int, silu_mul: bool, sweep: bool, rep_ms: int) -> dict:
     return result
 
 
+def measure_rows(n: int, k: int, silu_mul: bool, rows: int, rep_ms: int) -> dict:
+    """cuBLAS (whichever library torch prefers now) on ``rows`` rows: microseconds and GB/s."""
+    from nanograph.kernels import fused
+
+    nbytes = n * k * 2
+    copies = max(2, min(64, ceil_div(L2_FLUSH_BYTES, nbytes)))
+    weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
+    x = torch.randn(rows, 2 * k if silu_mul else k, device="cuda", dtype=torch.bfloat16)
+
+    def product(a, w):
+        return F.linear(fused.silu_and_mul(a) if silu_mul else a, w)
+
+    us = _timed_us(product, weights, x, rep_ms)
+    del weights
+    torch.cuda.empty_cache()
+    return {"n": n, "k": k, "rows": rows, "us": us, "gbps": nbytes / (us * 1e-6) / 1e9}
+
+
+def few_rows(args: argparse.Namespace, report: dict) -> None:
+    """``--rows``: each model's products at each row count under each BLAS library."""
+    from nanograph.loader import resolve_model
+
+    libraries = args.blas.split(",")
+    before = torch.backends.cuda.preferred_blas_library()
+    try:
+        for model in args.models.split(","):
+            config = resolve_model(model, "dummy").config
+            if config.is_moe:
+                raise SystemExit(f"--rows times dense products; {model} is a MoE model")
+            entry = report["models"][model] = {"rows": {}}
+            for rows in (int(r) for r in args.rows.split(",")):
+                for library in libraries:
+                    torch.backends.cuda.preferred_blas_library(library)
+                    products, step = {}, 0.0
+                    for name, (n, k, times) in projections(config).items():
+                        r = products[name] = measure_rows(
+                            n, k, name == "silu_down", rows, args.rep_ms
+                        )
+                        step += times * r["us"]
+                        print(f"{model} {rows:3d} rows {library:8s} {name:9s} {n}x{k}: "
+                              f"{r['us']:7.1f} us ({r['gbps']:5.0f} GB/s)")  # fmt: skip
+                    entry["rows"].setdefault(str(rows), {})[library] = {
+                        "products": products, "per_step_us": step,
+                    }  # fmt: skip
+                    print(f"{model} {rows} rows {library}: products per step {step / 1000:.3f} ms")
+                    write(args.out, report)
+    finally:
+        torch.backends.cuda.preferred_blas_library(before)
+
+
 def measure_experts(c, sweep: bool, rep_ms: int) -> dict:
     """One token through a MoE layer's fused experts (``kernels.moe.fused_experts``, pairwise)
     of config ``c``, over ``ROUTINGS`` routings of distinct experts; with ``sweep``, every
@@ -191,6 +248,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", default="qwen3-8b,qwen3-0.6b")
     parser.add_argument("--sweep", action="store_true", help="also try other tile shapes")
     parser.add_argument("--rep-ms", type=int, default=100, help="sampling time per measurement")
+    parser.add_argument(
+        "--rows", default=None, metavar="N,N",
+        help="time cuBLAS on these row counts instead of the one-row GEMV (e.g. 5,8,16)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--blas", default="cublas,cublaslt",
+        help="with --rows: the BLAS libraries to prefer in turn (torch's preferred_blas_library)",
+    )  # fmt: skip
     parser.add_argument("--out", default=default_out("gemv.json"))
     args = parser.parse_args(argv)
     require_cuda("gemv")
@@ -198,6 +263,11 @@ def main(argv: list[str] | None = None) -> int:
 
     report = {"bench": "gemv", "env": environment(), "config": vars(args), "models": {}}
     start = time.perf_counter()
+    if args.rows:
+        few_rows(args, report)
+        report["seconds"] = time.perf_counter() - start
+        write(args.out, report)
+        return 0
     for model in args.models.split(","):
         entry = report["models"][model] = {"products": {}}
         step = {"cublas": 0.0, "triton": 0.0, "best": 0.0}
