@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from nanograph.arith import ceil_div
+
 
 @dataclass
 class PagedBatch:
@@ -51,7 +53,7 @@ def make_paged_batch(
     """``context_lens[r]`` cached tokens plus ``query_lens[r]`` new ones for request r."""
     gen = generator if generator is not None else torch.Generator().manual_seed(0)
     seq_lens = [c + n for c, n in zip(context_lens, query_lens, strict=True)]
-    pages_needed = [-(-s // page_size) for s in seq_lens]
+    pages_needed = [ceil_div(s, page_size) for s in seq_lens]
     max_pages = max([*pages_needed, 1])
     total_pages = sum(pages_needed) + spare_pages
     order = torch.randperm(total_pages, generator=gen)
