@@ -62,6 +62,13 @@ def projections(c) -> dict[str, tuple[int, int, int]]:
     }
 
 
+def _weight_copies(n: int, k: int) -> list[torch.Tensor]:
+    """Enough bf16 [n, k] weights (>= 256 MiB together, 2 to 64) that cycling through them
+    streams each from HBM, not from the 50 MiB L2."""
+    copies = max(2, min(64, ceil_div(L2_FLUSH_BYTES, n * k * 2)))
+    return [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
+
+
 def _timed_us(product, weights: list[torch.Tensor], x: torch.Tensor, rep_ms: int) -> float:
     """Median microseconds of one product, cycling through ``weights`` inside one graph."""
 
@@ -76,9 +83,7 @@ def measure(n: int, k: int, silu_mul: bool, sweep: bool, rep_ms: int) -> dict:
     from nanograph.kernels import fused
     from nanograph.kernels.gemv import GemvTiles, choose_tiles, gemv
 
-    nbytes = n * k * 2
-    copies = max(2, min(64, ceil_div(L2_FLUSH_BYTES, nbytes)))
-    weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
+    nbytes, weights = n * k * 2, _weight_copies(n, k)
     x = torch.randn(1, 2 * k if silu_mul else k, device="cuda", dtype=torch.bfloat16)
 
     def cublas(a, w):
@@ -91,7 +96,7 @@ def measure(n: int, k: int, silu_mul: bool, sweep: bool, rep_ms: int) -> dict:
     error = (triton_gemv(x, weights[0]).float() - expected).abs().max().item()
     default = choose_tiles(n, k, torch.cuda.current_device())
     result = {
-        "n": n, "k": k, "silu_mul": silu_mul, "weight_bytes": nbytes, "copies": copies,
+        "n": n, "k": k, "silu_mul": silu_mul, "weight_bytes": nbytes, "copies": len(weights),
         "max_abs_diff_vs_cublas": error, "default_tiles": dataclasses.asdict(default),
         "cublas_us": _timed_us(cublas, weights, x, rep_ms),
         "triton_us": _timed_us(triton_gemv, weights, x, rep_ms),
@@ -125,9 +130,7 @@ def measure_rows(n: int, k: int, silu_mul: bool, rows: int, rep_ms: int) -> dict
     """cuBLAS (whichever library torch prefers now) on ``rows`` rows: microseconds and GB/s."""
     from nanograph.kernels import fused
 
-    nbytes = n * k * 2
-    copies = max(2, min(64, ceil_div(L2_FLUSH_BYTES, nbytes)))
-    weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
+    nbytes, weights = n * k * 2, _weight_copies(n, k)
     x = torch.randn(rows, 2 * k if silu_mul else k, device="cuda", dtype=torch.bfloat16)
 
     def product(a, w):
