@@ -50,13 +50,8 @@ class ModelRunner:
         if hidden is None:
             self.eager_forwards[path] = self.eager_forwards.get(path, 0) + 1
             hidden = self.eager_forward(batch, in_flight)
-        rows = batch.sample_rows
-        if rows == list(range(len(rows))):
-            # every row in order (decode, verify): a view, not a gather and the copy of its
-            # indices (two launches fewer on a decode step's path)
-            return self.model.compute_logits(hidden[: len(rows)])
-        index = torch.tensor(rows, dtype=torch.long).to(self.device, non_blocking=True)
-        return self.model.compute_logits(hidden[index])
+        rows = torch.tensor(batch.sample_rows, dtype=torch.long).to(self.device, non_blocking=True)
+        return self.model.compute_logits(hidden[rows])
 
     def forward_counts(self) -> dict[str, dict[str, int]]:
         """Per path ("decode", "prefill", ...): forwards that replayed a graph and that ran
