@@ -13,8 +13,9 @@ from nanograph import LLM
 from nanograph.bench.common import STARTUP_CAPTURE
 from nanograph.bench.floor import graph_replay_ms, step_batch
 
+model_name = sys.argv[1] if len(sys.argv) > 1 else "qwen3-30b-a3b"
 llm = LLM(
-    sys.argv[1] if len(sys.argv) > 1 else "qwen3-30b-a3b", load_format="dummy", decode_cuda_graph="full", prefill_cuda_graph="none",
+    model_name, load_format="dummy", decode_cuda_graph="full", prefill_cuda_graph="none",
     cuda_graph_bs=(1,), chunked_prefill_size=512, max_num_seqs=2, max_model_len=528,
     progress=False, **STARTUP_CAPTURE,
 )  # fmt: skip
