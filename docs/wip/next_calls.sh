@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Stop 36's plan for the next device session, as two calls of ~5-6 min each (docs/wip/README.md
+# says what each measures and what was predicted). Prepare on the development machine first:
+#   rm -rf ab && mkdir -p ab/rope && git archive HEAD nanograph tests | tar x -C ab/rope \
+#     && git apply --directory=ab/rope docs/wip/rope_in_attention_rows.patch
+#   (ab/ is untracked: it travels with the tree; keep it out of commits)
+# Then, with NANOGRAPH_COMMIT exported and the Triton cache unpacked:
+#   bash docs/wip/next_calls.sh one $OUT/r    # the diag, the landed tree's decode, rope A/B floor
+#   bash docs/wip/next_calls.sh two $OUT/r    # the rope patch's GPU tests, then bench spec A/B
+set -uo pipefail
+call=$1 out=$(mkdir -p "$2" && cd "$2" && pwd)
+root=$PWD rope=$PWD/ab/rope
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+[ -d "$rope/nanograph" ] || { echo "prepare ab/rope first (see the top of this file)" >&2; exit 2; }
+cp nanograph/bench/floor.py "$rope/nanograph/bench/floor.py"
+in_tree() {  # in_tree DIR COMMAND...: run from DIR with DIR's nanograph first on the path
+  local d=$1; shift
+  (cd "$d" && PYTHONPATH=$d "$@")
+}
+case $call in
+  one)
+    cp docs/wip/sample_rows_view_diag.py /tmp/diag.py
+    in_tree "$root" timeout 120 python3 /tmp/diag.py 2>&1 | grep -E "replay|Error" | tee "$out/diag.log"
+    in_tree "$root" timeout 150 python3 -m nanograph bench decode --models qwen3-0.6b,qwen3-30b-a3b \
+      --arms full --batches 1,8 --out "$out/decode.json" 2>&1 | grep -E "decode=full|roofline" \
+      | tee "$out/decode.log"
+    for m in qwen3-0.6b qwen3-8b; do for b in 1 8; do for i in 1 2; do for t in root rope; do
+      d=$root; [ $t = rope ] && d=$rope; name="floor_${m}_b${b}_${t}_$i"
+      in_tree "$d" timeout 60 python3 -m nanograph bench floor --model "$m" --decode-batch "$b" \
+        --lengths 512 --graph full --repeats 20 --out "$out/$name.json" 2>&1 | grep -v "^INFO" \
+        > "$out/$name.log"
+      echo "$m batch $b $t $i: $(grep -o 'graph replays alone [0-9.]* ms' "$out/$name.log")"
+    done; done; done; done | tee "$out/floor_ab.log" ;;
+  two)
+    groups=("test_kernels_attention.py test_runners_gpu.py" "test_spec_gpu.py"
+      "test_fused_decode_gpu.py test_graph_backends.py" "test_moe_gpu.py test_hardening_gpu.py")
+    for i in "${!groups[@]}"; do
+      files=$(printf 'tests/gpu/%s ' ${groups[$i]})
+      in_tree "$rope" timeout 240 python3 -m pytest -q -p no:cacheprovider -rfE $files \
+        > "$out/rope_tests_$i.log" 2>&1 &
+    done
+    wait
+    for i in "${!groups[@]}"; do echo "== ${groups[$i]}"; grep -E "^(FAILED|ERROR)|passed|failed" \
+      "$out/rope_tests_$i.log" | tail -6; done
+    for i in 1 2; do for t in root rope; do
+      d=$root; [ $t = rope ] && d=$rope
+      in_tree "$d" timeout 100 python3 -m nanograph bench spec --target qwen3-8b --arms ngram:4 \
+        --batches 1,4 --repeats 5 --out "$out/spec_${t}_$i.json" 2>&1 | grep -v "^INFO" \
+        > "$out/spec_${t}_$i.log"
+      echo "spec $t $i: $(grep -iE 'verify.*decode|ratio' "$out/spec_${t}_$i.log" | head -3)"
+    done; done | tee "$out/spec_ab.log" ;;
+  *) echo "unknown call $call (one, two)" >&2; exit 2 ;;
+esac
