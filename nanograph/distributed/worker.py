@@ -6,7 +6,8 @@ the ``Engine`` constructor of ranks 1..N-1 (``serve_steps``).
 
 Invariant: a worker leaves only by rank 0's stop message (exit 0) or by an error (exit 1, its
 error logged with its rank and left in the store for rank 0); it never outlives a lost group:
-a dead rank 0 makes the next gloo receive raise.
+a dead rank 0 makes the next gloo receive raise. It leaves without interpreter teardown
+(``leave``), spawned or started by torchrun: its process has nothing left to do.
 """
 
 from __future__ import annotations
@@ -36,14 +37,26 @@ def serve_steps(engine: Engine) -> NoReturn:
     except BaseException as e:
         fail(tp.rank, e, tp)
     close_groups(tp)
-    sys.exit(0)
+    leave(0)
 
 
 def fail(rank: int, error: BaseException, tp=None) -> NoReturn:
     logger.error("tensor-parallel rank %d failed: %s: %s", rank, type(error).__name__, error)
     if tp is not None:
         report_error(tp, error)
-    sys.exit(1)
+    leave(1)
+
+
+def leave(code: int) -> NoReturn:
+    """Ends the process without interpreter teardown: a rank whose work was done sometimes
+    printed "terminate called without an active exception" at exit and ended with SIGABRT (a
+    C++ thread of torch.distributed destroyed while joinable: 2 of ~10 CPU bench runs of
+    spawned workers; ranks started by torchrun, tests/tp_rank.py, 1 of ~25). What it printed
+    is flushed first."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def main() -> None:
@@ -54,21 +67,11 @@ def main() -> None:
     config = pickle.load(sys.stdin.buffer)
     from nanograph.engine.engine import Engine
 
-    code = 1  # Engine returns only by raising here: serve_steps ends the process
     try:
-        try:
-            Engine(config)  # joins the group (RANK is set), loads its shard, then serve_steps
-        except Exception as e:
-            fail(int(os.environ["RANK"]), e)
-    except SystemExit as done:  # serve_steps' or fail's exit: the process has nothing left
-        code = done.code if isinstance(done.code, int) else 1
-    # Leave without interpreter teardown: a worker whose work was done once printed "terminate
-    # called without an active exception" at exit (a C++ thread of torch.distributed destroyed
-    # while joinable; seen in 2 of ~10 CPU bench runs). Flush what it printed first.
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+        Engine(config)  # joins the group (RANK is set), loads its shard, then serve_steps
+    except Exception as e:  # start-up failed (serve_steps ends the process itself)
+        fail(int(os.environ["RANK"]), e)
+    leave(1)  # unreachable: Engine returns only through serve_steps, which never returns
 
 
 if __name__ == "__main__":
