@@ -51,6 +51,7 @@ logger = logging.getLogger("nanograph")
 
 ALIVE_KEY = "nanograph/alive/{}"
 ERROR_KEY = "nanograph/error/{}"
+LEFT_KEY = "nanograph/left/{}"  # a worker closed its groups and is leaving
 # how often rank 0 looks at the store and the worker processes while it waits for them
 POLL_S = 0.05
 # how long shutdown waits for workers to leave on their own before it kills them
@@ -281,7 +282,30 @@ def shutdown(tp: TensorParallel) -> None:
             logger.debug("tensor parallel: stop message not delivered: %r", e)
     for proc in launch.workers.values():
         _stop_process(proc, wait_s=EXIT_WAIT_S)
+    # ranks started by torchrun are not ours to wait for: wait for their word that they closed
+    # their groups, so that ours are not torn down under their teardown (rank 0 once aborted at
+    # exit after closing its groups while rank 1 closed its own)
+    others = [r for r in range(1, tp.size) if r not in launch.workers]
+    if others and tp.peer_failure is None and tp.broken is None:
+        _wait_for_keys(launch.store, [LEFT_KEY.format(r) for r in others], EXIT_WAIT_S)
     close_groups(tp)  # the peers are gone: nothing can wait on them
+
+
+def _wait_for_keys(store: dist.TCPStore, keys: list[str], wait_s: float) -> None:
+    deadline = time.monotonic() + wait_s
+    try:
+        while not store.check(keys) and time.monotonic() < deadline:
+            time.sleep(POLL_S)
+    except RuntimeError:  # the store went away: nobody is left to wait for
+        pass
+
+
+def left(tp: TensorParallel) -> None:
+    """A worker's word to rank 0 that it closed its groups and is leaving (best effort)."""
+    try:
+        tp.store.set(LEFT_KEY.format(tp.rank), "1")
+    except Exception:  # rank 0 and its store are gone: nobody is waiting
+        pass
 
 
 def close_groups(tp: TensorParallel) -> None:

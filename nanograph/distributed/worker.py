@@ -19,7 +19,7 @@ import signal
 import sys
 from typing import TYPE_CHECKING, NoReturn
 
-from nanograph.distributed.launch import close_groups, report_error
+from nanograph.distributed.launch import close_groups, left, report_error
 from nanograph.distributed.steps import receive_step
 
 if TYPE_CHECKING:
@@ -37,6 +37,7 @@ def serve_steps(engine: Engine) -> NoReturn:
     except BaseException as e:
         fail(tp.rank, e, tp)
     close_groups(tp)
+    left(tp)
     leave(0)
 
 
