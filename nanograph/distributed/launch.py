@@ -19,7 +19,8 @@ Invariants:
   watchdog thread reads it when the process ends, logs it and sets ``tp.peer_failure``, so the
   error rank 0 raises names the rank and its error.
 - ``shutdown`` is idempotent and also runs at exit: it tells the workers to stop, waits for
-  them briefly, kills what is left and destroys the process groups.
+  them briefly (spawned ones to exit, ones started by torchrun to say they closed their groups),
+  kills what is left and destroys the process groups.
 """
 
 from __future__ import annotations
