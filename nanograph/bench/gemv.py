@@ -174,6 +174,43 @@ def few_rows(args: argparse.Namespace, report: dict) -> None:
         torch.backends.cuda.preferred_blas_library(before)
 
 
+def one_row(args: argparse.Namespace, report: dict) -> None:
+    """Each model's one-row products: cuBLAS against the Triton GEMV (and the swept tiles)."""
+    from nanograph.loader import resolve_model
+
+    for model in args.models.split(","):
+        entry = report["models"][model] = {"products": {}}
+        step = {"cublas": 0.0, "triton": 0.0, "best": 0.0}
+        config = resolve_model(model, "dummy").config
+        for name, (n, k, times) in projections(config).items():
+            r = measure(n, k, name == "silu_down", args.sweep, args.rep_ms)
+            entry["products"][name] = r
+            best = r.get("best_us") or r["triton_us"]
+            step["cublas"] += times * r["cublas_us"]
+            step["triton"] += times * r["triton_us"]
+            step["best"] += times * min(best, r["cublas_us"])
+            print(f"{model} {name:9s} {n}x{k}: cuBLAS {r['cublas_us']:7.1f} us "
+                  f"({r['cublas_gbps']:5.0f} GB/s) | triton {r['triton_us']:7.1f} us "
+                  f"({r['triton_gbps']:5.0f} GB/s) | best swept {best:7.1f} us | "
+                  f"diff {r['max_abs_diff_vs_cublas']:.3g}")  # fmt: skip
+            write(args.out, report)
+        if config.is_moe:
+            r = entry["experts"] = measure_experts(config, args.sweep, args.rep_ms)
+            # no cuBLAS arm for the experts: every arm's step takes the Triton experts
+            layers, best = config.num_hidden_layers, r.get("best_us") or r["triton_us"]
+            step["cublas"] += layers * r["triton_us"]
+            step["triton"] += layers * r["triton_us"]
+            step["best"] += layers * best
+            print(f"{model} experts   k={r['top_k']} of {r['experts']}: triton "
+                  f"{r['triton_us']:7.1f} us ({r['triton_gbps']:5.0f} GB/s) | best swept "
+                  f"{best:7.1f} us | diff {r['max_abs_diff_vs_fp32']:.3g}")  # fmt: skip
+            write(args.out, report)
+        entry["per_step_us"] = step
+        print(f"{model}: products per decode step: cuBLAS {step['cublas'] / 1000:.3f} ms, "
+              f"triton {step['triton'] / 1000:.3f} ms, best of both per shape "
+              f"{step['best'] / 1000:.3f} ms")  # fmt: skip
+
+
 def measure_experts(c, sweep: bool, rep_ms: int) -> dict:
     """One token through a MoE layer's fused experts (``kernels.moe.fused_experts``, pairwise)
     of config ``c``, over ``ROUTINGS`` routings of distinct experts; with ``sweep``, every
@@ -262,46 +299,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=default_out("gemv.json"))
     args = parser.parse_args(argv)
     require_cuda("gemv")
-    from nanograph.loader import resolve_model
-
     report = {"bench": "gemv", "env": environment(), "config": vars(args), "models": {}}
     start = time.perf_counter()
-    if args.rows:
-        few_rows(args, report)
-        report["seconds"] = time.perf_counter() - start
-        write(args.out, report)
-        return 0
-    for model in args.models.split(","):
-        entry = report["models"][model] = {"products": {}}
-        step = {"cublas": 0.0, "triton": 0.0, "best": 0.0}
-        config = resolve_model(model, "dummy").config
-        for name, (n, k, times) in projections(config).items():
-            r = measure(n, k, name == "silu_down", args.sweep, args.rep_ms)
-            entry["products"][name] = r
-            best = r.get("best_us") or r["triton_us"]
-            step["cublas"] += times * r["cublas_us"]
-            step["triton"] += times * r["triton_us"]
-            step["best"] += times * min(best, r["cublas_us"])
-            print(f"{model} {name:9s} {n}x{k}: cuBLAS {r['cublas_us']:7.1f} us "
-                  f"({r['cublas_gbps']:5.0f} GB/s) | triton {r['triton_us']:7.1f} us "
-                  f"({r['triton_gbps']:5.0f} GB/s) | best swept {best:7.1f} us | "
-                  f"diff {r['max_abs_diff_vs_cublas']:.3g}")  # fmt: skip
-            write(args.out, report)
-        if config.is_moe:
-            r = entry["experts"] = measure_experts(config, args.sweep, args.rep_ms)
-            # no cuBLAS arm for the experts: every arm's step takes the Triton experts
-            layers, best = config.num_hidden_layers, r.get("best_us") or r["triton_us"]
-            step["cublas"] += layers * r["triton_us"]
-            step["triton"] += layers * r["triton_us"]
-            step["best"] += layers * best
-            print(f"{model} experts   k={r['top_k']} of {r['experts']}: triton "
-                  f"{r['triton_us']:7.1f} us ({r['triton_gbps']:5.0f} GB/s) | best swept "
-                  f"{best:7.1f} us | diff {r['max_abs_diff_vs_fp32']:.3g}")  # fmt: skip
-            write(args.out, report)
-        entry["per_step_us"] = step
-        print(f"{model}: products per decode step: cuBLAS {step['cublas'] / 1000:.3f} ms, "
-              f"triton {step['triton'] / 1000:.3f} ms, best of both per shape "
-              f"{step['best'] / 1000:.3f} ms")  # fmt: skip
+    (few_rows if args.rows else one_row)(args, report)
     report["seconds"] = time.perf_counter() - start
     write(args.out, report)
     return 0
