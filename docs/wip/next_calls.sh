@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Stop 36's plan for the next device session, as two calls of ~5-6 min each (docs/wip/README.md
-# says what each measures and what was predicted). Prepare on the development machine first:
+# Device stages for the rope patch and the slow-state question (docs/wip/README.md says what
+# each measures and what was predicted). Prepare on the development machine first:
 #   rm -rf ab && mkdir -p ab/rope && git archive HEAD nanograph tests | tar x -C ab/rope \
 #     && git apply --directory=ab/rope docs/wip/rope_in_attention_rows.patch
 #   (ab/ is untracked: it travels with the tree; keep it out of commits)
 # Then, with NANOGRAPH_COMMIT exported and the Triton cache unpacked:
-#   bash docs/wip/next_calls.sh one $OUT/r    # the diag, the landed tree's decode, rope A/B floor
-#   bash docs/wip/next_calls.sh two $OUT/r    # the rope patch's GPU tests, then bench spec A/B
+#   bash docs/wip/next_calls.sh STAGE $OUT/r
+# one: the diag, the landed tree's decode, rope A/B floor (stop 37's first call);
+# tests: the rope patch's GPU tests; floor: its A/B floor at batch 1 (and 0.6b at 8);
+# spec: bench spec A/B; slow-state: slow_state_profile.py (per-kernel times in both states)
 set -uo pipefail
 call=$1 out=$(mkdir -p "$2" && cd "$2" && pwd)
 root=$PWD rope=$PWD/ab/rope
@@ -31,23 +33,38 @@ case $call in
         > "$out/$name.log"
       echo "$m batch $b $t $i: $(grep -o 'graph replays alone [0-9.]* ms' "$out/$name.log")"
     done; done; done; done | tee "$out/floor_ab.log" ;;
-  two)
-    groups=("test_kernels_attention.py test_runners_gpu.py" "test_spec_gpu.py"
-      "test_fused_decode_gpu.py test_graph_backends.py" "test_moe_gpu.py test_hardening_gpu.py")
+  tests)
+    groups=(test_kernels_attention.py test_runners_gpu.py test_spec_gpu.py test_moe_gpu.py
+      "test_fused_decode_gpu.py test_graph_backends.py" test_hardening_gpu.py)
     for i in "${!groups[@]}"; do
       files=$(printf 'tests/gpu/%s ' ${groups[$i]})
-      in_tree "$rope" timeout 240 python3 -m pytest -q -p no:cacheprovider -rfE $files \
+      in_tree "$rope" timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -q -p no:cacheprovider -rfE $files \
         > "$out/rope_tests_$i.log" 2>&1 &
     done
     wait
     for i in "${!groups[@]}"; do echo "== ${groups[$i]}"; grep -E "^(FAILED|ERROR)|passed|failed" \
-      "$out/rope_tests_$i.log" | tail -6; done
-    for i in 1 2; do for t in root rope; do
+      "$out/rope_tests_$i.log" | tail -6; done ;;
+  floor)
+    for case in ${FLOOR_CASES:-qwen3-0.6b:1:2 qwen3-8b:1:2 qwen3-0.6b:8:1}; do  # model:batch:runs
+      IFS=: read -r m b n <<< "$case"; set -- "$m" "$b"; for i in $(seq "$n"); do
+      for t in root rope; do
+        d=$root; [ $t = rope ] && d=$rope; name="floor_$1_b$2_${t}_$i"
+        in_tree "$d" timeout 60 python3 -m nanograph bench floor --model "$1" --decode-batch "$2" \
+          --lengths 512 --graph full --repeats 20 --out "$out/$name.json" 2>&1 | grep -v "^INFO" \
+          > "$out/$name.log"
+        echo "$1 batch $2 $t $i: $(grep -o 'graph replays alone [0-9.]* ms' "$out/$name.log")"
+      done; done; done | tee "$out/floor_ab.log" ;;
+  slow-state)
+    cp docs/wip/slow_state_profile.py /tmp/slow_state_profile.py
+    in_tree "$root" timeout 150 python3 /tmp/slow_state_profile.py 2>&1 | grep -v "^INFO" \
+      | tail -40 | tee "$out/slow_state.log" ;;
+  spec)
+    for i in $(seq "${SPEC_RUNS:-2}"); do for t in root rope; do
       d=$root; [ $t = rope ] && d=$rope
       in_tree "$d" timeout 100 python3 -m nanograph bench spec --target qwen3-8b --arms ngram:4 \
         --batches 1,4 --repeats 5 --out "$out/spec_${t}_$i.json" 2>&1 | grep -v "^INFO" \
         > "$out/spec_${t}_$i.log"
       echo "spec $t $i: $(grep -iE 'verify.*decode|ratio' "$out/spec_${t}_$i.log" | head -3)"
     done; done | tee "$out/spec_ab.log" ;;
-  *) echo "unknown call $call (one, two)" >&2; exit 2 ;;
+  *) echo "unknown stage $call (one, tests, floor, spec, slow-state)" >&2; exit 2 ;;
 esac
