@@ -160,6 +160,17 @@ def main() -> int:
         check(f"paged_attention one row with rope norm={norm}", attention.paged_attention,
               batch.q, batch.k_cache, batch.v_cache, *batch.metadata(), batch.page_size, 0.1,
               max_query_len=1, tiles=one_row, rope=rope)  # fmt: skip
+    # a decode of several rows (sentinel slots, padded rows) rotating and storing its keys
+    batch = make_paged_batch([40, 7, 300], [1, 1, 1], num_q_heads=32, num_kv_heads=8,
+                             head_dim=128, page_size=16, dtype=torch.bfloat16, num_sentinels=2,
+                             padded_tokens=5)  # fmt: skip
+    k, v = torch.randn(2, 5, 8, 128, dtype=torch.bfloat16)
+    weight = torch.ones(128, dtype=torch.bfloat16)
+    rope = attention.RopeStore(k, v, batch.positions, torch.randn(256, 128), batch.slot_mapping,
+                               weight, weight, num_tokens=batch.num_tokens)  # fmt: skip
+    check("paged_attention decode rows with rope", attention.paged_attention,
+          batch.q, batch.k_cache, batch.v_cache, *batch.metadata(), batch.page_size, 0.1,
+          max_query_len=1, rope=rope)  # fmt: skip
 
     x = torch.randn(4, 1024, dtype=torch.bfloat16)
     w = torch.ones(1024, dtype=torch.bfloat16)

@@ -411,6 +411,107 @@ def test_one_row_decode_rotates_and_stores_in_the_attention_kernel(
     assert torch.equal(batch.q, q_before) and torch.equal(rope.k, k_before)
 
 
+def _rows_rope(
+    contexts, queries, q_heads, kv_heads, head_dim, dtype, seed, *, sentinels=2, pad=3, **attend
+):
+    """Like ``_one_row_rope`` for a graph-shaped batch of several requests (a decode of many
+    rows, or a verify of k + 1 tokens each; sentinel slots, padded rows): the batch, the rope
+    inputs (with the live token count), the float64 caches and answer, the new keys' slots."""
+    gen = torch.Generator().manual_seed(seed)
+    batch = _batch(contexts, queries, q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim,
+                   dtype=dtype, sentinels=sentinels, pad=pad, seed=seed)  # fmt: skip
+    n = batch.q.shape[0]
+    k = torch.randn(n, kv_heads, head_dim, generator=gen).to(dtype)
+    v = torch.randn(n, kv_heads, head_dim, generator=gen).to(dtype)
+    norms = [(1 + 0.3 * torch.randn(head_dim, generator=gen)).to(dtype) for _ in range(2)]
+    table = _rope_table(head_dim, max(c + q for c, q in zip(contexts, queries)) + 1)
+    rope = attention.RopeStore(k, v, batch.positions, table, batch.slot_mapping, *norms,
+                               eps=1e-6, num_tokens=batch.num_tokens)  # fmt: skip
+    slots = batch.slot_mapping[batch.slot_mapping >= 0]
+    q_ref, k_ref = _f64(batch.q.clone()), _f64(k.clone())
+    caches_ref = [_f64(batch.k_cache.clone()), _f64(batch.v_cache.clone())]
+    reference.rope_store_kv(q_ref, k_ref, _f64(v), batch.positions, table.double(), *caches_ref,
+                            batch.slot_mapping, q_norm_weight=_f64(norms[0]),
+                            k_norm_weight=_f64(norms[1]), eps=1e-6,
+                            num_tokens=batch.num_tokens)  # fmt: skip
+    want = reference.paged_attention(q_ref, *caches_ref, *batch.metadata(), batch.page_size,
+                                     head_dim**-0.5, max_query_len=max(queries),
+                                     **attend)  # fmt: skip
+    batch.k_cache[slots] = float("nan")  # read before stored: the output turns NaN
+    batch.v_cache[slots] = float("nan")
+    return batch, rope, caches_ref, slots, want
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize(
+    ("contexts", "q_heads", "kv_heads", "num_splits"),
+    [([7, 21, 9, 2], 8, 2, 4), ([15, 0, 30], 4, 2, 4), ([14, 3], 6, 2, 8), ([40], 4, 4, 1),
+     ([16, 31], 4, 2, 32)],
+)  # fmt: skip
+def test_decode_rows_rotate_and_store_in_the_attention_kernel(
+    contexts, q_heads, kv_heads, num_splits, dtype
+):
+    """paged_attention(rope=...) over a decode of several requests (sentinel slots and padded
+    rows as in a graph) equals rope_store_kv then attention: the same output, every new key
+    and value in the cache (stored before any slice reads it: their slots hold NaN before the
+    launch), the padded rows zeroed, q and k left as written. New keys first in a block (15 +
+    1, 16 at 16-key blocks) or alone in their slice, an empty context, group sizes 4, 2, 3
+    (padded) and 1."""
+    batch, rope, caches_ref, slots, want = _rows_rope(
+        contexts, [1] * len(contexts), q_heads, kv_heads, 16, dtype,
+        seed=sum(contexts) + num_splits,
+    )  # fmt: skip
+    q_before, k_before = batch.q.clone(), rope.k.clone()
+    out = torch.full_like(batch.q, float("nan"))  # a graph's buffer: padded rows not zero
+    got = attention.paged_attention(
+        batch.q, batch.k_cache, batch.v_cache, *batch.metadata(), batch.page_size, 16**-0.5,
+        max_query_len=1, num_splits=num_splits, rope=rope, out=out,
+    )  # fmt: skip
+    tol = TOLERANCE[dtype]
+    live = int(batch.num_tokens)
+    torch.testing.assert_close(got[:live].double(), want[:live], atol=tol, rtol=tol)
+    assert not got[live:].any()
+    torch.testing.assert_close(batch.k_cache[slots].double(), caches_ref[0][slots], atol=tol,
+                               rtol=tol)  # fmt: skip
+    assert torch.equal(batch.v_cache[slots], rope.v[:live])
+    assert torch.equal(batch.q, q_before) and torch.equal(rope.k, k_before)
+
+
+def test_decode_rows_with_rope_under_window_sinks_and_softcap():
+    """A decode of several rows rotating and storing its keys under a sliding window shorter
+    than its contexts, sinks and a softcap (gpt-oss's layers)."""
+    sinks = torch.randn(4, generator=torch.Generator().manual_seed(2))
+    window, softcap = 6, 3.0
+    batch, rope, _, _, want = _rows_rope(
+        [13, 25], [1, 1], 4, 2, 16, torch.float32, 6, sliding_window=window, sinks=_f64(sinks),
+        softcap=softcap,
+    )  # fmt: skip
+    got = attention.paged_attention(
+        batch.q, batch.k_cache, batch.v_cache, *batch.metadata(), batch.page_size, 16**-0.5,
+        sliding_window=window, sinks=sinks, softcap=softcap, max_query_len=1, num_splits=4,
+        rope=rope,
+    )  # fmt: skip
+    live = int(batch.num_tokens)
+    torch.testing.assert_close(got[:live].double(), want[:live], atol=2e-4, rtol=2e-4)
+
+
+@pytest.mark.parametrize("tiles", [None, attention.AttentionTiles(2, 2, 16, 2, 1, True, 1, 1)])
+def test_rope_in_a_verify_takes_rope_store_kv(tiles):
+    """A verify given ``rope`` (queries of several tokens, in the tiles the kernel picks or in
+    forced tiles of fewer rows than a request) rotates and stores through rope_store_kv first,
+    zeroing the padded rows as it does."""
+    batch, rope, caches_ref, slots, want = _rows_rope([9, 4], [5, 3], 4, 2, 16, torch.float32, 7)
+    out = torch.full_like(batch.q, float("nan"))
+    got = attention.paged_attention(
+        batch.q, batch.k_cache, batch.v_cache, *batch.metadata(), batch.page_size, 0.25,
+        max_query_len=5, tiles=tiles, rope=rope, out=out,
+    )  # fmt: skip
+    live = int(batch.num_tokens)
+    torch.testing.assert_close(got[:live].double(), want[:live], atol=2e-4, rtol=2e-4)
+    assert not got[live:].any()
+    torch.testing.assert_close(batch.k_cache[slots].double(), caches_ref[0][slots])
+
+
 @pytest.mark.parametrize("num_splits", [1, 4])
 def test_one_row_decode_with_rope_under_window_sinks_and_softcap(num_splits):
     """The one-row decode rotating and storing its key under a sliding window, sinks and a
@@ -432,7 +533,8 @@ def test_one_row_decode_with_rope_under_window_sinks_and_softcap(num_splits):
 
 def test_rope_in_attention_outside_a_one_row_tile_takes_rope_store_kv():
     """Launches other than the one-row decode's (forced flat tiles, a one-token extend) rotate
-    and store through rope_store_kv first, with the same result; more rows are refused."""
+    and store through rope_store_kv first, with the same result; k/v rows unlike q's are
+    refused."""
     batch, rope, caches_ref, slot, want = _one_row_rope(9, 4, 2, 16, True, torch.float32, 3)
     flat = attention.AttentionTiles(1, 2, 16, 1, 1, False, 1, 1)
     got = attention.paged_attention(
@@ -447,7 +549,7 @@ def test_rope_in_attention_outside_a_one_row_tile_takes_rope_store_kv():
         rope=rope,
     )  # fmt: skip
     torch.testing.assert_close(got.double(), want, atol=2e-4, rtol=2e-4)
-    with pytest.raises(ValueError, match="takes one row"):
+    with pytest.raises(ValueError, match="a row per row of q"):
         attention.paged_attention(
             batch.q.expand(2, -1, -1), batch.k_cache, batch.v_cache, *batch.metadata(),
             batch.page_size, 0.25, max_query_len=1, rope=rope,

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Device stages for the rope patch and the slow-state question (docs/wip/README.md says what
-# each measures and what was predicted). Prepare on the development machine first:
+# Device stages for a patched tree in ab/rope (stop 37: the rope patch) and the slow-state
+# question (docs/wip/README.md says what each measures and what was predicted). Prepare on the
+# development machine first:
 #   rm -rf ab && mkdir -p ab/rope && git archive HEAD nanograph tests | tar x -C ab/rope \
-#     && git apply --directory=ab/rope docs/wip/rope_in_attention_rows.patch
+#     && git apply --directory=ab/rope docs/wip/rope_in_attention_verify.patch
 #   (ab/ is untracked: it travels with the tree; keep it out of commits)
 # Then, with NANOGRAPH_COMMIT exported and the Triton cache unpacked:
 #   bash docs/wip/next_calls.sh STAGE $OUT/r
@@ -56,8 +57,11 @@ case $call in
       done; done; done | tee "$out/floor_ab.log" ;;
   slow-state)
     cp docs/wip/slow_state_profile.py /tmp/slow_state_profile.py
-    in_tree "$root" timeout 150 python3 /tmp/slow_state_profile.py 2>&1 | grep -v "^INFO" \
-      | tail -40 | tee "$out/slow_state.log" ;;
+    for flag in "" --no-pdl; do  # stop 37 ran the first only
+      echo "== slow_state_profile.py qwen3-30b-a3b $flag"
+      in_tree "$root" timeout 150 python3 /tmp/slow_state_profile.py qwen3-30b-a3b $flag 2>&1 \
+        | grep -v "^INFO" | tail -40
+    done | tee "$out/slow_state.log" ;;
   spec)
     for i in $(seq "${SPEC_RUNS:-2}"); do for t in root rope; do
       d=$root; [ $t = rope ] && d=$rope

@@ -3,7 +3,10 @@
 # qwen3-30b-a3b's decode graph at 2.55 ms until forwards that copy it first bring it back to
 # 2.40). Which kernels of the graph slow down: all alike (a clock or memory state) or some (the
 # data or addresses they touch)? Per-kernel GPU time of 20 replays under the profiler in each
-# state, and the clocks after. PYTHONPATH=$PWD python3 /tmp/slow_state_profile.py [MODEL]
+# state, and the clocks after. Stop 37 found no kernel slower: the PDL GEMVs overlap less. With
+# --no-pdl every kernel launches plainly (captured so): if both states then replay alike, the
+# programmatic launches are what flips.
+# PYTHONPATH=$PWD python3 /tmp/slow_state_profile.py [MODEL] [--no-pdl]
 import collections
 import subprocess
 import sys
@@ -14,8 +17,12 @@ from torch.profiler import ProfilerActivity, profile
 from nanograph import LLM
 from nanograph.bench.common import STARTUP_CAPTURE
 from nanograph.bench.floor import graph_replay_ms, step_batch
+from nanograph.kernels import pdl
 
-model_name = sys.argv[1] if len(sys.argv) > 1 else "qwen3-30b-a3b"
+args = [a for a in sys.argv[1:] if a != "--no-pdl"]
+if "--no-pdl" in sys.argv:
+    pdl.enabled = lambda t: False
+model_name = args[0] if args else "qwen3-30b-a3b"
 llm = LLM(
     model_name, load_format="dummy", decode_cuda_graph="full", prefill_cuda_graph="none",
     cuda_graph_bs=(1,), chunked_prefill_size=512, max_num_seqs=2, max_model_len=528,

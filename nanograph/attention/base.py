@@ -3,10 +3,11 @@
 Invariants:
 - The new k/v of a forward are already in the paged cache when ``forward`` runs (the layer's
   fused rope+store op writes them), so a backend only reads the cache; ``forward_rope`` (the
-  fused one-row decode) is given them unrotated and stores them itself. It writes its output
-  into a caller-owned buffer (allocated inside the graph, so an eager break has nothing to
-  copy out): every row below ``num_tokens``; the padded rows past it were zeroed by the
-  rope+store op.
+  fused one-row decode, and any forward whose backend ``rotates_in_attention``) is given them
+  unrotated and stores them itself. It writes its output into a caller-owned buffer
+  (allocated inside the graph, so an eager break has nothing to copy out): every row below
+  ``num_tokens``; the padded rows past it are zeroed by the rope+store op, or by
+  ``forward_rope``.
 - ``AttentionMetadata`` tensors live on the model's device and have static shapes for a given
   (tokens, request slots) pair; a graph runner owns one instance sized at its maximum and
   rewrites it in place before every replay.
@@ -89,17 +90,23 @@ class AttentionBackend(ABC):
         sinks: torch.Tensor | None = None,  # fp32 [num_q_heads]: a logit with no value
     ) -> None: ...
 
+    def rotates_in_attention(self, meta: AttentionMetadata) -> bool:
+        """Whether ``forward_rope`` of a forward with this metadata is one kernel, so that the
+        model's attention should give it q/k/v unrotated (else rope_store_kv then ``forward``
+        is the same work in the same two steps, and stays where the graph captures it)."""
+        return False
+
     def forward_rope(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope: RopeInputs,
         k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
         out: torch.Tensor, sliding_window: int = 0, sinks: torch.Tensor | None = None,
     ) -> None:  # fmt: skip
-        """A one-row decode from the q/k/v projection: rotary (after q/k-norm), this
-        forward's k/v into the cache, then ``forward``. Here as two steps; a backend that can
-        do it in one kernel overrides it."""
+        """Attention from the q/k/v projection: rotary (after q/k-norm), this forward's k/v
+        into the cache (``out``'s padded rows zeroed), then ``forward``. Here as two steps; a
+        backend that can do it in one kernel overrides it."""
         ops.rope_store_kv(
             q, k, v, rope.positions, rope.cos_sin_cache, k_cache, v_cache, meta.slot_mapping,
             q_norm_weight=rope.q_norm, k_norm_weight=rope.k_norm, eps=rope.eps,
-            num_tokens=meta.num_tokens,
+            num_tokens=meta.num_tokens, zero_padding=out,
         )  # fmt: skip
         self.forward(q, k_cache, v_cache, meta, scale, out, sliding_window, sinks)

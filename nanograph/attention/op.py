@@ -12,8 +12,10 @@ Invariants:
   tc_piecewise, and an ordinary call (captured inline) under full graphs or eager. Writing into
   a caller buffer and returning nothing means a break has no output to copy, and the only work
   left eager at a break is the backend's attention itself.
-- The fused one-row decode (``one_row``) takes both steps as one split op, ``rope_attend``:
-  the backend may rotate, store and attend in one kernel (Triton does), or run the two.
+- The fused one-row decode (``one_row``), and any forward whose backend says it
+  ``rotates_in_attention`` (Triton: every decode), take both steps as one split op,
+  ``rope_attend``: the backend rotates, stores and attends in one kernel (or runs the two).
+  Compiled forwards (tc_piecewise) keep the two steps.
 - Their tensor arguments are activations and weights only. The per-forward state (backend,
   metadata, KV cache) comes from ``forward_context``, a contextvar the runner sets around a
   forward or a replay, so the KV cache is never a traced input and a break always reads the
@@ -127,7 +129,8 @@ def rope_attend(
     sliding_window: int,
     sinks: torch.Tensor | None,
 ) -> None:
-    """The fused one-row decode's two steps as one: the backend may do them in one kernel."""
+    """A decode's two steps as one (the fused one-row decode, or a forward whose backend
+    ``rotates_in_attention``): the backend may do them in one kernel."""
     ctx = _context()
     rope = RopeInputs(positions, cos_sin_cache, q_norm, k_norm, eps)
     ctx.backend.forward_rope(
@@ -158,16 +161,23 @@ def attention(
     buffer like q for the output (by default a new one); rope_store_kv zeroes its padded rows.
     The fused one-row decode passes one of its own: its row is written, and ``one_row`` (never
     while compiling) lets the backend rotate, store and attend in one step
-    (``AttentionBackend.forward_rope``)."""
-    if one_row:
-        if out is None or q.shape[0] != 1:
-            raise ValueError("one_row attention takes one token and its output buffer")
+    (``AttentionBackend.forward_rope``), as every forward takes where the backend
+    ``rotates_in_attention``."""
+    if one_row and (out is None or q.shape[0] != 1):
+        raise ValueError("one_row attention takes one token and its output buffer")
+    if out is None:
+        out = torch.empty_like(q)  # padded rows: zeroed by rope_store_kv or forward_rope
+    compiling = torch.compiler.is_compiling()
+    if one_row or (not compiling and _rotates_in_attention()):
         rope_attend(q, k, v, positions, cos_sin_cache, q_norm, k_norm, out, layer, scale, eps,
                     sliding_window, sinks)  # fmt: skip
         return out
-    if out is None:
-        out = torch.empty_like(q)  # padded rows: zeroed by rope_store_kv
-    rope = _rope_store_kv_op if torch.compiler.is_compiling() else rope_store_kv
+    rope = _rope_store_kv_op if compiling else rope_store_kv
     rope(q, k, v, positions, cos_sin_cache, q_norm, k_norm, layer, eps, out)
     attend(q, out, layer, scale, sliding_window, sinks)
     return out
+
+
+def _rotates_in_attention() -> bool:
+    ctx = _context()
+    return ctx.backend.rotates_in_attention(ctx.meta)

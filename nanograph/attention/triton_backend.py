@@ -57,13 +57,20 @@ class TritonAttention(AttentionBackend):
             out=out,
         )
 
+    def rotates_in_attention(self, meta: AttentionMetadata) -> bool:
+        # decode only: a verify's rows rotated in the kernel (each program its request's rows,
+        # the new keys stored by the slices that hold them) measured slower at batch 1 on the
+        # H200 (qwen3-8b verify / decode 1.181 against 1.165; docs/wip has the patch)
+        return meta.max_query_len == 1
+
     def forward_rope(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope: RopeInputs,
         k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
         out: torch.Tensor, sliding_window: int = 0, sinks: torch.Tensor | None = None,
     ) -> None:  # fmt: skip
         """One kernel: the attention kernel's programs rotate their q rows, and the one whose
-        slice holds the new key stores it and the value first (kernels.attention.RopeStore)."""
+        slice holds its request's new key stores it and the value first
+        (kernels.attention.RopeStore)."""
         from nanograph.kernels.attention import RopeStore, paged_attention
 
         store = RopeStore(

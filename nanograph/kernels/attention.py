@@ -8,7 +8,7 @@ Layouts (fixed; the engine writes these):
 - Query token i of request r sits at position ``seq_lens[r] - query_lens[r] + i`` and sees keys
   at positions ``<=`` its own (and ``> pos - sliding_window`` when a window is set). Every key,
   including this forward's, is read from the paged cache: the rope+store kernel wrote them, or,
-  in a one-row decode given ``rope`` (``RopeStore``), the program whose slice holds the new
+  in a decode given ``rope`` (``RopeStore``), the program whose slice holds the request's new
   key stored it (rotated) just before its key loop.
 
 Invariants:
@@ -101,11 +101,14 @@ class AttentionTiles:
 
 @dataclass(frozen=True)
 class RopeStore:
-    """A one-row decode's rotary and KV store, done by the attention kernel instead of
-    ``fused.rope_store_kv`` (one kernel less a layer): q is then the projection as the GEMV
-    wrote it, and ``k``/``v`` the new key and value ``[1, Hkv, D]``, which the program whose
-    slice holds the new position norms, rotates and stores at ``slot_mapping[0]`` (-1: not
-    stored) before reading it back. q and k are left as they are (nothing reads them later)."""
+    """A decode's rotary and KV store, done by the attention kernel instead of
+    ``fused.rope_store_kv`` (one kernel less a layer): q is then the projection as written,
+    and ``k``/``v`` this forward's keys and values ``[N, Hkv, D]``, a row per request; each
+    program rotates its request's q rows, and the one whose slice holds the new position
+    norms, rotates and stores that key at the request's ``slot_mapping`` entry (-1: not
+    stored) before reading it back. q and k are left as they are (nothing reads them later).
+    With ``num_tokens`` the launch also zeroes the output rows past it (a graph's padding), as
+    rope_store_kv does."""
 
     k: torch.Tensor
     v: torch.Tensor
@@ -115,8 +118,8 @@ class RopeStore:
     q_norm: torch.Tensor | None = None  # [D]
     k_norm: torch.Tensor | None = None
     eps: float = 1e-6
-    # int32 [1], the true token count: only the fallback to rope_store_kv reads it (the
-    # variant the unfused path compiles); the one-row kernel has the slot's -1 for padding
+    # int32 [1], the true token count: padded rows (slot -1) are not stored, and their output
+    # rows are zeroed
     num_tokens: torch.Tensor | None = None
 
 
@@ -226,7 +229,14 @@ def _attend_key_range(
 # whenever the request count or the page-table width changes between 1, a multiple of 16 and
 # anything else, i.e. on a request's path.
 @triton.jit(
-    do_not_specialize=["num_seqs", "num_splits", "stride_page_table", "min_q_len", "max_q_len"]
+    do_not_specialize=[
+        "num_seqs",
+        "num_splits",
+        "stride_page_table",
+        "min_q_len",
+        "max_q_len",
+        "num_rows",
+    ]
 )
 def _paged_attention_kernel(
     q_ptr,
@@ -248,10 +258,12 @@ def _paged_attention_kernel(
     slot_mapping_ptr,
     q_norm_ptr,
     k_norm_ptr,
+    num_tokens_ptr,  # ROPE: int32 [1], the live rows (the rows past it are a graph's padding)
     num_seqs,
     num_splits,  # slices of the key range, the grid's third dim: a value, not a variant
     min_q_len,  # requests with query_len outside [min_q_len, max_q_len] are another launch's
     max_q_len,
+    num_rows,  # ZERO_PADDING: the rows of q, whose rows past num_tokens this launch zeroes
     stride_page_table,
     stride_q_tok,
     stride_q_head,
@@ -291,9 +303,12 @@ def _paged_attention_kernel(
     PDL: tl.constexpr,
     PDL_WAIT: tl.constexpr,
     L2_LINES: tl.constexpr,  # 128-byte lines in one head row of the cache
-    ROPE: tl.constexpr,  # one-row decode: q/k-norm, rotary and the KV store done here
+    ROPE: tl.constexpr,  # decode: q/k-norm, rotary and the KV store done here
     HAS_Q_NORM: tl.constexpr,
     HAS_K_NORM: tl.constexpr,
+    # ROPE over a q that may have padded rows: compiled out of one-row launches (the branch
+    # alone made qwen3-0.6b's batch-1 decode graph ~1% slower)
+    ZERO_PADDING: tl.constexpr,
 ):
     if PDL:
         # the next kernel (the batch-1 o projection's GEMV) may launch now: it prefetches
@@ -301,6 +316,11 @@ def _paged_attention_kernel(
         tl.extra.cuda.gdc_launch_dependents()
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
+    if ZERO_PADDING:  # what rope_store_kv does when it runs: no program owns these rows
+        if tl.program_id(0) == 0:
+            if split == 0:
+                _zero_padded_rows(out_ptr, num_tokens_ptr, num_rows, kv_head, stride_o_tok,
+                                  stride_o_head, GROUP, GROUP_PAD, HEAD_DIM)  # fmt: skip
     if Q_BLOCKS_PER_REQUEST > 0:
         pid = tl.program_id(0)
         seq = pid // Q_BLOCKS_PER_REQUEST
@@ -334,9 +354,10 @@ def _paged_attention_kernel(
         # draft loop advances them before its next step's embedding lookup, a plain launch that
         # waits for them), the cos/sin table and the norm weights (constants); read before the
         # wait, so only q, k and v are left after it
+        one = tl.arange(0, 1)
+        slot = tl.load(slot_mapping_ptr + q_start + one).to(tl.int64)  # [1]
         rope = _rope_inputs(positions_ptr, cos_sin_ptr, q_norm_ptr, k_norm_ptr, q_start,
                             stride_cos_sin, HAS_Q_NORM, HAS_K_NORM, HEAD_DIM)  # fmt: skip
-        slot = tl.load(slot_mapping_ptr + q_start + tl.arange(0, 1)).to(tl.int64)  # [1]
     else:
         rope = None
     if not PDL_WAIT:
@@ -375,10 +396,10 @@ def _paged_attention_kernel(
         tl.extra.cuda.gdc_wait()  # q and this forward's key are written
         q = _load_q(q_ptrs, row_valid, rope, eps, ROPE, HAS_Q_NORM, HEAD_DIM)
     if ROPE:
-        if split == active_splits - 1:  # the slice that holds this forward's key
+        if split == active_splits - 1:  # the slice that holds the request's new key
             _rope_store_new_kv(
-                k_new_ptr + q_start.to(tl.int64) * stride_kn_tok + kv_head * stride_kn_head,
-                v_new_ptr + q_start.to(tl.int64) * stride_vn_tok + kv_head * stride_vn_head,
+                k_new_ptr + q_start.to(tl.int64) * stride_kn_tok + kv_head * stride_kn_head + one,
+                v_new_ptr + q_start.to(tl.int64) * stride_vn_tok + kv_head * stride_vn_head + one,
                 k_base, v_base, slot, rope, stride_k_slot, stride_v_slot, eps, HAS_K_NORM,
                 HEAD_DIM,
             )  # fmt: skip
@@ -442,14 +463,13 @@ def _rope_inputs(positions_ptr, cos_sin_ptr, q_norm_ptr, k_norm_ptr, token, stri
                  HEAD_DIM: tl.constexpr):  # fmt: skip
     """The token's rotation as two [HEAD_DIM] fp32 vectors, cos and the sign-carrying sin
     (element d meets its partner (d + HEAD_DIM/2) % HEAD_DIM: -sin in the first half, +sin in
-    the second), and the q and k norm weights at d and at the partner (ones without a norm)."""
+    the second), and the q and k norm weights at d and at the partner (ones without a norm).
+    Vectors, not [1, HEAD_DIM] tiles: they broadcast over a tile's rows in the tile's own
+    layout (a [1, HEAD_DIM] tile measured ~1% slower in the batch-1 decode)."""
     HALF: tl.constexpr = HEAD_DIM // 2
     offs_d = tl.arange(0, HEAD_DIM)
     partner = (offs_d + HALF) % HEAD_DIM
-    cs_row = cos_sin_ptr + tl.load(positions_ptr + token).to(tl.int64) * stride_cos_sin
-    cos = tl.load(cs_row + offs_d % HALF).to(tl.float32)
-    sin = tl.load(cs_row + HALF + offs_d % HALF).to(tl.float32)
-    sin = tl.where(offs_d < HALF, -1.0, 1.0) * sin  # exact: a sign
+    cos, sin = _cos_sin(positions_ptr, cos_sin_ptr, token, stride_cos_sin, HEAD_DIM)
     ones = tl.full([HEAD_DIM], 1.0, tl.float32)
     q_w, q_wp, k_w, k_wp = ones, ones, ones, ones
     if HAS_Q_NORM:
@@ -459,6 +479,32 @@ def _rope_inputs(positions_ptr, cos_sin_ptr, q_norm_ptr, k_norm_ptr, token, stri
         k_w = tl.load(k_norm_ptr + offs_d).to(tl.float32)
         k_wp = tl.load(k_norm_ptr + partner).to(tl.float32)
     return cos, sin, q_w, q_wp, k_w, k_wp
+
+
+@triton.jit
+def _cos_sin(positions_ptr, cos_sin_ptr, token, stride_cos_sin, HEAD_DIM: tl.constexpr):
+    # a function of its own: inlined here, the same arithmetic compiled to other SASS than the
+    # tree measured on the H200 (instruction order); keep it as it is
+    HALF: tl.constexpr = HEAD_DIM // 2
+    offs_d = tl.arange(0, HEAD_DIM)
+    pos = tl.load(positions_ptr + token).to(tl.int64)
+    cols = cos_sin_ptr + pos * stride_cos_sin + offs_d % HALF
+    cos = tl.load(cols).to(tl.float32)
+    sin = tl.load(cols + HALF).to(tl.float32)
+    return cos, tl.where(offs_d < HALF, -1.0, 1.0) * sin  # exact: a sign
+
+
+@triton.jit
+def _zero_padded_rows(out_ptr, num_tokens_ptr, num_rows, kv_head, stride_o_tok, stride_o_head,
+                      GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
+                      HEAD_DIM: tl.constexpr):  # fmt: skip
+    """Zeros into this kv head's query heads of the output rows past the live ones."""
+    heads = tl.arange(0, GROUP_PAD)
+    offs_d = tl.arange(0, HEAD_DIM)
+    ptrs = out_ptr + (kv_head * GROUP + heads)[:, None] * stride_o_head + offs_d[None, :]
+    zeros = tl.zeros([GROUP_PAD, HEAD_DIM], out_ptr.dtype.element_ty)
+    for row in range(tl.load(num_tokens_ptr), num_rows):
+        tl.store(ptrs + row * stride_o_tok, zeros, mask=(heads < GROUP)[:, None])
 
 
 @triton.jit
@@ -480,7 +526,7 @@ def _norm_rope_rows(row_ptrs, row_valid, cos, sin, w, wp, eps, HAS_NORM: tl.cons
         inv_rms = tl.rsqrt(tl.sum(x * x, 1) / HEAD_DIM + eps)
         x = x * inv_rms[:, None] * w[None, :]
         xp = xp * inv_rms[:, None] * wp[None, :]
-    return x * cos[None, :] + xp * sin[None, :]
+    return x * cos + xp * sin  # cos, sin: [HEAD_DIM], broadcast over the rows
 
 
 @triton.jit
@@ -497,19 +543,17 @@ def _load_q(q_ptrs, row_valid, rope, eps, ROPE: tl.constexpr, HAS_Q_NORM: tl.con
 
 
 @triton.jit
-def _rope_store_new_kv(k_new_ptr, v_new_ptr, k_base, v_base, slot, rope, stride_k_slot,
-                       stride_v_slot, eps, HAS_K_NORM: tl.constexpr,
-                       HEAD_DIM: tl.constexpr):  # fmt: skip
-    """This kv head's new key (normed, rotated) and value into the cache at ``slot`` ([1];
-    -1: a padded token, not stored), by the one program whose key range holds it; it reads
-    that slot back in its key loop, after the barrier."""
+def _rope_store_new_kv(k_row, v_row, k_base, v_base, slot, rope, stride_k_slot, stride_v_slot,
+                       eps, HAS_K_NORM: tl.constexpr, HEAD_DIM: tl.constexpr):  # fmt: skip
+    """This kv head's new key (normed, rotated) and value (at ``k_row``/``v_row``, [1]
+    pointers) into the cache at ``slot`` ([1]; -1: a padded token, not stored), by the one
+    program whose key range holds it; it reads that slot back in its key loop, after the
+    barrier."""
     offs_d = tl.arange(0, HEAD_DIM)
-    one = tl.arange(0, 1)
     write = slot >= 0
     cos, sin, _, _, k_w, k_wp = rope
-    k = _norm_rope_rows(k_new_ptr + one[:, None] * 0, write, cos, sin, k_w, k_wp, eps,
-                        HAS_K_NORM, HEAD_DIM)  # fmt: skip
-    v = tl.load(v_new_ptr + one[:, None] * 0 + offs_d[None, :], mask=write[:, None], other=0.0)
+    k = _norm_rope_rows(k_row[:, None], write, cos, sin, k_w, k_wp, eps, HAS_K_NORM, HEAD_DIM)
+    v = tl.load(v_row[:, None] + offs_d[None, :], mask=write[:, None], other=0.0)
     tl.store(k_base + slot[:, None] * stride_k_slot + offs_d[None, :],
              k.to(k_base.dtype.element_ty), mask=write[:, None])  # fmt: skip
     tl.store(v_base + slot[:, None] * stride_v_slot + offs_d[None, :],
@@ -865,10 +909,10 @@ def paged_attention(
     captured for request slots of any length (a prefill graph of 8192 tokens x 16 slots runs
     one 8192-token prompt in the long tiles).
 
-    ``rope`` (one row): q is not yet rotated and this forward's key and value are not in the
-    cache; the kernel does what ``rope_store_kv`` would have in a one-row decode launch
-    (``max_query_len`` 1, per-request one-token tiles); any other launch (a one-token extend,
-    forced tiles) runs ``rope_store_kv`` first.
+    ``rope``: q is not yet rotated and this forward's keys and values are not in the cache;
+    the kernel does what ``rope_store_kv`` would have in a decode launch (``max_query_len`` 1,
+    per-request one-token tiles, any number of requests); any other launch (a verify or an
+    extend, forced tiles of another kind) runs ``rope_store_kv`` first.
     """
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[1]
@@ -891,21 +935,22 @@ def paged_attention(
             num_splits, q.dtype == torch.float32,
         )  # fmt: skip
         launches = [(t, (max(lo, a), min(hi, b))) for t, (a, b) in plan]
+    if out is None:
+        out = torch.zeros_like(q)
     if rope is not None:
-        if num_tokens != 1:
-            raise ValueError(f"rope in the attention kernel takes one row, got {num_tokens}")
+        if rope.k.shape[0] != num_tokens or rope.v.shape[0] != num_tokens:
+            raise ValueError(f"rope's k and v need a row per row of q ({num_tokens}), got "
+                             f"{rope.k.shape[0]} and {rope.v.shape[0]}")  # fmt: skip
         if rope.k.stride(-1) != 1 or rope.v.stride(-1) != 1 or rope.cos_sin_cache.stride(-1) != 1:
             raise ValueError("rope's k, v and cos_sin_cache must be contiguous in their last dim")
         if rope.cos_sin_cache.shape[-1] != head_dim:
             raise ValueError(f"cos_sin_cache rows hold cos then sin halves of head_dim "
                              f"{head_dim}, got {rope.cos_sin_cache.shape[-1]} wide")  # fmt: skip
         tiles0 = launches[0][0]
-        one_row = max_query_len == 1 and tiles0.per_request and tiles0.block_q == 1
-        if len(launches) > 1 or not one_row:
-            _rope_store_kv(q, k_cache, v_cache, rope)
+        decode = max_query_len == 1 and tiles0.per_request and tiles0.block_q == 1
+        if len(launches) > 1 or not decode:
+            _rope_store_kv(q, k_cache, v_cache, rope, out)
             rope = None
-    if out is None:
-        out = torch.zeros_like(q)
     if num_tokens == 0 or num_seqs == 0:
         return out
     launched = True
@@ -920,13 +965,13 @@ def paged_attention(
     return out
 
 
-def _rope_store_kv(q, k_cache, v_cache, rope: RopeStore) -> None:
+def _rope_store_kv(q, k_cache, v_cache, rope: RopeStore, out: torch.Tensor) -> None:
     from nanograph.kernels.fused import rope_store_kv
 
     rope_store_kv(
         q, rope.k, rope.v, rope.positions, rope.cos_sin_cache, k_cache, v_cache,
         rope.slot_mapping, q_norm_weight=rope.q_norm, k_norm_weight=rope.k_norm, eps=rope.eps,
-        num_tokens=rope.num_tokens,
+        num_tokens=rope.num_tokens, zero_padding=out if rope.num_tokens is not None else None,
     )  # fmt: skip
 
 
@@ -966,6 +1011,9 @@ def _launch(
     pdl_wait = tiles.pdl_wait and pdl.enabled(q)
     # without rope, its pointers are placeholders of fixed dtypes (one variant for all)
     r = rope or RopeStore(q, q, seq_lens, out, seq_lens)
+    # a function of the tiles, not of the batch, so that the start-up warm-up compiles every
+    # variant a request meets: one-row tiles (pdl_wait: chosen for one row only) have no padding
+    zero_padding = rope is not None and rope.num_tokens is not None and not tiles.pdl_wait
     launched = _launch_attention(
         (grid0, num_kv_heads, tiles.num_splits),
         (
@@ -974,9 +1022,12 @@ def _launch(
             page_table, seq_lens, query_lens, query_start_loc,
             r.k, r.v, r.positions, r.cos_sin_cache, r.slot_mapping,
             r.q_norm if r.q_norm is not None else q, r.k_norm if r.k_norm is not None else q,
+            r.num_tokens if r.num_tokens is not None else seq_lens,
         ),
         (
-            num_seqs, tiles.num_splits, min_q_len, max_q_len, page_table.stride(0),
+            num_seqs, tiles.num_splits, min_q_len, max_q_len,
+            num_tokens if zero_padding else 0,
+            page_table.stride(0),
             q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
             v_cache.stride(0), v_cache.stride(1), out.stride(0), out.stride(1),
             qk_scale, float(softcap), int(sliding_window),
@@ -1010,6 +1061,7 @@ def _launch(
             ROPE=rope is not None,
             HAS_Q_NORM=rope is not None and rope.q_norm is not None,
             HAS_K_NORM=rope is not None and rope.k_norm is not None,
+            ZERO_PADDING=zero_padding,
             num_warps=tiles.num_warps,
             num_stages=tiles.num_stages,
             launch_pdl=pdl_wait,

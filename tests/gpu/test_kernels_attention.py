@@ -152,6 +152,54 @@ def test_one_row_decode_with_rope_in_the_kernel(layout, context):
         assert torch.equal(batch.v_cache[slot], v[0])
 
 
+@LONG_LAYOUTS
+@pytest.mark.parametrize(
+    "queries", [[1] * 8, [1] * 3, [5, 5, 3]], ids=["decode8", "decode3", "verify3"]
+)
+def test_decode_rows_with_rope_in_the_kernel(layout, queries):
+    """paged_attention(rope=...) over graph-shaped batches (sentinel slots, padded rows holding
+    NaN) against rope_store_kv + attention in float32: in a decode every new key is stored by
+    the attention kernel before any slice reads it (their slots start as NaN); a verify takes
+    rope_store_kv first; the padded rows are zeroed either way."""
+    from nanograph.kernels.attention import RopeStore
+
+    gen = torch.Generator().manual_seed(len(queries))
+    contexts = [511, 60, 4093, 17, 0, 2048, 300, 129][: len(queries)]
+    batch = _batch(contexts, queries, layout=layout, sentinels=2, pad=3, seed=len(queries))
+    n, hkv, d = batch.q.shape[0], layout["num_kv_heads"], layout["head_dim"]
+    k, v = (torch.randn(n, hkv, d, generator=gen).bfloat16().cuda() for _ in range(2))
+    norms = [(1 + 0.3 * torch.randn(d, generator=gen)).bfloat16().cuda() for _ in range(2)]
+    inv_freq = 1e6 ** -(torch.arange(0, d, 2, dtype=torch.float64) / d)
+    freqs = torch.outer(torch.arange(max(contexts) + 8, dtype=torch.float64), inv_freq)
+    table = torch.cat([freqs.cos(), freqs.sin()], -1).float().cuda()
+    rope = RopeStore(k, v, batch.positions, table, batch.slot_mapping, *norms, eps=1e-6,
+                     num_tokens=batch.num_tokens)  # fmt: skip
+    slots = batch.slot_mapping[batch.slot_mapping >= 0]
+    q_ref, k_ref = batch.q.float(), k.float()
+    caches_ref = [batch.k_cache.float(), batch.v_cache.float()]
+    reference.rope_store_kv(q_ref, k_ref, v.float(), batch.positions, table, *caches_ref,
+                            batch.slot_mapping, q_norm_weight=norms[0].float(),
+                            k_norm_weight=norms[1].float(), eps=1e-6,
+                            num_tokens=batch.num_tokens)  # fmt: skip
+    scale = d**-0.5
+    want = reference.paged_attention(q_ref, *caches_ref, *batch.metadata(), batch.page_size,
+                                     scale, max_query_len=max(queries))  # fmt: skip
+    live, tol = int(batch.num_tokens), TOLERANCE[torch.bfloat16]
+    for _ in range(5):
+        batch.k_cache[slots] = float("nan")
+        batch.v_cache[slots] = float("nan")
+        out = torch.full_like(batch.q, float("nan"))
+        got = paged_attention(batch.q, batch.k_cache, batch.v_cache, *batch.metadata(),
+                              batch.page_size, scale, max_query_len=max(queries), rope=rope,
+                              out=out)  # fmt: skip
+        torch.cuda.synchronize()
+        torch.testing.assert_close(got[:live].float(), want[:live], atol=tol, rtol=tol)
+        assert not got[live:].any()
+        torch.testing.assert_close(batch.k_cache[slots].float(), caches_ref[0][slots],
+                                   atol=tol, rtol=tol)  # fmt: skip
+        assert torch.equal(batch.v_cache[slots], v[:live])
+
+
 def test_target_verify():
     gen = torch.Generator().manual_seed(5)
     contexts = torch.randint(1, 3000, (64,), generator=gen).tolist()
