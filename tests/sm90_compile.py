@@ -5,10 +5,18 @@ The interpreter (tests/test_kernels_triton.py) runs kernels as numpy and never s
 compiler, so errors like a loop-carried dtype change surface only on the device. This catches
 them on CPU. Run by tests/test_kernels_compile.py in a process without TRITON_INTERPRET (the
 kernels must be real JIT functions); exits non-zero listing the variants that failed.
+
+``python3 tests/sm90_compile.py --sass DIR`` also writes each variant's SASS (Triton's bundled
+cuobjdump, addresses and encodings stripped) to DIR, numbered in compile order: diff two trees'
+folders to see whether a change to a kernel's source changes what the GPU runs (stop 37 checked
+a refactor of a measured kernel this way).
 """
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
 import sys
 import traceback
 from dataclasses import replace
@@ -71,10 +79,30 @@ class CompileOnly:
             source = ASTSource(
                 fn=self.kernel, signature=signature, constexprs=constexprs, attrs=attrs
             )
-            triton.compile(source, target=TARGET, options=options)
+            compiled = triton.compile(source, target=TARGET, options=options)
             self.compiled += 1
+            if SASS_DIR is not None:
+                _write_sass(compiled.asm["cubin"], self.kernel.__name__)
 
         return launch
+
+
+SASS_DIR: str | None = None
+_CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
+                          "cuobjdump")  # fmt: skip
+
+
+def _write_sass(cubin: bytes, name: str) -> None:
+    index = len(os.listdir(SASS_DIR))
+    path = os.path.join(SASS_DIR, f"{index:03d}_{name}")
+    with open(path + ".cubin", "wb") as f:
+        f.write(cubin)
+    sass = subprocess.run([_CUOBJDUMP, "-sass", path + ".cubin"], capture_output=True,
+                          text=True, check=True).stdout  # fmt: skip
+    os.remove(path + ".cubin")
+    with open(path + ".sass", "w") as f:  # instructions only: no addresses, no encodings
+        f.write("\n".join(" ".join(re.sub(r"/\*[0-9a-fx]*\*/", "", line).split())
+                          for line in sass.splitlines()))  # fmt: skip
 
 
 def _attention_cases():
@@ -242,4 +270,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    if "--sass" in sys.argv:
+        SASS_DIR = sys.argv[sys.argv.index("--sass") + 1]
+        os.makedirs(SASS_DIR, exist_ok=True)
     raise SystemExit(main())
