@@ -7,7 +7,6 @@
 #   (ab/ is untracked: it travels with the tree; keep it out of commits)
 # Then, with NANOGRAPH_COMMIT exported and the Triton cache unpacked:
 #   bash docs/wip/next_calls.sh STAGE $OUT/r
-# one: the diag, the landed tree's decode, rope A/B floor (stop 37's first call);
 # tests: the rope patch's GPU tests; floor: its A/B floor at batch 1 (and 0.6b at 8);
 # spec: bench spec A/B; slow-state: slow_state_profile.py (per-kernel times in both states)
 set -uo pipefail
@@ -21,19 +20,6 @@ in_tree() {  # in_tree DIR COMMAND...: run from DIR with DIR's nanograph first o
   (cd "$d" && PYTHONPATH=$d "$@")
 }
 case $call in
-  one)
-    cp docs/wip/sample_rows_view_diag.py /tmp/diag.py
-    in_tree "$root" timeout 120 python3 /tmp/diag.py 2>&1 | grep -E "replay|Error" | tee "$out/diag.log"
-    in_tree "$root" timeout 150 python3 -m nanograph bench decode --models qwen3-0.6b,qwen3-30b-a3b \
-      --arms full --batches 1,8 --out "$out/decode.json" 2>&1 | grep -E "decode=full|roofline" \
-      | tee "$out/decode.log"
-    for m in qwen3-0.6b qwen3-8b; do for b in 1 8; do for i in 1 2; do for t in root rope; do
-      d=$root; [ $t = rope ] && d=$rope; name="floor_${m}_b${b}_${t}_$i"
-      in_tree "$d" timeout 60 python3 -m nanograph bench floor --model "$m" --decode-batch "$b" \
-        --lengths 512 --graph full --repeats 20 --out "$out/$name.json" 2>&1 | grep -v "^INFO" \
-        > "$out/$name.log"
-      echo "$m batch $b $t $i: $(grep -o 'graph replays alone [0-9.]* ms' "$out/$name.log")"
-    done; done; done; done | tee "$out/floor_ab.log" ;;
   tests)
     groups=(test_kernels_attention.py test_runners_gpu.py test_spec_gpu.py test_moe_gpu.py
       "test_fused_decode_gpu.py test_graph_backends.py" test_hardening_gpu.py)
@@ -70,5 +56,5 @@ case $call in
         > "$out/spec_${t}_$i.log"
       echo "spec $t $i: $(grep -iE 'verify.*decode|ratio' "$out/spec_${t}_$i.log" | head -3)"
     done; done | tee "$out/spec_ab.log" ;;
-  *) echo "unknown stage $call (one, tests, floor, spec, slow-state)" >&2; exit 2 ;;
+  *) echo "unknown stage $call (tests, floor, spec, slow-state)" >&2; exit 2 ;;
 esac

@@ -1,11 +1,11 @@
-# Stop 37's follow-up to sample_rows_view_diag.py (which found the slow state sticky: 20 forwards
-# whose lm_head reads the graph's output buffer in place, through Triton or cuBLAS, leave
-# qwen3-30b-a3b's decode graph at 2.55 ms until forwards that copy it first bring it back to
-# 2.40). Which kernels of the graph slow down: all alike (a clock or memory state) or some (the
-# data or addresses they touch)? Per-kernel GPU time of 20 replays under the profiler in each
-# state, and the clocks after. Stop 37 found no kernel slower: the PDL GEMVs overlap less. With
-# --no-pdl every kernel launches plainly (captured so): if both states then replay alike, the
-# programmatic launches are what flips.
+# Stop 37's follow-up to sample_rows_view_diag.py (in git at 038f946), which found the slow state
+# sticky: 20 forwards whose lm_head reads the graph's output buffer in place, through Triton or
+# cuBLAS, leave qwen3-30b-a3b's decode graph at 2.55 ms until forwards that copy it first bring
+# it back to 2.40. Which kernels of the graph slow down: all alike (a clock or memory state) or
+# some (the data or addresses they touch)? Per-kernel GPU time of 20 replays under the profiler
+# in each state, and the clocks after. Stop 37 found no kernel slower: the PDL GEMVs overlap
+# less. With --no-pdl every kernel launches plainly (captured so): if both states then replay
+# alike, the programmatic launches are what flips.
 # PYTHONPATH=$PWD python3 /tmp/slow_state_profile.py [MODEL] [--no-pdl]
 import collections
 import subprocess
