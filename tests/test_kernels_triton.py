@@ -352,30 +352,13 @@ def test_rope_store_kv_refuses_a_zero_padding_unlike_q():
 
 
 def _one_row_rope(context, q_heads, kv_heads, head_dim, qk_norm, dtype, seed, **attend):
-    """A one-row decode whose q/k/v are a GEMV's raw output: the batch, its raw k/v, the rope
-    inputs, and the float64 answer of rope_store_kv + attention (the unfused path; ``attend``:
-    the attention's window, sinks, softcap)."""
-    gen = torch.Generator().manual_seed(seed)
-    batch = _batch([context], [1], q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim,
-                   dtype=dtype, sentinels=0, pad=0, seed=seed)  # fmt: skip
-    k = torch.randn(1, kv_heads, head_dim, generator=gen).to(dtype)
-    v = torch.randn(1, kv_heads, head_dim, generator=gen).to(dtype)
-    norms = [(1 + 0.3 * torch.randn(head_dim, generator=gen)).to(dtype) if qk_norm else None
-             for _ in range(2)]  # fmt: skip
-    rope = attention.RopeStore(k, v, batch.positions, _rope_table(head_dim, context + 1),
-                               batch.slot_mapping, *norms, eps=1e-6)  # fmt: skip
-    slot = int(batch.slot_mapping[0])
-    q_ref, k_ref = _f64(batch.q.clone()), _f64(k.clone())
-    caches_ref = [_f64(batch.k_cache.clone()), _f64(batch.v_cache.clone())]
-    reference.rope_store_kv(q_ref, k_ref, _f64(v), batch.positions, rope.cos_sin_cache.double(),
-                            *caches_ref, batch.slot_mapping, q_norm_weight=_f64(norms[0]),
-                            k_norm_weight=_f64(norms[1]), eps=1e-6)  # fmt: skip
-    want = reference.paged_attention(q_ref, *caches_ref, *batch.metadata(), batch.page_size,
-                                     head_dim**-0.5, max_query_len=1, **attend)  # fmt: skip
-    # the new key's slot holds NaN: reading it before it is stored poisons the output
-    batch.k_cache[slot] = float("nan")
-    batch.v_cache[slot] = float("nan")
-    return batch, rope, caches_ref, slot, want
+    """A one-row decode whose q/k/v are a GEMV's raw output: ``_rows_rope`` of one request
+    without sentinels, padding or a live token count, its new key's slot as an int."""
+    batch, rope, caches_ref, slots, want = _rows_rope(
+        [context], [1], q_heads, kv_heads, head_dim, dtype, seed, qk_norm=qk_norm, sentinels=0,
+        pad=0, live_count=False, **attend,
+    )  # fmt: skip
+    return batch, rope, caches_ref, int(slots[0]), want
 
 
 # float16, not bfloat16: the interpreter multiplies bfloat16 dot operands as their raw bits
@@ -412,32 +395,37 @@ def test_one_row_decode_rotates_and_stores_in_the_attention_kernel(
 
 
 def _rows_rope(
-    contexts, queries, q_heads, kv_heads, head_dim, dtype, seed, *, sentinels=2, pad=3, **attend
-):
-    """Like ``_one_row_rope`` for a graph-shaped batch of several requests (a decode of many
-    rows, or a verify of k + 1 tokens each; sentinel slots, padded rows): the batch, the rope
-    inputs (with the live token count), the float64 caches and answer, the new keys' slots."""
+    contexts, queries, q_heads, kv_heads, head_dim, dtype, seed, *, qk_norm=True, sentinels=2,
+    pad=3, live_count=True, **attend,
+):  # fmt: skip
+    """A graph-shaped batch of requests whose q/k/v are a projection's raw output (a decode of
+    many rows, or a verify of k + 1 tokens each; sentinel slots, padded rows): the batch, the
+    rope inputs (``live_count``: with the live token count), the float64 caches and answer of
+    rope_store_kv + attention (the unfused path; ``attend``: the attention's window, sinks,
+    softcap), the new keys' slots, which hold NaN (read before stored, the output turns NaN)."""
     gen = torch.Generator().manual_seed(seed)
     batch = _batch(contexts, queries, q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim,
                    dtype=dtype, sentinels=sentinels, pad=pad, seed=seed)  # fmt: skip
     n = batch.q.shape[0]
     k = torch.randn(n, kv_heads, head_dim, generator=gen).to(dtype)
     v = torch.randn(n, kv_heads, head_dim, generator=gen).to(dtype)
-    norms = [(1 + 0.3 * torch.randn(head_dim, generator=gen)).to(dtype) for _ in range(2)]
+    norms = [(1 + 0.3 * torch.randn(head_dim, generator=gen)).to(dtype) if qk_norm else None
+             for _ in range(2)]  # fmt: skip
     table = _rope_table(head_dim, max(c + q for c, q in zip(contexts, queries)) + 1)
+    num_tokens = batch.num_tokens if live_count else None
     rope = attention.RopeStore(k, v, batch.positions, table, batch.slot_mapping, *norms,
-                               eps=1e-6, num_tokens=batch.num_tokens)  # fmt: skip
+                               eps=1e-6, num_tokens=num_tokens)  # fmt: skip
     slots = batch.slot_mapping[batch.slot_mapping >= 0]
     q_ref, k_ref = _f64(batch.q.clone()), _f64(k.clone())
     caches_ref = [_f64(batch.k_cache.clone()), _f64(batch.v_cache.clone())]
     reference.rope_store_kv(q_ref, k_ref, _f64(v), batch.positions, table.double(), *caches_ref,
                             batch.slot_mapping, q_norm_weight=_f64(norms[0]),
                             k_norm_weight=_f64(norms[1]), eps=1e-6,
-                            num_tokens=batch.num_tokens)  # fmt: skip
+                            num_tokens=num_tokens)  # fmt: skip
     want = reference.paged_attention(q_ref, *caches_ref, *batch.metadata(), batch.page_size,
                                      head_dim**-0.5, max_query_len=max(queries),
                                      **attend)  # fmt: skip
-    batch.k_cache[slots] = float("nan")  # read before stored: the output turns NaN
+    batch.k_cache[slots] = float("nan")
     batch.v_cache[slots] = float("nan")
     return batch, rope, caches_ref, slots, want
 
