@@ -189,9 +189,11 @@ def test_decode_rows_with_rope_in_the_kernel(layout, queries):
         batch.k_cache[slots] = float("nan")
         batch.v_cache[slots] = float("nan")
         out = torch.full_like(batch.q, float("nan"))
-        got = paged_attention(batch.q, batch.k_cache, batch.v_cache, *batch.metadata(),
-                              batch.page_size, scale, max_query_len=max(queries), rope=rope,
-                              out=out)  # fmt: skip
+        # a verify's rope_store_kv rotates q and k in place: each launch gets them as written
+        q = batch.q.clone()
+        got = paged_attention(q, batch.k_cache, batch.v_cache, *batch.metadata(),
+                              batch.page_size, scale, max_query_len=max(queries),
+                              rope=dataclasses.replace(rope, k=k.clone()), out=out)  # fmt: skip
         torch.cuda.synchronize()
         torch.testing.assert_close(got[:live].float(), want[:live], atol=tol, rtol=tol)
         assert not got[live:].any()
