@@ -25,6 +25,7 @@ import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from nanograph.kernels import attention, fused, gemv, moe, pdl
 from nanograph.kernels.testing import make_paged_batch
@@ -66,6 +67,9 @@ class CompileOnly:
                     signature[param.name] = POINTER[value.dtype]
                     if value.data_ptr() % 16 == 0:
                         attrs[(i,)] = aligned
+                elif isinstance(value, TensorDescriptor):
+                    block = ",".join(str(b) for b in value.block_shape)
+                    signature[param.name] = f"tensordesc<{POINTER[value.base.dtype][1:]}[{block}]>"
                 elif isinstance(value, bool):
                     signature[param.name] = "i1"
                 elif isinstance(value, int):
@@ -140,6 +144,14 @@ def _attention_cases():
     yield "verify split", {
         "tiles": replace(gpu_decode, block_q=4, group_pad=4, num_splits=2), "max_query_len": 4,
     }, None  # fmt: skip
+    # this forward's keys from its own rows (TMA): the long-prompt tiles, split and not, and
+    # the short-request ones (new_kv: the test's rows, given by main)
+    long_new = replace(gpu_extend, block_q=16, new_keys=True)  # 64 rows, 64 keys, 4 warps
+    yield "extend new keys", {"tiles": long_new, "new_kv": True}, None
+    yield "extend new keys split", {"tiles": replace(long_new, num_splits=2), "new_kv": True}, None
+    yield "extend new keys short", {
+        "tiles": replace(gpu_extend, block_n=32, new_keys=True), "new_kv": True,
+    }, None  # fmt: skip
 
 
 def main() -> int:
@@ -172,6 +184,8 @@ def main() -> int:
             dtype=dtype or torch.bfloat16, num_sentinels=2,
         )  # fmt: skip
         args = (batch.q, batch.k_cache, batch.v_cache, *batch.metadata(), batch.page_size, 0.1)
+        if kwargs.get("new_kv"):
+            kwargs = {**kwargs, "new_kv": (torch.zeros_like(batch.k_cache[: len(batch.q)]),) * 2}
         check(f"paged_attention {name}", attention.paged_attention, *args, **kwargs)
     # the fused one-row decode: rotary and the KV store in the attention kernel
     one_row = attention.AttentionTiles(

@@ -46,7 +46,8 @@ def _check_attention(batch, dtype: torch.dtype, **kwargs) -> None:
     scale = batch.q.shape[-1] ** -0.5
     args = (batch.q, batch.k_cache, batch.v_cache, *batch.metadata(), batch.page_size, scale)
     got = attention.paged_attention(*args, **kwargs)
-    ref_kwargs = {k: _f64(v) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+    ref_kwargs = {k: _f64(v) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()
+                  if k != "new_kv"}  # fmt: skip
     want = reference.paged_attention(*[_f64(a) for a in args[:3]], *args[3:], **ref_kwargs)
     real = int(batch.num_tokens[0])
     torch.testing.assert_close(
@@ -114,6 +115,91 @@ def test_extend_model_features(features):
     if kwargs.get("sinks") == "random":
         kwargs["sinks"] = torch.randn(4, generator=torch.Generator().manual_seed(3)) * 2
     _check_attention(batch, torch.float32, **kwargs)
+
+
+def _new_rows(batch):
+    """This forward's keys and values as rows ``[N, Hkv, D]``: what rope_store_kv stored in
+    the cache (which keeps them: the diagonal key blocks read it), the padded rows NaN."""
+    live = batch.slot_mapping >= 0
+    k, v = (torch.full((len(live), *c.shape[1:]), float("nan"), dtype=c.dtype)
+            for c in (batch.k_cache, batch.v_cache))  # fmt: skip
+    slots = batch.slot_mapping[live]
+    k[live], v[live] = batch.k_cache[slots], batch.v_cache[slots]
+    return k, v
+
+
+def _check_new_keys(batch, dtype, **kwargs):
+    """paged_attention(new_kv=...) against the float64 reference."""
+    _check_attention(batch, dtype, new_kv=_new_rows(batch), **kwargs)
+
+
+@pytest.mark.parametrize("num_splits", [1, 4])
+@pytest.mark.parametrize(
+    ("contexts", "queries", "q_heads", "kv_heads", "head_dim", "page_size", "dtype"),
+    [
+        # fresh prompts: every key from the rows; one longer than a key block, several blocks
+        ([0, 0], [37, 5], 4, 2, 16, 4, torch.float32),
+        # prefixes ending mid-page and mid-block, a one-token extend, an empty sentinel between
+        ([5, 13, 0, 37], [20, 1, 33, 7], 4, 2, 16, 4, torch.float32),
+        ([9, 0, 21], [6, 40, 2], 6, 2, 32, 3, torch.float16),  # group 3 (padded), odd pages
+        ([16, 3], [64, 17], 8, 1, 16, 1, torch.float32),  # MQA, prefix a whole key block
+    ],
+)  # fmt: skip
+def test_extend_reads_new_keys_from_their_rows(
+    contexts, queries, q_heads, kv_heads, head_dim, page_size, dtype, num_splits
+):
+    """An extend given ``new_kv`` reads each request's keys past its cached prefix from those
+    rows (the padded rows hold NaN) and its prefix from the pages, split or not."""
+    batch = _batch(contexts, queries, q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim,
+                   page_size=page_size, dtype=dtype, seed=sum(contexts))  # fmt: skip
+    tiles = attention.choose_tiles(batch.q.device, len(batch.q), len(contexts) + 2, q_heads,
+                                   kv_heads, head_dim, None)  # fmt: skip
+    assert tiles.new_keys
+    _check_new_keys(batch, dtype, num_splits=num_splits)
+
+
+@pytest.mark.parametrize(
+    "features", [{"softcap": 3.0}, {"sinks": "random", "num_splits": 4}], ids=["softcap", "sinks"]
+)
+def test_extend_new_keys_with_softcap_and_sinks(features):
+    batch = _batch([0, 30, 12], [17, 4, 9], seed=2)
+    kwargs = dict(features)
+    if kwargs.get("sinks") == "random":
+        kwargs["sinks"] = torch.randn(4, generator=torch.Generator().manual_seed(3)) * 2
+    _check_new_keys(batch, torch.float32, **kwargs)
+
+
+def test_extend_new_keys_come_from_the_rows_but_the_diagonal_blocks():
+    """With NaN rows, a tile's output turns NaN exactly when it sees a whole block of this
+    forward's keys (read from the rows); the first tile of a fresh prompt sees only its
+    diagonal block (read from the cache, where a masked key past the request reads as zero)."""
+    batch = _batch([0], [37], seed=6)
+    tiles = attention.choose_tiles(batch.q.device, len(batch.q), 3, 4, 2, 16, None)
+    assert (tiles.block_q, tiles.block_n) == (8, 16)  # tokens 16 on see key block 0 whole
+    nan_rows = torch.full((len(batch.q), 2, 16), float("nan"))
+    got = attention.paged_attention(batch.q, batch.k_cache, batch.v_cache, *batch.metadata(),
+                                    batch.page_size, 0.25, new_kv=(nan_rows, nan_rows))  # fmt: skip
+    assert not got[:16].isnan().any() and got[16:37].isnan().all()
+
+
+def test_extend_new_keys_fall_back_to_the_cache():
+    """Under a sliding window, and for rows whose layout TMA cannot read (heads not
+    contiguous), the keys come from the cache: rows holding NaN do not reach the output."""
+    batch = _batch([0, 30, 12], [17, 4, 9], seed=4)
+    n, hkv, d = len(batch.q), batch.k_cache.shape[1], batch.k_cache.shape[2]
+    nan_rows = torch.full((n, hkv, d), float("nan"))
+    strided = torch.full((n, d, hkv), float("nan")).transpose(1, 2)  # stride(1) == 1, not d
+    for kwargs in ({"new_kv": (nan_rows, nan_rows), "sliding_window": 6},
+                   {"new_kv": (strided, strided)}):  # fmt: skip
+        _check_attention(batch, torch.float32, **kwargs)
+
+
+def test_extend_new_keys_refuses_rows_unlike_q():
+    batch = _batch([0, 3], [5, 2], seed=5)
+    rows = torch.zeros(len(batch.q) - 1, 2, 16)
+    with pytest.raises(ValueError, match="a row per row of q"):
+        attention.paged_attention(batch.q, batch.k_cache, batch.v_cache, *batch.metadata(),
+                                  batch.page_size, 0.25, new_kv=(rows, rows))  # fmt: skip
 
 
 # -- paged attention: decode and target-verify (per-request grid) -----------------------------

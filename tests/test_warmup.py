@@ -16,14 +16,21 @@ pytest.importorskip("triton")
 from nanograph.kernels import attention  # noqa: E402
 
 
+def _like_an_h200(monkeypatch) -> None:
+    """choose_tiles as on an H200 (132 SMs, TMA), on a machine without CUDA."""
+    monkeypatch.setattr(attention, "_sm_count", lambda index: 132)
+    monkeypatch.setattr(attention, "_has_tma", lambda device: True)
+
+
 @pytest.mark.parametrize(
     "heads", [(32, 8, 128), (16, 8, 128), (64, 8, 64), (9, 3, 64), (4, 4, 256)]
 )
 @pytest.mark.parametrize("on_gpu", [True, False])
 def test_tile_variants_cover_every_batch_shape(heads, on_gpu, monkeypatch):
     """Brute force over request counts, token counts and query lengths (the H200's SM count
-    stands in for a GPU): every configuration ``choose_tiles`` picks is among the variants."""
-    monkeypatch.setattr(attention, "_sm_count", lambda index: 132)
+    and TMA stand in for a GPU): every configuration ``choose_tiles`` picks is among the
+    variants."""
+    _like_an_h200(monkeypatch)
     device = torch.device("cuda", 0) if on_gpu else torch.device("cpu")
     hq, hkv, d = heads
     variants = {
@@ -49,7 +56,7 @@ def test_tile_variants_cover_every_batch_shape(heads, on_gpu, monkeypatch):
 def test_float32_on_a_gpu_compiles_one_variant(heads, monkeypatch):
     """float32 (numerics checks) takes one configuration for every batch shape on a GPU: the
     flat layout, one key-range slice, no prefetch; tile_variants lists exactly it."""
-    monkeypatch.setattr(attention, "_sm_count", lambda index: 132)
+    _like_an_h200(monkeypatch)
     device = torch.device("cuda", 0)
     hq, hkv, d = heads
     variants = attention.tile_variants(device, hq, hkv, d, exact=True)
@@ -83,7 +90,7 @@ def test_launch_plan_gives_long_requests_of_a_mixed_extend_their_own_launch(head
     8192: the short requests take the short tiles, longer ones a second launch in the tiles of
     one long request; each is a variant start-up compiles. Decode, one request, batches of at
     most SHORT_REQUEST_TOKENS tokens and float32 keep one launch over every request."""
-    monkeypatch.setattr(attention, "_sm_count", lambda index: 132)
+    _like_an_h200(monkeypatch)
     gpu = torch.device("cuda", 0)
     hq, hkv, d = heads
     variants = {attention.compiled_variant(t) for _, t in attention.tile_variants(gpu, hq, hkv, d)}
@@ -94,8 +101,8 @@ def test_launch_plan_gives_long_requests_of_a_mixed_extend_their_own_launch(head
     assert short == attention.choose_tiles(gpu, 8192, 16, hq, hkv, d, None)
     assert long == attention.choose_tiles(gpu, 8192, 1, hq, hkv, d, None) != short
     assert long.block_n > short.block_n
-    # 128-row long tiles load page ids a block ahead (measured faster); 256-row ones do not
-    assert long.prefetch_pages == (long.block_q * long.group_pad <= 128)
+    # new keys through TMA in 64-row tiles, without the page-id prefetch (stop 38's sweep)
+    assert long.new_keys and long.block_q * long.group_pad == 64 and not long.prefetch_pages
     assert not short.prefetch_pages
     assert {attention.compiled_variant(short), attention.compiled_variant(long)} <= variants
     for tokens, seqs, max_query_len in [(8192, 1, None), (512, 16, None), (64, 64, 1),
@@ -104,12 +111,17 @@ def test_launch_plan_gives_long_requests_of_a_mixed_extend_their_own_launch(head
         assert [r for _, r in plan] == [everything], (tokens, seqs)
     assert len(attention.launch_plan(gpu, 8192, 16, hq, hkv, d, None, exact=True)) == 1
     assert len(attention.launch_plan(torch.device("cpu"), 8192, 16, hq, hkv, d, None)) == 1
+    # without TMA (before sm_90) keys are gathered from the pages: 128-row long tiles load page
+    # ids a block ahead (measured faster), 256-row ones do not
+    monkeypatch.setattr(attention, "_has_tma", lambda device: False)
+    paged = attention.choose_tiles.__wrapped__(gpu, 8192, 1, hq, hkv, d, None)
+    assert not paged.new_keys and paged.prefetch_pages == (paged.block_q * paged.group_pad <= 128)
 
 
 def test_only_the_one_row_decode_is_a_dependent_launch(monkeypatch):
     """The attention launch waits on rope + KV store (PDL) for one row only: at batch 8 and
     32 the same launch measured 3-9% slower on the H200; never on CPU or in float32."""
-    monkeypatch.setattr(attention, "_sm_count", lambda index: 132)
+    _like_an_h200(monkeypatch)
     gpu, cpu = torch.device("cuda", 0), torch.device("cpu")
     choose = attention.choose_tiles.__wrapped__
     one = choose(gpu, 1, 1, 32, 8, 128, 1)

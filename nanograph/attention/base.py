@@ -88,6 +88,9 @@ class AttentionBackend(ABC):
         out: torch.Tensor,  # [N, num_q_heads, head_dim]: write every row of a request
         sliding_window: int = 0,  # > 0: a query sees only the last `sliding_window` keys
         sinks: torch.Tensor | None = None,  # fp32 [num_q_heads]: a logit with no value
+        # this forward's keys (rotated) and values [N, num_kv_heads, head_dim] as stored in the
+        # cache: a backend may read them from here instead of the cache
+        new_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> None: ...
 
     def rotates_in_attention(self, meta: AttentionMetadata) -> bool:
@@ -109,4 +112,4 @@ class AttentionBackend(ABC):
             q_norm_weight=rope.q_norm, k_norm_weight=rope.k_norm, eps=rope.eps,
             num_tokens=meta.num_tokens, zero_padding=out,
         )  # fmt: skip
-        self.forward(q, k_cache, v_cache, meta, scale, out, sliding_window, sinks)
+        self.forward(q, k_cache, v_cache, meta, scale, out, sliding_window, sinks, (k, v))

@@ -100,16 +100,27 @@ _rope_store_kv_op.register_fake(lambda *args: None)
 @split_op("nanograph::attend", fake=lambda *args: None, mutates_args=("out",))
 def attend(
     q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
     out: torch.Tensor,
     layer: int,
     scale: float,
     sliding_window: int,
     sinks: torch.Tensor | None,
 ) -> None:
-    """out[N, Hq, D] (padded rows zeroed) <- attention of the rotated q over layer's cache."""
+    """out[N, Hq, D] (padded rows zeroed) <- attention of the rotated q over layer's cache,
+    which holds this forward's rotated k and v too (the backend may read those rows)."""
     ctx = _context()
     ctx.backend.forward(
-        q, ctx.k_caches[layer], ctx.v_caches[layer], ctx.meta, scale, out, sliding_window, sinks
+        q,
+        ctx.k_caches[layer],
+        ctx.v_caches[layer],
+        ctx.meta,
+        scale,
+        out,
+        sliding_window,
+        sinks,
+        (k, v),
     )
 
 
@@ -174,7 +185,7 @@ def attention(
         return out
     rope = _rope_store_kv_op if compiling else rope_store_kv
     rope(q, k, v, positions, cos_sin_cache, q_norm, k_norm, layer, eps, out)
-    attend(q, out, layer, scale, sliding_window, sinks)
+    attend(q, k, v, out, layer, scale, sliding_window, sinks)
     return out
 
 

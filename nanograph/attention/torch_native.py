@@ -34,6 +34,7 @@ class TorchNativeAttention(AttentionBackend):
         out: torch.Tensor,
         sliding_window: int = 0,
         sinks: torch.Tensor | None = None,
+        new_kv: tuple[torch.Tensor, torch.Tensor] | None = None,  # unused: reads the cache
     ) -> None:
         page_size = meta.page_size
         start = 0

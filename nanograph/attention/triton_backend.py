@@ -38,6 +38,7 @@ class TritonAttention(AttentionBackend):
         out: torch.Tensor,
         sliding_window: int = 0,
         sinks: torch.Tensor | None = None,
+        new_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> None:
         from nanograph.kernels.attention import paged_attention
 
@@ -55,6 +56,7 @@ class TritonAttention(AttentionBackend):
             sinks=sinks,
             max_query_len=meta.max_query_len,
             out=out,
+            new_kv=new_kv,  # an extend reads its new keys from these rows (TMA, sm_90+)
         )
 
     def rotates_in_attention(self, meta: AttentionMetadata) -> bool:

@@ -119,11 +119,15 @@ def _triton_fn(case: Case, batch: PagedBatch, tiles=None) -> Callable[[], torch.
     out = torch.empty_like(batch.q)
     max_query_len = 1 if case.kind == "decode" else None
     scale = case.heads["head_dim"] ** -0.5
+    # an extend is given this forward's k/v rows, as the engine's attention is (tiles that
+    # take them read the new keys from there, the rest from the cache)
+    live = batch.slot_mapping
+    new_kv = None if case.kind == "decode" else (batch.k_cache[live], batch.v_cache[live])
 
     def run() -> torch.Tensor:
         return paged_attention(
             batch.q, batch.k_cache, batch.v_cache, *batch.metadata(), PAGE_SIZE, scale,
-            max_query_len=max_query_len, tiles=tiles, out=out,
+            max_query_len=max_query_len, tiles=tiles, out=out, new_kv=new_kv,
         )  # fmt: skip
 
     return run

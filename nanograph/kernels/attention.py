@@ -61,6 +61,7 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from nanograph.kernels import pdl
 from nanograph.kernels.launch import LaunchCache
@@ -97,6 +98,10 @@ class AttentionTiles:
     # a programmatic dependent launch (the one-row decode, behind the kernel that wrote q):
     # lengths, page table and an L2 prefetch of the first key blocks before the wait
     pdl_wait: bool = False
+    # an extend's keys past the cached prefix read from this forward's own k/v rows (given as
+    # ``new_kv``) through TMA descriptors instead of gathered from the paged cache: flat
+    # one-slice tiles without a window
+    new_keys: bool = False
 
 
 @dataclass(frozen=True)
@@ -225,6 +230,50 @@ def _attend_key_range(
     return acc, m_i, l_i
 
 
+@triton.jit
+def _attend_new_keys(
+    acc,
+    m_i,
+    l_i,
+    q,
+    lo,
+    hi,
+    k_desc,
+    v_desc,
+    row0,
+    kv_head,
+    qk_scale,
+    softcap,
+    BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    USE_SOFTCAP: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """Online softmax over this forward's keys [lo, hi) of a request (counted from its first
+    new token), blocks every row sees, read from its k/v rows (the request's row 0 is row
+    ``row0``) by TMA: the arithmetic of ``_attend_key_range``'s unmasked blocks. The diagonal
+    blocks are not read here: their keys past the request's (the next request's rows, or
+    padding) may hold anything, and a masked key's value still meets its zero weight in the
+    sum (0 x NaN); the cache's masked loads read them as zeros."""
+    for start in range(lo, hi, BLOCK_N):
+        k = k_desc.load([row0 + start, kv_head * HEAD_DIM])
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+        if USE_SOFTCAP:
+            s = s * qk_scale
+            s = softcap * (2.0 * tl.sigmoid(2.0 * s / softcap) - 1.0) * 1.4426950408889634
+        else:
+            s = s * qk_scale
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(s - m_sub[:, None])
+        alpha = tl.math.exp2(m_i - m_sub)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = v_desc.load([row0 + start, kv_head * HEAD_DIM])
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+    return acc, m_i, l_i
+
+
 # Batch-dependent integers are not specialized: Triton would otherwise compile a new variant
 # whenever the request count or the page-table width changes between 1, a multiple of 16 and
 # anything else, i.e. on a request's path.
@@ -259,6 +308,8 @@ def _paged_attention_kernel(
     q_norm_ptr,
     k_norm_ptr,
     num_tokens_ptr,  # ROPE: int32 [1], the live rows (the rows past it are a graph's padding)
+    k_desc,  # NEW_KEYS: TMA descriptors of this forward's k/v rows as [N, Hkv * D]
+    v_desc,
     num_seqs,
     num_splits,  # slices of the key range, the grid's third dim: a value, not a variant
     min_q_len,  # requests with query_len outside [min_q_len, max_q_len] are another launch's
@@ -309,6 +360,7 @@ def _paged_attention_kernel(
     # ROPE over a q that may have padded rows: compiled out of one-row launches (the branch
     # alone made qwen3-0.6b's batch-1 decode graph ~1% slower)
     ZERO_PADDING: tl.constexpr,
+    NEW_KEYS: tl.constexpr,  # keys past the cached prefix from k_desc/v_desc (AttentionTiles)
 ):
     if PDL:
         # the next kernel (the batch-1 o projection's GEMV) may launch now: it prefetches
@@ -376,6 +428,9 @@ def _paged_attention_kernel(
     kv_hi = last_pos + 1
     full_hi = tl.maximum(((first_pos + 1) // BLOCK_N) * BLOCK_N, full_lo)
     num_blocks = tl.cdiv(kv_hi - kv_lo, BLOCK_N)
+    if NEW_KEYS:  # the cached prefix's blocks, then this forward's from its first new token
+        prefix_blocks = tl.cdiv(context_len, BLOCK_N)
+        num_blocks = prefix_blocks + tl.cdiv(kv_hi - context_len, BLOCK_N)
     blocks_per_split = tl.maximum(tl.cdiv(num_blocks, num_splits), MIN_SPLIT_BLOCKS)
     active_splits = tl.cdiv(num_blocks, blocks_per_split)
     if split >= active_splits:
@@ -406,27 +461,66 @@ def _paged_attention_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    acc, m_i, l_i = _attend_key_range(
-        acc, m_i, l_i, q, q_pos, split_lo, tl.minimum(split_hi, full_lo),
-        k_base, v_base, page_row_ptr, stride_k_slot, stride_v_slot, seq_len,
-        sliding_window, qk_scale, softcap,
-        BLOCK_N, HEAD_DIM, PAGE_SIZE, True, USE_WINDOW, USE_SOFTCAP, DOT_PRECISION,
-        PREFETCH_PAGES,
-    )  # fmt: skip
-    acc, m_i, l_i = _attend_key_range(
-        acc, m_i, l_i, q, q_pos, tl.maximum(split_lo, full_lo), tl.minimum(split_hi, full_hi),
-        k_base, v_base, page_row_ptr, stride_k_slot, stride_v_slot, seq_len,
-        sliding_window, qk_scale, softcap,
-        BLOCK_N, HEAD_DIM, PAGE_SIZE, False, USE_WINDOW, USE_SOFTCAP, DOT_PRECISION,
-        PREFETCH_PAGES,
-    )  # fmt: skip
-    acc, m_i, l_i = _attend_key_range(
-        acc, m_i, l_i, q, q_pos, tl.maximum(split_lo, full_hi), split_hi,
-        k_base, v_base, page_row_ptr, stride_k_slot, stride_v_slot, seq_len,
-        sliding_window, qk_scale, softcap,
-        BLOCK_N, HEAD_DIM, PAGE_SIZE, True, USE_WINDOW, USE_SOFTCAP, DOT_PRECISION,
-        PREFETCH_PAGES,
-    )  # fmt: skip
+    if NEW_KEYS:
+        # No window. This slice's blocks [b0, b1) of the cached prefix (every row sees all
+        # of it; its last block masked at its end), then of this forward's keys, in blocks
+        # counted from the request's first new token: those every row sees from its rows
+        # (TMA), the diagonal ones, masked, from the cache (rope_store_kv stored them).
+        b0 = split * blocks_per_split
+        b1 = tl.minimum(b0 + blocks_per_split, num_blocks)
+        p_lo = b0 * BLOCK_N
+        p_hi = tl.minimum(tl.minimum(b1, prefix_blocks) * BLOCK_N, context_len)
+        p_full = (context_len // BLOCK_N) * BLOCK_N
+        acc, m_i, l_i = _attend_key_range(
+            acc, m_i, l_i, q, q_pos, p_lo, tl.minimum(p_hi, p_full),
+            k_base, v_base, page_row_ptr, stride_k_slot, stride_v_slot, context_len,
+            sliding_window, qk_scale, softcap,
+            BLOCK_N, HEAD_DIM, PAGE_SIZE, False, False, USE_SOFTCAP, DOT_PRECISION,
+            PREFETCH_PAGES,
+        )  # fmt: skip
+        acc, m_i, l_i = _attend_key_range(
+            acc, m_i, l_i, q, q_pos, tl.maximum(p_lo, p_full), p_hi,
+            k_base, v_base, page_row_ptr, stride_k_slot, stride_v_slot, context_len,
+            sliding_window, qk_scale, softcap,
+            BLOCK_N, HEAD_DIM, PAGE_SIZE, True, False, USE_SOFTCAP, DOT_PRECISION,
+            PREFETCH_PAGES,
+        )  # fmt: skip
+        n_lo = (tl.maximum(b0, prefix_blocks) - prefix_blocks) * BLOCK_N
+        n_hi = tl.minimum((b1 - prefix_blocks) * BLOCK_N, kv_hi - context_len)
+        n_full = ((q_block * BLOCK_Q + 1) // BLOCK_N) * BLOCK_N
+        acc, m_i, l_i = _attend_new_keys(
+            acc, m_i, l_i, q, n_lo, tl.minimum(n_hi, n_full), k_desc, v_desc, q_start, kv_head,
+            qk_scale, softcap, BLOCK_N, HEAD_DIM, USE_SOFTCAP, DOT_PRECISION,
+        )  # fmt: skip
+        acc, m_i, l_i = _attend_key_range(
+            acc, m_i, l_i, q, q_pos, context_len + tl.maximum(n_lo, n_full), context_len + n_hi,
+            k_base, v_base, page_row_ptr, stride_k_slot, stride_v_slot, seq_len,
+            sliding_window, qk_scale, softcap,
+            BLOCK_N, HEAD_DIM, PAGE_SIZE, True, False, USE_SOFTCAP, DOT_PRECISION,
+            PREFETCH_PAGES,
+        )  # fmt: skip
+    else:
+        acc, m_i, l_i = _attend_key_range(
+            acc, m_i, l_i, q, q_pos, split_lo, tl.minimum(split_hi, full_lo),
+            k_base, v_base, page_row_ptr, stride_k_slot, stride_v_slot, seq_len,
+            sliding_window, qk_scale, softcap,
+            BLOCK_N, HEAD_DIM, PAGE_SIZE, True, USE_WINDOW, USE_SOFTCAP, DOT_PRECISION,
+            PREFETCH_PAGES,
+        )  # fmt: skip
+        acc, m_i, l_i = _attend_key_range(
+            acc, m_i, l_i, q, q_pos, tl.maximum(split_lo, full_lo), tl.minimum(split_hi, full_hi),
+            k_base, v_base, page_row_ptr, stride_k_slot, stride_v_slot, seq_len,
+            sliding_window, qk_scale, softcap,
+            BLOCK_N, HEAD_DIM, PAGE_SIZE, False, USE_WINDOW, USE_SOFTCAP, DOT_PRECISION,
+            PREFETCH_PAGES,
+        )  # fmt: skip
+        acc, m_i, l_i = _attend_key_range(
+            acc, m_i, l_i, q, q_pos, tl.maximum(split_lo, full_hi), split_hi,
+            k_base, v_base, page_row_ptr, stride_k_slot, stride_v_slot, seq_len,
+            sliding_window, qk_scale, softcap,
+            BLOCK_N, HEAD_DIM, PAGE_SIZE, True, USE_WINDOW, USE_SOFTCAP, DOT_PRECISION,
+            PREFETCH_PAGES,
+        )  # fmt: skip
 
     # One-slice launches (every extend tile) leave the merge out: unrolled over BLOCK_M rows it
     # multiplied their compile time (minutes for the GPU tests' extend shapes) for nothing.
@@ -721,6 +815,12 @@ def choose_tiles(
         not exact and max_query_len is not None
         and _next_pow2(max_query_len) * group_pad <= SMALL_QUERY_ROWS
     )  # fmt: skip
+    # An extend reads the blocks of its new keys that a whole tile sees from this forward's
+    # k/v rows through TMA (sm_90+; the interpreter too, so the CPU tests take it), not by a
+    # gather from the pages: H200, stop 38, 1 x 8192 against main's tiles: qwen3-0.6b heads
+    # 0.610 ms against 0.630-0.637, qwen3-8b heads 1.212-1.221 against 1.237-1.247 in the
+    # same tiles as 0.6b's (then 64-row tiles: below); 1 x 32k -4% to -6%.
+    new_keys = not small and not exact and _has_tma(device)
     # GPU values from the H200 sweep of ``nanograph bench attention --sweep`` (qwen3-8b layout);
     # CPU values are small so the interpreter tests cover several blocks per request.
     if small:
@@ -735,7 +835,13 @@ def choose_tiles(
         short = num_tokens <= SHORT_REQUEST_TOKENS * max(num_seqs, 1)
         block_n = (64 if head_dim <= 128 and not short else 32) if on_gpu else 16
         num_warps, num_stages = 4, (3 if head_dim <= 128 else 2)
-        if on_gpu and not exact and not short and head_dim <= 128:
+        if on_gpu and not exact and not short and head_dim <= 128 and new_keys:
+            # Long prompts reading their keys through TMA: 64-row tiles against 64-key blocks
+            # in 4 warps. H200 sweep at stop 38, 1 x 8192: qwen3-8b heads 1.108 ms against
+            # 1.191 for 128 rows x 128 keys in 8 warps (1.212 with the page-id prefetch);
+            # qwen3-0.6b heads 0.590 against 0.604 (0.611).
+            target_rows, block_n = 64, 64
+        elif on_gpu and not exact and not short and head_dim <= 128:
             # Long prompts: 64 query tokens a tile (at least 128 rows, at most 256) against
             # 128-key blocks in 8 warps. H200 sweep at 7048f80, 1 x 8192: qwen3-8b heads
             # (group 4, 256 rows) 1.229 ms against 1.47 for 128 rows x 64 keys in 4 warps;
@@ -786,8 +892,14 @@ def choose_tiles(
     prefetch = prefetch or prefetch_long
     return AttentionTiles(
         block_q, group_pad, block_n, num_splits, min_split_blocks, small, num_warps, num_stages,
-        prefetch, pdl_wait,
+        prefetch, pdl_wait, new_keys,
     )  # fmt: skip
+
+
+@functools.lru_cache(maxsize=8)
+def _has_tma(device: torch.device) -> bool:
+    """Whether the kernel can read TMA descriptors here: sm_90+, or the interpreter (CPU)."""
+    return device.type != "cuda" or torch.cuda.get_device_capability(device) >= (9, 0)
 
 
 def tile_variants(
@@ -890,6 +1002,7 @@ def paged_attention(
     query_len_range: tuple[int, int] = (0, MAX_QUERY_LEN),
     out: torch.Tensor | None = None,
     rope: RopeStore | None = None,
+    new_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Causal attention of ``q [N, Hq, D]`` over the paged cache; returns ``[N, Hq, D]``.
 
@@ -913,6 +1026,13 @@ def paged_attention(
     the kernel does what ``rope_store_kv`` would have in a decode launch (``max_query_len`` 1,
     per-request one-token tiles, any number of requests); any other launch (a verify or an
     extend, forced tiles of another kind) runs ``rope_store_kv`` first.
+
+    ``new_kv``: this forward's keys (rotated) and values ``[N, Hkv, D]``, a row per row of q,
+    as they were stored in the cache. An extend in tiles that take them
+    (``AttentionTiles.new_keys``, no window) reads a request's keys past its cached prefix
+    from these rows through TMA descriptors instead of gathering them from the pages (in the
+    cache's dtype, laid out as TMA needs: contiguous heads, 16-byte aligned rows; else the
+    cache is read).
     """
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[1]
@@ -951,6 +1071,11 @@ def paged_attention(
         if len(launches) > 1 or not decode:
             _rope_store_kv(q, k_cache, v_cache, rope, out)
             rope = None
+    if new_kv is not None:
+        for x in new_kv:
+            if x.shape != (num_tokens, num_kv_heads, head_dim):
+                raise ValueError(f"new_kv needs [{num_tokens}, {num_kv_heads}, {head_dim}] rows "
+                                 f"(a row per row of q), got {list(x.shape)}")  # fmt: skip
     if num_tokens == 0 or num_seqs == 0:
         return out
     launched = True
@@ -958,7 +1083,7 @@ def paged_attention(
         launched &= _launch(
             q, k_cache, v_cache, page_table, seq_lens, query_lens, query_start_loc, page_size,
             scale, sliding_window, sinks, softcap, max_query_len, launch_tiles, min_q_len,
-            max_q_len, out, rope,
+            max_q_len, out, rope, new_kv,
         )  # fmt: skip
     if not launched:  # compiled only (start-up): what follows reads defined values
         out.zero_()
@@ -975,9 +1100,27 @@ def _rope_store_kv(q, k_cache, v_cache, rope: RopeStore, out: torch.Tensor) -> N
     )  # fmt: skip
 
 
+def _tma_rows(x: torch.Tensor) -> bool:
+    """Whether rows ``[N, Hkv, D]`` can be read as a 2-D TMA tensor ``[N, Hkv * D]``: heads
+    contiguous in a row, the base and the row stride 16-byte aligned."""
+    size = x.element_size()
+    return (
+        x.stride(2) == 1 and x.stride(1) == x.shape[2]
+        and x.data_ptr() % 16 == 0 and x.stride(0) * size % 16 == 0
+    )  # fmt: skip
+
+
+def _rows_descriptor(x: torch.Tensor, block_n: int) -> TensorDescriptor:
+    """A TMA descriptor of rows ``[N, Hkv, D]`` as ``[N, Hkv * D]`` in ``[block_n, D]`` boxes
+    (rows past N read as zeros)."""
+    n, heads, d = x.shape
+    return TensorDescriptor(x, [n, heads * d], [x.stride(0), 1], [block_n, d])
+
+
 def _launch(
     q, k_cache, v_cache, page_table, seq_lens, query_lens, query_start_loc, page_size, scale,
     sliding_window, sinks, softcap, max_query_len, tiles, min_q_len, max_q_len, out, rope,
+    new_kv,
 ) -> bool:  # fmt: skip
     """One launch of the kernel in ``tiles`` over the requests whose query_len lies in
     [min_q_len, max_q_len]; False if it only compiled (start-up)."""
@@ -1014,6 +1157,12 @@ def _launch(
     # a function of the tiles, not of the batch, so that the start-up warm-up compiles every
     # variant a request meets: one-row tiles (pdl_wait: chosen for one row only) have no padding
     zero_padding = rope is not None and rope.num_tokens is not None and not tiles.pdl_wait
+    new_keys = (
+        tiles.new_keys and new_kv is not None and sliding_window == 0
+        and all(x.dtype == k_cache.dtype and _tma_rows(x) for x in new_kv)
+    )  # fmt: skip
+    # without new keys, the descriptors' places take a placeholder pointer
+    k_desc, v_desc = (_rows_descriptor(x, tiles.block_n) for x in new_kv) if new_keys else (q, q)
     launched = _launch_attention(
         (grid0, num_kv_heads, tiles.num_splits),
         (
@@ -1023,6 +1172,7 @@ def _launch(
             r.k, r.v, r.positions, r.cos_sin_cache, r.slot_mapping,
             r.q_norm if r.q_norm is not None else q, r.k_norm if r.k_norm is not None else q,
             r.num_tokens if r.num_tokens is not None else seq_lens,
+            k_desc, v_desc,
         ),
         (
             num_seqs, tiles.num_splits, min_q_len, max_q_len,
@@ -1062,6 +1212,7 @@ def _launch(
             HAS_Q_NORM=rope is not None and rope.q_norm is not None,
             HAS_K_NORM=rope is not None and rope.k_norm is not None,
             ZERO_PADDING=zero_padding,
+            NEW_KEYS=new_keys,
             num_warps=tiles.num_warps,
             num_stages=tiles.num_stages,
             launch_pdl=pdl_wait,

@@ -6,10 +6,11 @@ eager break (the attention launch between two graph segments) that is most of th
 eager forwards pay it several times per layer.
 
 Invariants:
-- A kernel launched through ``LaunchCache`` takes its tensors first, then its scalars, then
-  its constexprs. The cache key holds everything Triton specializes a compiled kernel on, and
-  more: the grid, the device, each tensor's dtype and address modulo 16, every scalar and every
-  constexpr or launch option by value. Calls with equal keys can share one compiled kernel.
+- A kernel launched through ``LaunchCache`` takes its tensors (or TMA descriptors) first,
+  then its scalars, then its constexprs. The cache key holds everything Triton specializes a
+  compiled kernel on, and more: the grid, the device, each tensor's dtype and address modulo
+  16 (a descriptor's block too), every scalar and every constexpr or launch option by value.
+  Calls with equal keys can share one compiled kernel.
 - A key's first launch goes through Triton's normal path, which compiles (or finds) the kernel
   and returns it; later launches call that compiled kernel's launcher with the same arguments
   in signature order, on the current stream (so they are captured like any launch).
@@ -78,6 +79,14 @@ def _compiled(kernel: Any) -> Any:
     return kernel
 
 
+def _alignment_and_dtype(t: Any) -> tuple:
+    """What Triton specializes a tensor argument on (and a TMA descriptor's block, whose base
+    pointer, shape and strides are runtime values like a tensor's address)."""
+    if isinstance(t, torch.Tensor):
+        return t.data_ptr() & 15, t.dtype
+    return t.base.data_ptr() & 15, t.base.dtype, tuple(t.block_shape)
+
+
 class LaunchCache:
     """``cache(grid, tensors, scalars, constexprs)`` launches
     ``kernel[grid](*tensors, *scalars, **constexprs)``."""
@@ -105,8 +114,7 @@ class LaunchCache:
         key = (
             grid,
             tensors[0].get_device(),  # a compiled kernel is loaded per device
-            tuple([t.data_ptr() & 15 for t in tensors]),
-            tuple([t.dtype for t in tensors]),
+            tuple([_alignment_and_dtype(t) for t in tensors]),
             scalars,
             tuple(constexprs.items()),
         )

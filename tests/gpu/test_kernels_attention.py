@@ -87,6 +87,96 @@ def test_extend_other_dtypes(dtype):
     _check(_batch([100, 0], [300, 257], dtype=dtype, seed=2), dtype=dtype)
 
 
+def _new_rows(batch: PagedBatch, row_stride: int | None = None):
+    """This forward's k/v as the engine gives them (``new_kv``): rows of a wider projection
+    output (``row_stride`` elements apart, like q/k/v sliced out of one GEMM's output), the
+    padded rows NaN; the cache keeps its copies (the diagonal key blocks read them)."""
+    live = batch.slot_mapping >= 0
+    n, hkv, d = len(live), batch.k_cache.shape[1], batch.k_cache.shape[2]
+    stride = row_stride or hkv * d
+    wide = torch.full((n, 2 * stride), float("nan"), dtype=batch.k_cache.dtype, device="cuda")
+    k = wide[:, : hkv * d].view(n, hkv, d)
+    v = wide[:, stride : stride + hkv * d].view(n, hkv, d)
+    slots = batch.slot_mapping[live]
+    k[live], v[live] = batch.k_cache[slots], batch.v_cache[slots]
+    want = reference.paged_attention(
+        batch.q.float(), batch.k_cache.float(), batch.v_cache.float(), *batch.metadata(),
+        batch.page_size, batch.q.shape[-1] ** -0.5,
+    )  # fmt: skip
+    return (k, v), want
+
+
+@pytest.mark.parametrize(
+    ("contexts", "queries", "layout", "sentinels", "pad", "dtype"),
+    [
+        ([0], [8192], QWEN3_8B, 0, 0, torch.bfloat16),
+        ([0], [8192], QWEN3_06B, 0, 0, torch.bfloat16),
+        ([6000, 0, 0, 31, 4095, 1], [1024, 700, 3, 1, 517, 2000], QWEN3_8B, 2, 7, torch.bfloat16),
+        ([6000, 0, 0, 31, 4095, 1], [1024, 700, 3, 1, 517, 2000], QWEN3_06B, 2, 7, torch.bfloat16),
+        ([0, 0, 9, 700, 0, 33], [3000, 100, 1, 513, 512, 40], QWEN3_8B, 10, 5, torch.bfloat16),
+        ([100, 0], [300, 257], QWEN3_8B, 0, 0, torch.float16),
+    ],
+    ids=["8b-8k", "06b-8k", "8b-chunked", "06b-chunked", "8b-short-and-long", "fp16"],
+)  # fmt: skip
+def test_extend_reads_new_keys_from_their_rows(contexts, queries, layout, sentinels, pad, dtype):
+    """Extends given ``new_kv`` (rows strided like q/k/v slices of one projection output,
+    the padded ones NaN) read the blocks of each request's new keys that every row of a tile
+    sees from the rows through TMA, the rest from the pages."""
+    batch = _batch(contexts, queries, layout=layout, dtype=dtype, sentinels=sentinels, pad=pad,
+                   seed=len(contexts))  # fmt: skip
+    hq, hkv, d = layout["num_q_heads"], layout["num_kv_heads"], layout["head_dim"]
+    new_kv, want = _new_rows(batch, row_stride=(hq + 2 * hkv) * d)
+    got = paged_attention(batch.q, batch.k_cache, batch.v_cache, *batch.metadata(),
+                          batch.page_size, d**-0.5, new_kv=new_kv)  # fmt: skip
+    torch.cuda.synchronize()
+    real, tol = int(batch.num_tokens[0]), TOLERANCE[dtype]
+    torch.testing.assert_close(got[:real].float(), want[:real], atol=tol, rtol=tol)
+    assert torch.all(got[real:] == 0)
+
+
+def test_new_keys_replay_in_a_cuda_graph_and_take_the_direct_path():
+    """A launch reading new keys through TMA descriptors: the second one skips the JIT on this
+    Triton (its launcher takes the descriptors), and one captured in a CUDA graph replays right
+    once q, the rows and the lengths are rewritten for another split of the same requests
+    (a longer cached prefix, the rows past the live ones NaN padding)."""
+    from nanograph.kernels.attention import _launch_attention
+
+    batch = _batch([0, 500], [3000, 1000], layout=QWEN3_06B, seed=7)
+    full_k, full_v = batch.k_cache, batch.v_cache
+    rows, want = _new_rows(batch)
+
+    def run():
+        return paged_attention(batch.q, batch.k_cache, batch.v_cache, *batch.metadata(),
+                               batch.page_size, 128**-0.5, new_kv=rows)  # fmt: skip
+
+    run()
+    before = _launch_attention.direct_launches
+    out = run()
+    torch.cuda.synchronize()
+    assert _launch_attention.enabled and _launch_attention.direct_launches == before + 1
+    torch.testing.assert_close(out.float(), want, atol=2e-2, rtol=2e-2)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = run()
+    # the same requests with 1000 more tokens of the first one cached: 3000 live rows of 4000
+    positions = [torch.arange(1000, 3000), torch.arange(500, 1500)]
+    slots = torch.cat([batch.page_table[r, (p // 16).cuda()].long() * 16 + (p % 16).cuda()
+                       for r, p in enumerate(positions)])  # fmt: skip
+    batch.query_lens.copy_(torch.tensor([2000, 1000]))
+    batch.query_start_loc.copy_(torch.tensor([0, 2000, 3000]))
+    batch.q.copy_(torch.randn(batch.q.shape, generator=torch.Generator().manual_seed(9)))
+    for row, full in zip(rows, (full_k, full_v), strict=True):
+        row.fill_(float("nan"))
+        row[:3000] = full[slots]
+    want = reference.paged_attention(
+        batch.q.float(), full_k.float(), full_v.float(), *batch.metadata(), 16, 128**-0.5
+    )
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out[:3000].float(), want[:3000], atol=2e-2, rtol=2e-2)
+    assert torch.all(out[3000:] == 0)
+
+
 def test_float32_decode_takes_the_one_exact_variant():
     """float32 launches one configuration for every batch (flat, one slice: numerics checks
     compile one variant); decode of requests up to 5k tokens through it matches the
