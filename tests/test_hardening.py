@@ -130,6 +130,25 @@ def test_bad_prompts_fail_alone_and_leave_nothing_behind(tiny):
     assert_clean(tiny)
 
 
+def test_token_lists_of_python_ints_other_integers_and_neither():
+    """A list of Python ints takes a one-pass check (a per-token one was on a long prompt's
+    latency); other integer types are converted to Python ints; bools and floats are refused,
+    alone or mixed with ints."""
+    import numpy as np
+
+    from nanograph.engine.prompts import is_single_prompt, prompt_token_ids
+
+    assert prompt_token_ids(None, [5, 1, 7]) == [5, 1, 7]
+    assert prompt_token_ids(None, (5, 1)) == [5, 1]
+    converted = prompt_token_ids(None, [np.int64(5), 1])
+    assert converted == [5, 1] and all(type(t) is int for t in converted)
+    for bad in ([1, True], [True], [1, 2.0]):
+        with pytest.raises(ValueError, match="list of integer token ids"):
+            prompt_token_ids(None, bad)
+    assert is_single_prompt([1, 2]) and is_single_prompt([np.int64(1), 2])
+    assert not is_single_prompt([[1], [2]]) and not is_single_prompt([True, 1])
+
+
 @requires_smollm2
 def test_lone_surrogates_and_broken_messages_fail_alone(smol):
     valid = "Name a colour."

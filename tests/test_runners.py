@@ -68,6 +68,21 @@ def batch_of(lengths: list[tuple[int, int]], page_size: int = 4) -> ForwardBatch
     return ForwardBatch.build(new_ids, done, pages, page_size, [True] * len(lengths))
 
 
+def test_slot_mapping_of_short_and_long_requests():
+    """Each new token's KV slot is its page's first slot plus its offset in the page, whether a
+    request is short (a list comprehension) or long (numpy): requests starting mid-page, ending
+    one token short of and one past the numpy threshold, in shuffled pages."""
+    from nanograph.runners.forward_batch import NUMPY_SLOTS_FROM
+
+    gen = torch.Generator().manual_seed(0)
+    lengths = [(5, 1), (3, NUMPY_SLOTS_FROM - 1), (0, NUMPY_SLOTS_FROM), (13, 300), (0, 1000)]
+    pages = [torch.randperm(400, generator=gen)[: -(-(c + n) // 4)].tolist() for c, n in lengths]
+    batch = ForwardBatch.build([[7] * n for _, n in lengths], [c for c, _ in lengths], pages, 4,
+                               [True] * len(lengths))  # fmt: skip
+    want = [pg[p // 4] * 4 + p % 4 for (c, n), pg in zip(lengths, pages) for p in range(c, c + n)]
+    assert batch.slot_mapping == want and all(type(s) is int for s in batch.slot_mapping)
+
+
 def test_padding_and_sentinels():
     static = StaticInputs(max_tokens=32, max_slots=4, max_pages=8, page_size=4, device=CPU)
     batch = batch_of([(0, 5), (3, 2)])

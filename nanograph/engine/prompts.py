@@ -28,10 +28,14 @@ def is_single_prompt(prompts: Any) -> bool:
         return True
     if not isinstance(prompts, list) or not prompts:
         return False
+    if _plain_ints(prompts):
+        return True
     return all(_is_token(t) for t in prompts) or all(isinstance(m, dict) for m in prompts)
 
 
 def prompt_token_ids(tokenizer: Tokenizer | None, prompt: Any) -> list[int]:
+    if isinstance(prompt, list | tuple) and prompt and _plain_ints(prompt):
+        return list(prompt)
     if isinstance(prompt, list | tuple) and prompt and all(_is_token(t) for t in prompt):
         return [operator.index(t) for t in prompt]
     if isinstance(prompt, list | tuple) and not prompt:
@@ -49,6 +53,13 @@ def prompt_token_ids(tokenizer: Tokenizer | None, prompt: Any) -> list[int]:
         "a prompt must be a non-empty string, a list of integer token ids or a list of "
         f"{{'role', 'content'}} messages, got {_describe(prompt)}"
     )
+
+
+def _plain_ints(values: list | tuple) -> bool:
+    """Whether every value is a Python int (not a bool, not another integer type): the usual
+    token list, checked in one C-level pass (a per-token check cost ~0.1 ms per 1k tokens of
+    a prefill's latency)."""
+    return set(map(type, values)) == {int}
 
 
 def _is_token(value: Any) -> bool:

@@ -19,7 +19,22 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+import numpy as np
 import torch
+
+# A request computing at least this many tokens gets its slots from numpy (0.16 against 0.56
+# ms for 8k tokens on a 2-core CPU; a prefill's host work is on its latency); fewer, e.g. a
+# decode's one token, from a list comprehension (numpy's fixed cost is ~13 us)
+NUMPY_SLOTS_FROM = 64
+
+
+def _slots(pages: list[int], pos: range, page_size: int) -> list[int]:
+    """The KV slot of each position in ``pos`` of a request that owns ``pages``."""
+    if len(pos) < NUMPY_SLOTS_FROM:
+        return [pages[p // page_size] * page_size + p % page_size for p in pos]
+    at = np.arange(pos.start, pos.stop)
+    return (np.asarray(pages, dtype=np.int64)[at // page_size] * page_size
+            + at % page_size).tolist()  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -75,7 +90,7 @@ class ForwardBatch:
             input_ids += ids
             pos = range(start, start + len(ids))
             positions += pos
-            slots += [req_pages[p // page_size] * page_size + p % page_size for p in pos]
+            slots += _slots(req_pages, pos, page_size)
             if do_sample:
                 sample_rows.append(len(input_ids) - 1)
             if src is not None:
