@@ -7,9 +7,10 @@ Layouts (fixed; the engine writes these):
   ``query_lens [S]``, ``query_start_loc [S + 1]``: int32 device tensors.
 - Query token i of request r sits at position ``seq_lens[r] - query_lens[r] + i`` and sees keys
   at positions ``<=`` its own (and ``> pos - sliding_window`` when a window is set). Every key,
-  including this forward's, is read from the paged cache: the rope+store kernel wrote them, or,
-  in a decode given ``rope`` (``RopeStore``), the program whose slice holds the request's new
-  key stored it (rotated) just before its key loop.
+  including this forward's, is in the paged cache: the rope+store kernel wrote them, or, in a
+  decode given ``rope`` (``RopeStore``), the program whose slice holds the request's new key
+  stored it (rotated) just before its key loop. An extend given ``new_kv`` (this forward's
+  rows) reads the blocks of new keys that every row of a tile sees from those rows by TMA.
 
 Invariants:
 - Grids depend only on static sizes (N, S, head counts, constexpr tiles and split count); no
@@ -98,9 +99,9 @@ class AttentionTiles:
     # a programmatic dependent launch (the one-row decode, behind the kernel that wrote q):
     # lengths, page table and an L2 prefetch of the first key blocks before the wait
     pdl_wait: bool = False
-    # an extend's keys past the cached prefix read from this forward's own k/v rows (given as
-    # ``new_kv``) through TMA descriptors instead of gathered from the paged cache: flat
-    # one-slice tiles without a window
+    # an extend's keys past the cached prefix, in the blocks a whole tile sees, read from this
+    # forward's own k/v rows (given as ``new_kv``) through TMA descriptors instead of gathered
+    # from the paged cache (flat tiles; a launch with a window reads the pages)
     new_keys: bool = False
 
 
@@ -837,9 +838,10 @@ def choose_tiles(
         num_warps, num_stages = 4, (3 if head_dim <= 128 else 2)
         if on_gpu and not exact and not short and head_dim <= 128 and new_keys:
             # Long prompts reading their keys through TMA: 64-row tiles against 64-key blocks
-            # in 4 warps. H200 sweep at stop 38, 1 x 8192: qwen3-8b heads 1.108 ms against
-            # 1.191 for 128 rows x 128 keys in 8 warps (1.212 with the page-id prefetch);
-            # qwen3-0.6b heads 0.590 against 0.604 (0.611).
+            # in 4 warps. H200 sweeps at stop 38, 1 x 8192: qwen3-8b heads 1.108 ms against
+            # 1.191 for 128 rows x 128 keys in 8 warps (1.212 with the page-id prefetch), and
+            # on another machine 1.173 against 1.198; qwen3-0.6b heads 0.590 against 0.604
+            # (0.611), and 0.6075 against 0.6058 (a tie).
             target_rows, block_n = 64, 64
         elif on_gpu and not exact and not short and head_dim <= 128:
             # Long prompts: 64 query tokens a tile (at least 128 rows, at most 256) against
