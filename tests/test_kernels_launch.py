@@ -75,6 +75,30 @@ def test_everything_triton_specializes_on_is_in_the_key():
     assert [entry[0] for entry in kernel.log] == ["jit"] * len(launches)
 
 
+def test_tma_descriptors_are_keyed_by_their_base_and_block():
+    """A TMA descriptor among the tensors (the attention's new keys): its base address mod 16,
+    dtype and block are in the key, its address, shape and strides are not (runtime values)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    kernel = FakeKernel()
+    cache = LaunchCache(kernel)
+    x, rows = torch.zeros(64), torch.zeros(64, 32, dtype=torch.bfloat16)
+
+    def desc(base, block=(8, 16)):
+        return TensorDescriptor(base, list(base.shape), [base.stride(0), 1], list(block))
+
+    launches = [
+        (desc(rows), "jit"),
+        (desc(rows[8:]), "direct"),  # another address, shape: the same compiled kernel
+        (desc(rows[:, :16]), "direct"),  # another stride
+        (desc(rows, (16, 16)), "jit"),  # block
+        (desc(rows.half()), "jit"),  # dtype
+    ]
+    for descriptor, _ in launches:
+        cache((4,), (x, descriptor), (64,), dict(BLOCK=16))
+    assert [entry[0] for entry in kernel.log] == [want for _, want in launches]
+
+
 def test_unknown_compiled_interface_turns_the_cache_off():
     kernel = FakeKernel(accepts=2)  # a Triton whose launcher wants no constexprs
     cache = LaunchCache(kernel)
