@@ -98,25 +98,6 @@ def test_extend_head_layouts_and_dtypes(q_heads, kv_heads, head_dim, page_size, 
     _check_attention(batch, dtype)
 
 
-@pytest.mark.parametrize(
-    "features",
-    [
-        {"sliding_window": 5},
-        {"sliding_window": 19, "num_splits": 2},
-        {"sinks": "random"},
-        {"softcap": 3.0},
-        {"sliding_window": 7, "sinks": "random", "softcap": 5.0, "num_splits": 4},
-    ],
-    ids=["window", "window-split", "sinks", "softcap", "all-split"],
-)
-def test_extend_model_features(features):
-    batch = _batch([0, 30, 12], [17, 4, 9], seed=2)
-    kwargs = dict(features)
-    if kwargs.get("sinks") == "random":
-        kwargs["sinks"] = torch.randn(4, generator=torch.Generator().manual_seed(3)) * 2
-    _check_attention(batch, torch.float32, **kwargs)
-
-
 def _new_rows(batch):
     """This forward's keys and values as rows ``[N, Hkv, D]``: what rope_store_kv stored in
     the cache (which keeps them: the diagonal key blocks read it), the padded rows NaN."""
@@ -128,9 +109,28 @@ def _new_rows(batch):
     return k, v
 
 
-def _check_new_keys(batch, dtype, **kwargs):
-    """paged_attention(new_kv=...) against the float64 reference."""
-    _check_attention(batch, dtype, new_kv=_new_rows(batch), **kwargs)
+@pytest.mark.parametrize(
+    "features",
+    [
+        {"sliding_window": 5},
+        {"sliding_window": 19, "num_splits": 2},
+        {"sinks": "random"},
+        {"softcap": 3.0},
+        {"sliding_window": 7, "sinks": "random", "softcap": 5.0, "num_splits": 4},
+    ],
+    ids=["window", "window-split", "sinks", "softcap", "all-split"],
+)
+@pytest.mark.parametrize("new_keys", [False, True], ids=["pages", "new-keys"])
+def test_extend_model_features(features, new_keys):
+    """Windows, sinks, softcap and splits, with the keys from the pages, or this forward's from
+    its rows (``new_kv``; a launch with a window reads the pages anyway)."""
+    batch = _batch([0, 30, 12], [17, 4, 9], seed=2)
+    kwargs = dict(features)
+    if kwargs.get("sinks") == "random":
+        kwargs["sinks"] = torch.randn(4, generator=torch.Generator().manual_seed(3)) * 2
+    if new_keys:
+        kwargs["new_kv"] = _new_rows(batch)
+    _check_attention(batch, torch.float32, **kwargs)
 
 
 @pytest.mark.parametrize("num_splits", [1, 4])
@@ -155,18 +155,7 @@ def test_extend_reads_new_keys_from_their_rows(
     tiles = attention.choose_tiles(batch.q.device, len(batch.q), len(contexts) + 2, q_heads,
                                    kv_heads, head_dim, None)  # fmt: skip
     assert tiles.new_keys
-    _check_new_keys(batch, dtype, num_splits=num_splits)
-
-
-@pytest.mark.parametrize(
-    "features", [{"softcap": 3.0}, {"sinks": "random", "num_splits": 4}], ids=["softcap", "sinks"]
-)
-def test_extend_new_keys_with_softcap_and_sinks(features):
-    batch = _batch([0, 30, 12], [17, 4, 9], seed=2)
-    kwargs = dict(features)
-    if kwargs.get("sinks") == "random":
-        kwargs["sinks"] = torch.randn(4, generator=torch.Generator().manual_seed(3)) * 2
-    _check_new_keys(batch, torch.float32, **kwargs)
+    _check_attention(batch, dtype, new_kv=_new_rows(batch), num_splits=num_splits)
 
 
 def test_extend_new_keys_come_from_the_rows_but_the_diagonal_blocks():
