@@ -121,8 +121,8 @@ def _triton_fn(case: Case, batch: PagedBatch, tiles=None) -> Callable[[], torch.
     scale = case.heads["head_dim"] ** -0.5
     # an extend is given this forward's k/v rows, as the engine's attention is (tiles that
     # take them read the new keys from there, the rest from the cache)
-    live = batch.slot_mapping
-    new_kv = None if case.kind == "decode" else (batch.k_cache[live], batch.v_cache[live])
+    slots = batch.slot_mapping  # a bench batch has no padded rows
+    new_kv = None if case.kind == "decode" else (batch.k_cache[slots], batch.v_cache[slots])
 
     def run() -> torch.Tensor:
         return paged_attention(
