@@ -27,7 +27,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from nanograph.kernels import attention, fused, gemv, moe, pdl
+from nanograph.kernels import attention, fused, gemv, moe, pdl, rows
 from nanograph.kernels.testing import make_paged_batch
 
 TARGET = GPUTarget("cuda", 90, 32)
@@ -160,7 +160,8 @@ def main() -> int:
     # Every launch goes through a LaunchCache: give each one a compiling stand-in.
     launches = [attention._launch_attention, fused._launch_norm, fused._launch_silu_and_mul,
                 fused._launch_rope_store_kv, gemv._launch, moe._launch_gemm,
-                moe._launch_pair_gate_up, moe._launch_pair_down, moe._launch_route]  # fmt: skip
+                moe._launch_pair_gate_up, moe._launch_pair_down, moe._launch_route,
+                rows._launch]  # fmt: skip
     for launch in launches:
         launch.kernel = CompileOnly(launch.kernel)
     # CPU tensors here: compile the launches a GPU with PDL makes (pdl_wait tiles included)
@@ -253,6 +254,17 @@ def main() -> int:
                   torch.randn(1024, 3072 if silu_mul else 2048, dtype=torch.bfloat16),
                   silu_mul=silu_mul, residual=torch.zeros(1, 1024, dtype=torch.bfloat16),
                   tiles=tiles)  # fmt: skip
+    # the few-row products (a verify, a small decode batch): both stage counts choose_tiles
+    # takes, plain and with the activation in the epilogue (gate/up: half the rows a program)
+    for dtype in (torch.bfloat16, torch.float16):
+        for stages in (5, 3):
+            x = torch.randn(5, 4096, dtype=dtype)
+            tiles = rows.RowsTiles(num_stages=stages)
+            check(f"gemm_rows {dtype} {tiles}", rows.gemm_rows, x,
+                  torch.randn(6144, 4096, dtype=dtype), tiles=tiles)  # fmt: skip
+            tiles = replace(tiles, block_n=32)
+            check(f"gemm_rows silu_out {dtype} {tiles}", rows.gemm_rows, x,
+                  torch.randn(2000, 4096, dtype=dtype), silu_out=True, tiles=tiles)  # fmt: skip
     for name, tokens, experts, top_k, hidden, inter, activation, dtype in (
         ("qwen3-30b-a3b decode", 1, 128, 8, 2048, 768, "silu", torch.bfloat16),
         ("qwen3-30b-a3b prefill", 256, 128, 8, 2048, 768, "silu", torch.bfloat16),

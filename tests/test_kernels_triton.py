@@ -32,6 +32,7 @@ def _import_interpreted(name: str):
 attention = _import_interpreted("nanograph.kernels.attention")
 fused = _import_interpreted("nanograph.kernels.fused")
 gemv = _import_interpreted("nanograph.kernels.gemv")
+rows = _import_interpreted("nanograph.kernels.rows")
 from nanograph.kernels import reference  # noqa: E402
 from nanograph.kernels.testing import make_paged_batch  # noqa: E402
 
@@ -701,6 +702,47 @@ def test_gemv_matches_a_float64_matmul(dtype, silu_mul):
     torch.testing.assert_close(
         out.double(), expected, rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype] * 8
     )
+
+
+@pytest.mark.parametrize("silu_out", [False, True])
+@pytest.mark.parametrize("m", [2, 5, 8, 16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_gemm_rows_matches_a_float64_matmul(dtype, m, silu_out):
+    """2 to 16 rows (16: every padded MMA row live), odd N and K (masked edges) over several K
+    blocks; with ``silu_out`` the gate and up halves are rounded to the dtype before
+    ``silu_and_mul``, as the plain product followed by the activation kernel writes them.
+    (bf16: the interpreter's bf16 ``tl.dot`` is not exact; the device tests cover it.)"""
+    g = torch.Generator().manual_seed(m)
+    x = torch.randn(m, 70, generator=g).to(dtype)
+    w = (torch.randn(74 if silu_out else 37, 70, generator=g) / 8).to(dtype)
+    out = rows.gemm_rows(x, w, silu_out=silu_out, tiles=rows.RowsTiles(16, 16, 1, 1))
+    expected = (x.double() @ w.double().T).to(dtype)
+    if silu_out:
+        expected = reference.silu_and_mul(expected)
+    assert out.dtype == dtype and out.shape == (m, 37)
+    torch.testing.assert_close(out.double(), expected.double(), rtol=TOLERANCE[dtype],
+                               atol=TOLERANCE[dtype] * 8)  # fmt: skip
+
+
+def test_gemm_rows_writes_into_out_and_refuses_what_it_cannot_take():
+    x, w = torch.randn(3, 32), torch.randn(20, 32)
+    out = torch.full((3, 20), float("nan"))
+    assert rows.gemm_rows(x, w, out=out) is out
+    torch.testing.assert_close(out, x @ w.T, rtol=2e-4, atol=2e-4)
+    with pytest.raises(ValueError, match="2 to 16 rows, got 1"):
+        rows.gemm_rows(torch.randn(1, 32), w)
+    with pytest.raises(ValueError, match="2 to 16 rows, got 17"):
+        rows.gemm_rows(torch.randn(17, 32), w)
+    with pytest.raises(ValueError, match="needs x"):
+        rows.gemm_rows(x, torch.randn(20, 33))
+    with pytest.raises(ValueError, match="even number"):
+        rows.gemm_rows(x, torch.randn(21, 32), silu_out=True)
+    with pytest.raises(ValueError, match="contiguous in K"):
+        rows.gemm_rows(torch.randn(32, 3).T, w)
+    with pytest.raises(ValueError, match="float16"):
+        rows.gemm_rows(x.half(), w)
+    with pytest.raises(ValueError, match="out must be"):
+        rows.gemm_rows(x, w, out=torch.empty(3, 10))
 
 
 def test_gemv_refuses_what_it_cannot_take():

@@ -136,8 +136,9 @@ def test_only_the_one_row_decode_is_a_dependent_launch(monkeypatch):
 def test_warm_up_launches_every_forced_variant_unfused(monkeypatch):
     """A forced one-token launch stands for a decode of many rows, which never takes the fused
     layer (whose attention launch also rotates and stores: another variant); only the plain
-    batch-1 decode warms the fused path. Even with the fused path forced on, each forced
-    variant's forward is unfused, and only in the thread that runs it."""
+    batch-1 decode warms the fused path (the plain 2-token forward, for the few-row products,
+    has no one-row layer to fuse). Even with the fused path forced on, each forced variant's
+    forward is unfused, and only in the thread that runs it."""
     import contextlib
     import threading
     from types import SimpleNamespace
@@ -166,4 +167,17 @@ def test_warm_up_launches_every_forced_variant_unfused(monkeypatch):
             thread.start()
             thread.join()
             assert other == [True]
-    assert fused == [(1, True), (1, False), (65, False)]
+    assert fused == [(1, True), (2, True), (1, False), (65, False)]
+
+
+def test_scratch_batches_sample_every_row_of_a_few_row_forward():
+    """A verify's logits are a few-row product (the LM head over every row): the warm-up's
+    forwards of up to FEW_ROWS tokens sample every row so that variant compiles there; longer
+    ones sample their last row only."""
+    from nanograph.layers import ops
+    from nanograph.runners.warmup import scratch_batch
+
+    assert scratch_batch(2, 4).sample_rows == [0, 1]
+    assert scratch_batch(ops.FEW_ROWS, 4).sample_rows == list(range(ops.FEW_ROWS))
+    assert scratch_batch(ops.FEW_ROWS + 1, 4).sample_rows == [ops.FEW_ROWS]
+    assert scratch_batch(1, 4).sample_rows == [0]

@@ -14,12 +14,14 @@ pairwise MoE of one token (gate/up GEMVs of its k experts, then the down project
 them), cycling through routings that pick different experts so the weights come from HBM;
 ``--sweep`` tries the down projection's tiles there.
 
-``--rows 5,8,16`` times the same products over a few rows instead (a speculative verify: k + 1
-rows a request), cuBLAS only (the Triton GEMV takes one row), under each BLAS library of
-``--blas`` (torch's ``preferred_blas_library``: cuBLAS or cuBLASLt pick their kernels with
-different heuristics): which library, and which padded row count, streams a verify's products
-fastest. qwen3-8b's 5-row o and down products ran at 2.6 and 3.0 TB/s under cuBLAS at d147c49,
-its gate/up at 3.9.
+``--rows 5,8`` times the same products over a few rows instead (a speculative verify: k + 1
+rows a request), the few-row kernel (``kernels.rows``, up to 16 rows) against cuBLAS under each
+BLAS library of ``--blas`` (torch's ``preferred_blas_library``: cuBLAS or cuBLASLt pick their
+kernels with different heuristics). As the engine runs them: ``gate_up`` is the product and the
+MLP's activation (cuBLAS: the activation kernel after it; Triton: in its epilogue), ``down`` the
+plain product of the activation; ``--sweep`` tries other tiles of the few-row kernel.
+qwen3-8b's 5-row o and down products ran at 2.6 and 3.0 TB/s under cuBLAS at d147c49, its
+gate/up at 3.9.
 """
 
 from __future__ import annotations
@@ -126,24 +128,55 @@ def measure(n: int, k: int, silu_mul: bool, sweep: bool, rep_ms: int) -> dict:
     return result
 
 
-def measure_rows(n: int, k: int, silu_mul: bool, rows: int, rep_ms: int) -> dict:
-    """cuBLAS (whichever library torch prefers now) on ``rows`` rows: microseconds and GB/s."""
+def measure_rows(n: int, k: int, silu_out: bool, rows: int, sweep: bool, rep_ms: int) -> dict:
+    """``rows`` rows through cuBLAS (whichever library torch prefers now) and the few-row
+    kernel; with ``silu_out`` the product is the MLP's gate/up and its activation follows."""
     from nanograph.kernels import fused
+    from nanograph.kernels.rows import RowsTiles, choose_tiles, gemm_rows
 
     nbytes, weights = n * k * 2, _weight_copies(n, k)
-    x = torch.randn(rows, 2 * k if silu_mul else k, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
 
-    def product(a, w):
-        return F.linear(fused.silu_and_mul(a) if silu_mul else a, w)
+    def cublas(a, w):
+        return fused.silu_and_mul(F.linear(a, w)) if silu_out else F.linear(a, w)
 
-    us = _timed_us(product, weights, x, rep_ms)
+    def triton_rows(a, w, tiles=None):
+        return gemm_rows(a, w, silu_out=silu_out, tiles=tiles)
+
+    error = (triton_rows(x, weights[0]).float() - cublas(x, weights[0]).float()).abs().max()
+    default = choose_tiles(n, torch.cuda.current_device(), silu_out)
+    result = {
+        "n": n, "k": k, "rows": rows, "silu_out": silu_out,
+        "max_abs_diff_vs_cublas": error.item(), "default_tiles": dataclasses.asdict(default),
+        "cublas_us": _timed_us(cublas, weights, x, rep_ms),
+        "triton_us": _timed_us(triton_rows, weights, x, rep_ms),
+    }  # fmt: skip
+    for name in ("cublas", "triton"):
+        result[f"{name}_gbps"] = nbytes / (result[f"{name}_us"] * 1e-6) / 1e9
+    if sweep:
+        trials = []
+        for block_n in (16, 32, 64):
+            for block_k in (64, 128, 256):
+                for stages in (3, 4, 5):
+                    tiles = RowsTiles(block_n, block_k, 4, stages)
+                    try:
+                        us = _timed_us(lambda a, w, t=tiles: triton_rows(a, w, t), weights, x,
+                                       rep_ms // 4)  # fmt: skip
+                    except Exception as e:  # noqa: BLE001 - out of resources, etc.
+                        trials.append({"tiles": dataclasses.asdict(tiles), "error": str(e)})
+                        continue
+                    trials.append({"tiles": dataclasses.asdict(tiles), "us": us})
+        ok = sorted((t for t in trials if "us" in t), key=lambda t: t["us"])
+        result["sweep"] = ok + [t for t in trials if "us" not in t]
+        result["best_us"] = ok[0]["us"] if ok else None
     del weights
     torch.cuda.empty_cache()
-    return {"n": n, "k": k, "rows": rows, "us": us, "gbps": nbytes / (us * 1e-6) / 1e9}
+    return result
 
 
 def few_rows(args: argparse.Namespace, report: dict) -> None:
-    """``--rows``: each model's products at each row count under each BLAS library."""
+    """``--rows``: each model's products at each row count, cuBLAS under each BLAS library
+    against the few-row kernel."""
     from nanograph.loader import resolve_model
 
     libraries = args.blas.split(",")
@@ -154,21 +187,29 @@ def few_rows(args: argparse.Namespace, report: dict) -> None:
             if config.is_moe:
                 raise SystemExit(f"--rows times dense products; {model} is a MoE model")
             entry = report["models"][model] = {"rows": {}}
+            products = projections(config)
+            products["down"] = products.pop("silu_down")  # the activation is gate/up's here
             for rows in (int(r) for r in args.rows.split(",")):
                 for library in libraries:
                     torch.backends.cuda.preferred_blas_library(library)
-                    products, step = {}, 0.0
-                    for name, (n, k, times) in projections(config).items():
-                        r = products[name] = measure_rows(
-                            n, k, name == "silu_down", rows, args.rep_ms
+                    results, step = {}, {"cublas": 0.0, "triton": 0.0}
+                    for name, (n, k, times) in products.items():
+                        r = results[name] = measure_rows(
+                            n, k, name == "gate_up", rows, args.sweep, args.rep_ms
                         )
-                        step += times * r["us"]
-                        print(f"{model} {rows:3d} rows {library:8s} {name:9s} {n}x{k}: "
-                              f"{r['us']:7.1f} us ({r['gbps']:5.0f} GB/s)")  # fmt: skip
+                        for arm in step:
+                            step[arm] += times * r[f"{arm}_us"]
+                        best = f" | best swept {r['best_us']:7.1f} us" if args.sweep else ""
+                        print(f"{model} {rows:3d} rows {library:8s} {name:8s} {n}x{k}: cuBLAS "
+                              f"{r['cublas_us']:7.1f} us ({r['cublas_gbps']:5.0f} GB/s) | triton "
+                              f"{r['triton_us']:7.1f} us ({r['triton_gbps']:5.0f} GB/s){best} | "
+                              f"diff {r['max_abs_diff_vs_cublas']:.3g}")  # fmt: skip
                     entry["rows"].setdefault(str(rows), {})[library] = {
-                        "products": products, "per_step_us": step,
+                        "products": results, "per_step_us": step,
                     }  # fmt: skip
-                    print(f"{model} {rows} rows {library}: products per step {step / 1000:.3f} ms")
+                    print(f"{model} {rows} rows {library}: products per step cuBLAS "
+                          f"{step['cublas'] / 1000:.3f} ms, triton {step['triton'] / 1000:.3f} "
+                          "ms")  # fmt: skip
                     write(args.out, report)
     finally:
         torch.backends.cuda.preferred_blas_library(before)
@@ -290,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rep-ms", type=int, default=100, help="sampling time per measurement")
     parser.add_argument(
         "--rows", default=None, metavar="N,N",
-        help="time cuBLAS on these row counts instead of the one-row GEMV (e.g. 5,8,16)",
+        help="time these row counts (few-row kernel vs cuBLAS) instead of one row (e.g. 5,8)",
     )  # fmt: skip
     parser.add_argument(
         "--blas", default="cublas,cublaslt",

@@ -8,13 +8,15 @@ Invariants:
   tracing they are plain calls with no dispatcher overhead.
 - ``rope_store_kv`` rotates q/k in place and writes k/v into the paged cache at
   ``slot_mapping`` (slot -1 = padded token, not written). It runs inside the attention op.
-- ``linear`` / ``silu_and_mul_linear``: a one-row product on CUDA (decode at batch 1) runs the
-  Triton GEMV, which streams the weight faster than cuBLAS at that shape (``nanograph bench
-  gemv``) and takes the MLP's activation into the down projection; a float32 product on CPU
-  runs on oneDNN with the weight packed once (``_onednn_weight``); every other product is
-  ``F.linear``. ``use_triton_gemv(False)`` turns the GEMV off (set it before graphs are
-  captured: a graph replays whichever kernel it recorded). Under torch.compile it is off, so
-  tc_piecewise keeps one compiled graph for every size.
+- ``linear`` / ``mlp``: on CUDA a one-row product (decode at batch 1) runs the Triton GEMV
+  and a product of 2 to ``FEW_ROWS`` rows (a speculative verify of k + 1 tokens at batch 1, a
+  small decode batch) the few-row kernel (``kernels.rows``): both stream the weight faster than
+  cuBLAS at those shapes (``nanograph bench gemv``, ``--rows``); the MLP's activation goes into
+  the down GEMV's prologue (one row) or the gate/up product's epilogue (few rows). A float32
+  product on CPU runs on oneDNN with the weight packed once (``_onednn_weight``); every other
+  product is ``F.linear``. ``use_triton_gemv(False)`` turns both Triton products off (set it
+  before graphs are captured: a graph replays whichever kernel it recorded). Under
+  torch.compile they are off, so tc_piecewise keeps one compiled graph for every size.
 - Fused decode (``fused_decode_applies``): a one-row forward of a dense single-GPU layer runs
   ``norm_linear`` (RMSNorm in the GEMV's prologue: q/k/v, and gate/up with SiLU-and-mul in its
   epilogue) and ``linear_add`` (the residual add in the GEMV's epilogue: o and down), so the
@@ -40,7 +42,8 @@ _TRITON_GEMV = True
 
 
 def use_triton_gemv(on: bool) -> None:
-    """Process-wide: one-row products through the Triton GEMV (True, default) or cuBLAS."""
+    """Process-wide: one-row and few-row products through the Triton GEMV and few-row kernel
+    (True, default) or cuBLAS."""
     global _TRITON_GEMV
     _TRITON_GEMV = on
 
@@ -110,13 +113,28 @@ def linear_add(
     return gemv(x, weight, silu_mul=silu_mul, residual=residual)
 
 
-def _gemv_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    return (
-        _TRITON_GEMV and x.is_cuda and x.dim() == 2 and x.shape[0] == 1
+def _triton_rows(x: torch.Tensor, weight: torch.Tensor) -> int:
+    """The rows of ``x`` where the Triton products may take ``x @ weight^T``, else 0."""
+    ok = (
+        _TRITON_GEMV and x.is_cuda and x.dim() == 2
         and x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype
         and x.stride(-1) == 1 and weight.stride(-1) == 1
         and not torch.compiler.is_compiling()
     )  # fmt: skip
+    return x.shape[0] if ok else 0
+
+
+def _gemv_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    return _triton_rows(x, weight) == 1
+
+
+# Products of 2 to this many rows go to the few-row kernel (its MMA pads the rows to 16, so its
+# time hardly depends on them; a verify of k + 1 <= 8 tokens at batch 1, decode batches <= 8)
+FEW_ROWS = 8
+
+
+def _rows_apply(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    return 2 <= _triton_rows(x, weight) <= FEW_ROWS
 
 
 # oneDNN's products on prepacked weights; turned off for the process if the op is missing
@@ -173,13 +191,18 @@ def _memory_available() -> int:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None):
-    """``F.linear``, through the batch-1 GEMV on CUDA (one row, fp16/bf16) and oneDNN on a
-    prepacked weight on CPU (float32: 1.1-3x faster than MKL's sgemm under ``F.linear`` on
-    the development machine, from 1 row to 4,096; the weight's memory twice)."""
+    """``F.linear``, through the batch-1 GEMV (one row) or the few-row kernel (2 to FEW_ROWS)
+    on CUDA in fp16/bf16, and oneDNN on a prepacked weight on CPU (float32: 1.1-3x faster than
+    MKL's sgemm under ``F.linear`` on the development machine, from 1 row to 4,096; the
+    weight's memory twice)."""
     if bias is None and _gemv_applies(x, weight):
         from nanograph.kernels.gemv import gemv
 
         return gemv(x, weight)
+    if bias is None and _rows_apply(x, weight):
+        from nanograph.kernels.rows import gemm_rows
+
+        return gemm_rows(x, weight)
     if not x.is_cuda:  # (CUDA's eager forwards are host-bound: no checks on their path)
         packed = _onednn_weight(x, weight)
         if packed is not None:
@@ -187,13 +210,19 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return F.linear(x, weight, bias)
 
 
-def silu_and_mul_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """``linear(silu_and_mul(x), weight)``: the MLP's activation and down projection."""
-    if _gemv_applies(x, weight):
+def mlp(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    """``linear(silu_and_mul(linear(x, gate_up)), down)``: the MLP, ``gate_up`` packed (gate
+    rows, then up rows). One row: the activation in the down GEMV's prologue; 2 to FEW_ROWS
+    rows: in the gate/up product's epilogue; two products and the activation kernel else."""
+    if _gemv_applies(x, gate_up):
         from nanograph.kernels.gemv import gemv
 
-        return gemv(x, weight, silu_mul=True)
-    return linear(silu_and_mul(x), weight)
+        return gemv(gemv(x, gate_up), down, silu_mul=True)
+    if _rows_apply(x, gate_up):
+        from nanograph.kernels.rows import gemm_rows
+
+        return gemm_rows(gemm_rows(x, gate_up, silu_out=True), down)
+    return linear(silu_and_mul(linear(x, gate_up)), down)
 
 
 def _impl(x: torch.Tensor):

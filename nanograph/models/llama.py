@@ -111,7 +111,7 @@ class MLP(nn.Module):
         self.down_proj = Linear(intermediate_size, hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = ops.silu_and_mul_linear(self.gate_up_proj(x), self.down_proj.weight)
+        out = ops.mlp(x, self.gate_up_proj.weight, self.down_proj.weight)
         return all_reduce(out, self.tp)
 
 

@@ -70,7 +70,7 @@ def compile_kernels(runner: ModelRunner, page_size: int, progress: bool = False)
 
 def warm_up_kernels(runner: ModelRunner, page_size: int, progress: bool = False) -> float:
     """Runs one eager forward (and its logits) per attention launch variant, plus a plain
-    batch-1 decode; returns the seconds it took."""
+    batch-1 decode and 2-token forward; returns the seconds it took."""
     start = time.perf_counter()
     variants = _variants(runner)
     if progress:
@@ -88,14 +88,17 @@ def warm_up_kernels(runner: ModelRunner, page_size: int, progress: bool = False)
 def _variants(runner: ModelRunner) -> list[tuple[int, contextlib.AbstractContextManager]]:
     """(query tokens, a context selecting the launch) per attention variant, each in the
     unfused forward (a one-token forced launch stands for the decode of many rows, which is
-    never fused), and a plain batch-1 decode (the fused layer where it applies)."""
+    never fused), a plain batch-1 decode (the fused layer where it applies) and a plain
+    2-token forward (the few-row products a verify or a small decode batch reaches: one
+    variant per product shape for 2 to FEW_ROWS rows)."""
     config = runner.model.config
     dtype = runner.model.model.embed_tokens.weight.dtype
     variants = runner.attention.launch_variants(
         config.num_attention_heads, config.num_key_value_heads, config.head_dim, runner.device,
         dtype,
     )  # fmt: skip
-    return [(1, contextlib.nullcontext()), *((t, _unfused(c)) for t, c in variants)]
+    plain = contextlib.nullcontext()
+    return [(1, plain), (2, plain), *((t, _unfused(c)) for t, c in variants)]
 
 
 @contextlib.contextmanager
@@ -105,9 +108,12 @@ def _unfused(selected: contextlib.AbstractContextManager) -> Iterator[None]:
 
 
 def scratch_batch(tokens: int, page_size: int) -> ForwardBatch:
-    """One request of ``tokens`` tokens over the scratch page, writing no KV."""
+    """One request of ``tokens`` tokens over the scratch page, writing no KV. A few tokens'
+    logits are all computed (the LM head's few-row product, as a verify's), a longer
+    request's last only."""
+    sample_rows = list(range(tokens)) if tokens <= ops.FEW_ROWS else [tokens - 1]
     return ForwardBatch(
         input_ids=[0] * tokens, positions=list(range(tokens)), seq_lens=[tokens],
         query_lens=[tokens], page_tables=[[0] * ceil_div(tokens, page_size)],
-        slot_mapping=[-1] * tokens, sample_rows=[tokens - 1], page_size=page_size,
+        slot_mapping=[-1] * tokens, sample_rows=sample_rows, page_size=page_size,
     )  # fmt: skip
