@@ -254,12 +254,11 @@ def main() -> int:
                   torch.randn(1024, 3072 if silu_mul else 2048, dtype=torch.bfloat16),
                   silu_mul=silu_mul, residual=torch.zeros(1, 1024, dtype=torch.bfloat16),
                   tiles=tiles)  # fmt: skip
-    # the few-row products (a verify, a small decode batch): both stage counts choose_tiles
-    # takes, plain and with the activation in the epilogue (gate/up: half the rows a program)
+    # the few-row products (a verify, a small decode batch): both tiles choose_tiles takes,
+    # plain and with the activation in the epilogue (gate/up: half the rows a program)
     for dtype in (torch.bfloat16, torch.float16):
-        for stages in (5, 3):
+        for tiles in (rows.RowsTiles(), rows.RowsTiles(64, 128, 4, 3)):
             x = torch.randn(5, 4096, dtype=dtype)
-            tiles = rows.RowsTiles(num_stages=stages)
             check(f"gemm_rows {dtype} {tiles}", rows.gemm_rows, x,
                   torch.randn(6144, 4096, dtype=dtype), tiles=tiles)  # fmt: skip
             tiles = replace(tiles, block_n=32)

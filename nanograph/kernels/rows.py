@@ -3,18 +3,19 @@
 ``layers.ops`` sends products of 2 to ``FEW_ROWS`` rows here).
 
 Why: like a batch-1 decode step, such a product is a stream through the weight. cuBLAS picks
-tiles for qwen3-8b's 5-row products that stream the q/k/v, o and gate/up weights at 3.2, 2.5
-and 4.0 TB/s on the H200. This kernel puts the weight in the MMA's A operand (``swap-AB``, as
+tiles for qwen3-8b's 5-row products that stream the q/k/v, o and down weights at 3.1, 2.5 and
+3.2 TB/s on the H200. This kernel puts the weight in the MMA's A operand (``swap-AB``, as
 small-M GEMM kernels do): a program multiplies a [BLOCK_N, BLOCK_K] weight tile by the
 [BLOCK_K, 16] transposed rows, rows past M masked, so on Hopper a 64-row weight tile is one
-warpgroup MMA fed by asynchronous copies, pipelined ``num_stages`` deep. A prototype sweep
-(``docs/wip/rows_proto.py``, ``benchmarks/results/h200/stop39_*``) measured 5-row products of
-15.1 / 11.3 / 48.5 us against cuBLAS's 15.6 / 13.5 / 50.3 (q/k/v, o, gate/up). Two earlier
-shapes lost and are not here: the rows as the A operand in 16 x 16 tiles (263082c, reverted),
-and the one-row GEMV's elementwise products with the rows in registers (2.5-3x slower). A
-SiLU-and-mul of x on load (the MLP's down projection) lost 3x in every tile (the normalised rows
-pass through registers, which breaks the copy pipeline), so the activation is fused into the
-gate/up product's epilogue instead (``silu_out``).
+warpgroup MMA fed by asynchronous copies, pipelined ``num_stages`` deep. Measured (stop 39,
+``nanograph bench gemv --rows 5,8 --sweep``, ``benchmarks/results/h200/stop39_*``): qwen3-8b's
+5-row q/k/v, o and down products in 15.5 / 11.1 / 28.0 us against cuBLAS's 16.1 / 13.6 / 31.3,
+gate/up with the activation in 50.4 against cuBLAS's product and activation kernel's 52.8, the
+LM head in 280.8 against 301.9. Shapes that lost (``docs/wip/rows_proto.py``): the rows as the A
+operand in 16 x 16 tiles (263082c, reverted), the one-row GEMV's elementwise products with the
+rows in registers (2.5-3x slower), and a SiLU-and-mul of x on load for the down projection (3x
+slower in every tile: the activated rows pass through registers, which breaks the copy
+pipeline), so the activation is fused into the gate/up product's epilogue (``silu_out``).
 
 Invariants:
 - Graph-safe: the grid depends on static shapes only; M is a runtime value (not specialized),
@@ -44,7 +45,7 @@ MAX_ROWS = 16
 @dataclasses.dataclass(frozen=True)
 class RowsTiles:
     block_n: int = 64
-    block_k: int = 128
+    block_k: int = 256
     num_warps: int = 4
     num_stages: int = 5
 
@@ -100,14 +101,15 @@ _launch = LaunchCache(_rows_kernel, compile_ahead=True)
 @functools.lru_cache(maxsize=256)
 def choose_tiles(rows: int, device_index: int, silu_out: bool = False) -> RowsTiles:
     """Static launch configuration for a weight of ``rows`` rows, from the H200 sweep
-    (``docs/wip/rows_proto.py``): 64 weight rows x 128-wide K blocks a program (with
-    ``silu_out`` 32 gate and 32 up rows); five stages deep while the grid leaves most SMs one
-    program (q/k/v, o: 15.1 / 11.8 us against 16.0+ at three stages), three where several
-    programs share an SM (gate/up: 48.5 against 50.3 us at five)."""
+    (``nanograph bench gemv --rows 5,8 --sweep``, stop 39): 64 weight rows a program (with
+    ``silu_out`` 32 gate and 32 up rows). While the grid leaves most SMs one program, 256-wide
+    K blocks five stages deep (qwen3-8b's 5-row o / down 11.1 / 28.0 us against 12.3 / 32.0 in
+    128-wide blocks); where several programs share an SM, 128-wide blocks three deep (gate/up
+    50.4, lm_head 280.8 us; five stages 52.4 / 283.7)."""
     sms = torch.cuda.get_device_properties(device_index).multi_processor_count
     tiles = RowsTiles()
     if triton.cdiv(rows, tiles.block_n) >= 2 * sms:
-        tiles = dataclasses.replace(tiles, num_stages=3)
+        tiles = dataclasses.replace(tiles, block_k=128, num_stages=3)
     if silu_out:  # two weight rows an output: as many rows a program as a plain launch
         tiles = dataclasses.replace(tiles, block_n=tiles.block_n // 2)
     return tiles

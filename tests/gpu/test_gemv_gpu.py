@@ -54,10 +54,12 @@ def test_gemm_rows_matches_float64(shape, m, silu_out):
 
 
 def test_decode_with_the_gemv_matches_cublas():
-    """qwen3-0.6b (random weights), full decode graphs at batch 1 and 2: greedy tokens with
-    the GEMV (batch 1) and the few-row products (batch 2, and the prefill's two sampled rows)
-    equal those with cuBLAS for nearly every position (bf16 sums in another order may flip a
-    near-tie), and the Triton products ran only when on."""
+    """qwen3-0.6b (random weights), full decode graphs at batch 1 and 2: greedy decoding with
+    the GEMV (batch 1) and the few-row products (batch 2 and the prefill's two sampled rows)
+    against cuBLAS. bf16 sums in another order may flip a near-tie, after which the two
+    sequences differ: up to each sequence's first difference the tokens' log-probabilities
+    agree, and the first difference is a near-tie in both runs (the two tokens' log-probabilities
+    within a small margin). The Triton products ran only when on."""
     from nanograph import LLM, SamplingParams
     from nanograph.kernels import gemv as gemv_module
     from nanograph.kernels import rows as rows_module
@@ -65,8 +67,8 @@ def test_decode_with_the_gemv_matches_cublas():
 
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 151936, (n,), generator=g).tolist() for n in (40, 70)]
-    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
-    tokens = {}
+    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, logprobs=2)
+    outputs = {}
     for on in (False, True):
         ops.use_triton_gemv(on)
         try:
@@ -74,13 +76,22 @@ def test_decode_with_the_gemv_matches_cublas():
             before = [launch.direct_launches for launch in launches]
             llm = LLM("qwen3-0.6b", load_format="dummy", cuda_graph_bs=(1, 2), max_num_seqs=2,
                       mem_fraction=0.3, progress=False, cuda_graph_capture="startup")  # fmt: skip
-            tokens[on] = [o.token_ids for o in llm.generate(prompts, params)]
+            # the second prompt alone first (batch 1), then both (batch 2)
+            outputs[on] = llm.generate(prompts[1:], params) + llm.generate(prompts, params)
             ran = [launch.direct_launches - b for launch, b in zip(launches, before)]
             del llm
         finally:
             ops.use_triton_gemv(True)
         assert [r > 0 for r in ran] == [on, on]
-    pairs = [(a, b) for x, y in zip(tokens[False], tokens[True]) for a, b in zip(x, y)]
-    agree = sum(a == b for a, b in pairs) / len(pairs)
-    print(f"\ngreedy agreement, Triton products vs cuBLAS: {agree:.3f}")
-    assert agree > 0.9
+    compared = 0
+    for plain, triton_out in zip(outputs[False], outputs[True]):
+        for a, b in zip(plain.logprobs, triton_out.logprobs):
+            if a.top[0][0] != b.top[0][0]:  # the first difference: a near-tie in both runs
+                for lp in (a, b):
+                    assert lp.top[0][1] - lp.top[1][1] < 0.2, (a, b)
+                assert {a.top[0][0], b.top[0][0]} == {a.top[0][0], a.top[1][0]}
+                break
+            assert abs(a.logprob - b.logprob) < 0.1, (a, b)
+            compared += 1
+    print(f"\n{compared} positions agree before any near-tie flip")
+    assert compared >= 8
