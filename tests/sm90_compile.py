@@ -254,10 +254,14 @@ def main() -> int:
                   torch.randn(1024, 3072 if silu_mul else 2048, dtype=torch.bfloat16),
                   silu_mul=silu_mul, residual=torch.zeros(1, 1024, dtype=torch.bfloat16),
                   tiles=tiles)  # fmt: skip
-    # the few-row products (a verify, a small decode batch): both tiles choose_tiles takes,
-    # plain and with the activation in the epilogue (gate/up: half the rows a program)
+    # the few-row products (a verify, a small decode batch): the tiles choose_tiles takes, one
+    # program a weight tile and split-K, plain and with the activation in the epilogue
+    # (gate/up: half the rows a program)
     for dtype in (torch.bfloat16, torch.float16):
-        for tiles in (rows.RowsTiles(), rows.RowsTiles(64, 128, 4, 3)):
+        for tiles in (
+            rows.RowsTiles(), rows.RowsTiles(64, 128, 4, 3), rows.RowsTiles(64, 128, 4, 4),
+            rows.RowsTiles(64, 128, 4, 4, split_k=4), rows.RowsTiles(split_k=2),
+        ):  # fmt: skip
             x = torch.randn(5, 4096, dtype=dtype)
             check(f"gemm_rows {dtype} {tiles}", rows.gemm_rows, x,
                   torch.randn(6144, 4096, dtype=dtype), tiles=tiles)  # fmt: skip

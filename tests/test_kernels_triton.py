@@ -12,7 +12,6 @@ import dataclasses
 import importlib
 import os
 import sys
-import threading
 
 import pytest
 import torch
@@ -34,6 +33,7 @@ fused = _import_interpreted("nanograph.kernels.fused")
 gemv = _import_interpreted("nanograph.kernels.gemv")
 rows = _import_interpreted("nanograph.kernels.rows")
 from nanograph.kernels import reference  # noqa: E402
+from nanograph.kernels.counters import split_counters  # noqa: E402
 from nanograph.kernels.testing import make_paged_batch  # noqa: E402
 
 TOLERANCE = {torch.float32: 2e-4, torch.float16: 3e-3, torch.bfloat16: 3e-2}
@@ -240,7 +240,7 @@ def test_split_counters_reset_and_min_split_blocks():
     for tiles in (base, base, replace(base, min_split_blocks=100)):
         got = attention.paged_attention(*args, tiles=tiles)
         torch.testing.assert_close(got[:real].double(), want[:real], atol=2e-4, rtol=2e-4)
-        counters = attention._COUNTERS[(batch.q.device, threading.get_ident())][-1]
+        counters = split_counters(batch.q.device, 0)
         assert int(counters.abs().sum()) == 0
 
 
@@ -704,24 +704,31 @@ def test_gemv_matches_a_float64_matmul(dtype, silu_mul):
     )
 
 
+@pytest.mark.parametrize("split_k", [1, 2, 3])
 @pytest.mark.parametrize("silu_out", [False, True])
 @pytest.mark.parametrize("m", [2, 5, 8, 16])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_gemm_rows_matches_a_float64_matmul(dtype, m, silu_out):
+def test_gemm_rows_matches_a_float64_matmul(dtype, m, silu_out, split_k):
     """2 to 16 rows (16: every padded MMA row live), odd N and K (masked edges) over several K
     blocks; with ``silu_out`` the gate and up halves are rounded to the dtype before
     ``silu_and_mul``, as the plain product followed by the activation kernel writes them.
-    (bf16: the interpreter's bf16 ``tl.dot`` is not exact; the device tests cover it.)"""
+    ``split_k``: the 5 K blocks over 2 programs (3 + 2 blocks) or 3 (2 + 2 + 1), the last to
+    finish summing the partials; launched twice, so the second launch finds its counters
+    zeroed again. (bf16: the interpreter's bf16 ``tl.dot`` is not exact; the device tests
+    cover it.)"""
     g = torch.Generator().manual_seed(m)
     x = torch.randn(m, 70, generator=g).to(dtype)
     w = (torch.randn(74 if silu_out else 37, 70, generator=g) / 8).to(dtype)
-    out = rows.gemm_rows(x, w, silu_out=silu_out, tiles=rows.RowsTiles(16, 16, 1, 1))
+    tiles = rows.RowsTiles(16, 16, 1, 1, split_k=split_k)
     expected = (x.double() @ w.double().T).to(dtype)
     if silu_out:
         expected = reference.silu_and_mul(expected)
-    assert out.dtype == dtype and out.shape == (m, 37)
-    torch.testing.assert_close(out.double(), expected.double(), rtol=TOLERANCE[dtype],
-                               atol=TOLERANCE[dtype] * 8)  # fmt: skip
+    for _ in range(2):
+        out = rows.gemm_rows(x, w, silu_out=silu_out, tiles=tiles)
+        assert out.dtype == dtype and out.shape == (m, 37)
+        torch.testing.assert_close(out.double(), expected.double(), rtol=TOLERANCE[dtype],
+                                   atol=TOLERANCE[dtype] * 8)  # fmt: skip
+        assert int(split_counters(x.device, 0).abs().sum()) == 0
 
 
 def test_gemm_rows_writes_into_out_and_refuses_what_it_cannot_take():

@@ -28,12 +28,8 @@ Invariants:
   only as many slices as its key range fills with MIN_SPLIT_BLOCKS key blocks each, so a short
   range takes one slice and writes its output directly. A split tile writes a normalized partial
   output plus its log-sum-exp; the last of its slices to finish (an atomic counter per tile)
-  merges them, then resets the counter to zero for the next launch. The counters live in
-  persistent buffers, one per device and lane: eager launches use their thread's lane, launches
-  captured into a CUDA graph the graph lane. Launches of one lane must not run concurrently:
-  a thread's eager launches are ordered on its stream, and a capture thread never replays or
-  captures while the serving thread replays (runners/live_capture.py), so a background capture
-  on its own thread and stream never shares counters with the serving thread.
+  merges them, then resets the counter to zero for the next launch (kernels/counters.py: the
+  persistent buffers and their lanes).
 - The one-row decode (``AttentionTiles.pdl_wait``, sm_90+) is a programmatic dependent launch
   behind the kernel that wrote q (the q/k/v GEMV when this kernel rotates q itself, given
   ``rope``; else rope + KV store): it reads the lengths and the page table and prefetches its
@@ -55,7 +51,6 @@ import contextvars
 import dataclasses
 import functools
 import math
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -65,6 +60,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from nanograph.kernels import pdl
+from nanograph.kernels.counters import split_counters
 from nanograph.kernels.launch import LaunchCache
 
 # Largest split count. The last split of a tile merges the partials one split at a time, so
@@ -667,15 +663,8 @@ def _prefetch_l2(k_base, v_base, page_row_ptr, lo, hi, stride_k_slot, stride_v_s
     page = tl.load(page_row_ptr + pos // PAGE_SIZE, mask=pos < hi, other=0)
     slot = page.to(tl.int64) * PAGE_SIZE + pos % PAGE_SIZE
     line = tl.arange(0, LINES) * (HEAD_DIM // LINES)
-    _prefetch_lines(k_base + slot[:, None] * stride_k_slot + line[None, :])
-    _prefetch_lines(v_base + slot[:, None] * stride_v_slot + line[None, :])
-
-
-@triton.jit
-def _prefetch_lines(ptrs):
-    tl.inline_asm_elementwise(
-        "prefetch.global.L2 [$1];", "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1
-    )
+    pdl.prefetch_l2(k_base + slot[:, None] * stride_k_slot + line[None, :])
+    pdl.prefetch_l2(v_base + slot[:, None] * stride_v_slot + line[None, :])
 
 
 @triton.jit
@@ -755,7 +744,6 @@ def _merge_rows(out_ptr, part_out_ptr, part_lse_ptr, sinks_ptr, r0, q_start, q_b
 
 # its variants compile ahead in parallel at start-up (launch.py: parallel_compiles)
 _launch_attention = LaunchCache(_paged_attention_kernel, compile_ahead=True)
-_COUNTERS: dict[tuple[torch.device, int | str], list[torch.Tensor]] = {}
 
 
 _PLACEHOLDERS: dict[torch.device, torch.Tensor] = {}
@@ -766,20 +754,6 @@ def _float32_placeholder(device: torch.device) -> torch.Tensor:
     if device not in _PLACEHOLDERS:
         _PLACEHOLDERS[device] = torch.zeros(16, dtype=torch.float32, device=device)
     return _PLACEHOLDERS[device]
-
-
-def _split_counters(device: torch.device, size: int) -> torch.Tensor:
-    """A zeroed int32 buffer of at least ``size`` counters that the kernel leaves zeroed, in
-    this launch's lane (see the module docstring).
-
-    Outgrown buffers are kept, never freed: captured CUDA graphs still point at them.
-    """
-    capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-    lane = "graph" if capturing else threading.get_ident()
-    buffers = _COUNTERS.setdefault((device, lane), [])
-    if not buffers or buffers[-1].numel() < size:
-        buffers.append(torch.zeros(_next_pow2(max(size, 1024)), dtype=torch.int32, device=device))
-    return buffers[-1]
 
 
 @functools.lru_cache(maxsize=8)
@@ -1152,7 +1126,7 @@ def _launch(
     use_softcap = softcap > 0.0
     # Without softcap, fold log2(e) into the scale so the loop uses exp2 directly.
     qk_scale = scale if use_softcap else scale * math.log2(math.e)
-    counters = _split_counters(q.device, grid0 * num_kv_heads)
+    counters = split_counters(q.device, grid0 * num_kv_heads)
     pdl_wait = tiles.pdl_wait and pdl.enabled(q)
     # without rope, its pointers are placeholders of fixed dtypes (one variant for all)
     r = rope or RopeStore(q, q, seq_lens, out, seq_lens)

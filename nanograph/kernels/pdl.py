@@ -20,11 +20,23 @@ from __future__ import annotations
 import functools
 
 import torch
+import triton
+import triton.language as tl
 
 
 @functools.lru_cache(maxsize=16)
 def _supported(device_index: int) -> bool:
     return torch.cuda.get_device_capability(device_index) >= (9, 0)
+
+
+@triton.jit
+def prefetch_l2(ptrs):
+    """An L2 prefetch of the 128-byte line at each address: what a dependent reads before its
+    wait (weights, keys), fetched while the kernel before it finishes. Addresses must be valid
+    (callers clamp or redirect the ones past their tensors)."""
+    tl.inline_asm_elementwise(
+        "prefetch.global.L2 [$1];", "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1
+    )
 
 
 def enabled(t: torch.Tensor) -> bool:

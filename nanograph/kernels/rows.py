@@ -36,6 +36,8 @@ import torch
 import triton
 import triton.language as tl
 
+from nanograph.kernels import pdl
+from nanograph.kernels.counters import split_counters
 from nanograph.kernels.launch import LaunchCache
 
 # Rows a launch takes: the MMA's rows (the kernel's ROWS), padded (rows past M are masked)
@@ -48,6 +50,7 @@ class RowsTiles:
     block_k: int = 256
     num_warps: int = 4
     num_stages: int = 5
+    split_k: int = 1  # programs sharing one weight tile's K range (the last to finish reduces)
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -55,29 +58,47 @@ def _rows_kernel(
     x_ptr,
     w_ptr,
     out_ptr,
+    part_ptr,  # fp32 [split_k, 2 if SILU_OUT else 1, ROWS, N]: split-K partials
+    counters_ptr,  # int32, one per weight tile, zero between launches (kernels/counters.py)
     M,
     N,
     K,
+    K_SPLIT,  # K columns a program multiplies (a multiple of BLOCK_K)
     stride_xm,
     stride_wn,
     stride_om,
     SILU_OUT: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    PDL: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    L2_STEP: tl.constexpr,  # weight elements in a 128-byte line
 ):
     ROWS: tl.constexpr = 16  # MAX_ROWS: the MMA's smallest N; rows at or past M are masked
+    k_start = tl.program_id(1) * K_SPLIT
+    k_len = tl.minimum(K_SPLIT, K - k_start)
     offs_m = tl.arange(0, ROWS)
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     n_mask = (offs_n < N)[:, None]
     m_mask = (offs_m < M)[:, None]
-    w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + offs_k[None, :]
-    up_rows = w_ptr + (offs_n + N).to(tl.int64)[:, None] * stride_wn + offs_k[None, :]  # SILU_OUT
-    x_rows = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :]
+    w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + k_start + offs_k[None, :]
+    up_rows = w_rows + N.to(tl.int64) * stride_wn  # SILU_OUT: the up rows, N rows further
+    x_rows = x_ptr + offs_m[:, None] * stride_xm + k_start + offs_k[None, :]
+    if PDL:
+        # this program's first two weight blocks into the L2 while the kernel before it
+        # finishes (rows past N and columns past K read row N - 1 and column K - 1)
+        lines = tl.arange(0, 2 * BLOCK_K // L2_STEP) * L2_STEP
+        n_in = tl.minimum(offs_n, N - 1).to(tl.int64)[:, None] * stride_wn
+        k_in = k_start + tl.minimum(lines, k_len - 1)[None, :]
+        pdl.prefetch_l2(w_ptr + n_in + k_in)
+        if SILU_OUT:
+            pdl.prefetch_l2(w_ptr + N.to(tl.int64) * stride_wn + n_in + k_in)
+        tl.extra.cuda.gdc_wait()  # x was written by the kernel before
     acc = tl.zeros([BLOCK_N, ROWS], tl.float32)
     acc_up = acc
-    for k0 in range(0, K, BLOCK_K):  # pipelined num_stages deep (a launch option)
-        k_mask = (k0 + offs_k < K)[None, :]
+    for k0 in range(0, k_len, BLOCK_K):  # pipelined num_stages deep (a launch option)
+        k_mask = (k0 + offs_k < k_len)[None, :]
         x = tl.load(x_rows + k0, mask=m_mask & k_mask, other=0.0)
         w = tl.load(w_rows + k0, mask=n_mask & k_mask, other=0.0, eviction_policy="evict_first")
         acc = tl.dot(w, tl.trans(x), acc)
@@ -85,6 +106,31 @@ def _rows_kernel(
             w_up = tl.load(up_rows + k0, mask=n_mask & k_mask, other=0.0,
                            eviction_policy="evict_first")  # fmt: skip
             acc_up = tl.dot(w_up, tl.trans(x), acc_up)
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()  # the next kernel may start its prefetch
+    if SPLIT_K:
+        # write this program's partials, count in; the last of the tile's programs sums them
+        # (the barrier orders every thread's stores before the atomic)
+        splits = tl.num_programs(1)
+        parts = 2 if SILU_OUT else 1
+        part = (part_ptr + offs_m[None, :] * N + offs_n[:, None]
+                + tl.program_id(1).to(tl.int64) * parts * ROWS * N)  # fmt: skip
+        tl.store(part, acc, mask=n_mask)
+        if SILU_OUT:
+            tl.store(part + ROWS * N, acc_up, mask=n_mask)
+        tl.debug_barrier()
+        counter = counters_ptr + tl.program_id(0)
+        if tl.atomic_add(counter, 1, sem="acq_rel") != splits - 1:
+            return  # another program of this tile is still running; the last one sums
+        first = part_ptr + offs_m[None, :] * N + offs_n[:, None]
+        acc = tl.zeros([BLOCK_N, ROWS], tl.float32)
+        acc_up = acc
+        for s in range(0, splits):  # in split order: the sum does not depend on who is last
+            at = first + s * parts * ROWS * N
+            acc += tl.load(at, mask=n_mask, other=0.0, cache_modifier=".cg")
+            if SILU_OUT:
+                acc_up += tl.load(at + ROWS * N, mask=n_mask, other=0.0, cache_modifier=".cg")
+        tl.store(counter, 0)  # every program has counted in: ready for the next launch
     y = acc
     if SILU_OUT:  # gate and up rounded as the plain product writes them, then silu_and_mul
         gate = acc.to(out_ptr.dtype.element_ty).to(tl.float32)
@@ -99,20 +145,32 @@ _launch = LaunchCache(_rows_kernel, compile_ahead=True)
 
 
 @functools.lru_cache(maxsize=256)
-def choose_tiles(rows: int, device_index: int, silu_out: bool = False) -> RowsTiles:
-    """Static launch configuration for a weight of ``rows`` rows, from the H200 sweep
-    (``nanograph bench gemv --rows 5,8 --sweep``, stop 39): 64 weight rows a program (with
-    ``silu_out`` 32 gate and 32 up rows). While the grid leaves most SMs one program, 256-wide
-    K blocks five stages deep (qwen3-8b's 5-row o / down 11.1 / 28.0 us against 12.3 / 32.0 in
-    128-wide blocks); where several programs share an SM, 128-wide blocks three deep (gate/up
-    50.4, lm_head 280.8 us; five stages 52.4 / 283.7)."""
+def choose_tiles(rows: int, k: int, device_index: int, silu_out: bool = False) -> RowsTiles:
+    """Static launch configuration for a weight of ``rows`` x ``k``, from the H200 sweeps
+    (``nanograph bench gemv --rows 2,5 --sweep``, stops 39 and 40; qwen3-8b and qwen3-0.6b):
+    - 64 weight rows a program (with ``silu_out`` 32 gate and 32 up rows); other counts were
+      within a few percent.
+    - Where the weight tiles leave SMs idle (fewer than half as many tiles as SMs), a tile's K
+      range is split over up to SMs / 2 programs (``split_k``): a program walks its range one
+      block after another at ~0.36 us a block whatever its tile, so qwen3-0.6b's 5-row o and
+      down (16 tiles) took 5.8 / 7.3 us in one program a tile and 4.3 / 4.9 in four.
+    - K blocks: 128 wide, 3 stages, where several programs share an SM (qwen3-8b's gate/up
+      50.6 us, lm_head 282); 128 wide, 4 stages, where a program's range is at most 1024
+      (qwen3-0.6b's gate/up 6.4 us against 8.1 in 256-wide blocks); else 256 wide, 5 stages
+      (qwen3-8b's o / down 11.2 / 28.1 us against 12.3 / 32.0 in 128-wide blocks)."""
     sms = torch.cuda.get_device_properties(device_index).multi_processor_count
-    tiles = RowsTiles()
-    if triton.cdiv(rows, tiles.block_n) >= 2 * sms:
-        tiles = dataclasses.replace(tiles, block_k=128, num_stages=3)
-    if silu_out:  # two weight rows an output: as many rows a program as a plain launch
-        tiles = dataclasses.replace(tiles, block_n=tiles.block_n // 2)
-    return tiles
+    weight_tiles = triton.cdiv(rows, 64)
+    split = max(1, (sms // 2) // weight_tiles)
+    if weight_tiles >= 2 * sms:
+        tiles = RowsTiles(block_k=128, num_stages=3)
+    elif k <= 1024 * split:
+        tiles = RowsTiles(block_k=128, num_stages=4)
+    else:
+        tiles = RowsTiles(block_k=256, num_stages=5)
+    blocks = triton.cdiv(k, tiles.block_k)
+    split = triton.cdiv(blocks, triton.cdiv(blocks, min(split, blocks)))  # no empty programs
+    # silu_out: two weight rows an output, so as many weight rows a program as a plain launch
+    return dataclasses.replace(tiles, block_n=32 if silu_out else 64, split_k=split)
 
 
 def gemm_rows(
@@ -147,16 +205,28 @@ def gemm_rows(
         raise ValueError(f"out must be a [{m}, {n}] of {x.dtype}, contiguous in its last dim")
     if tiles is None:
         tiles = (
-            choose_tiles(rows, x.device.index or 0, silu_out) if x.is_cuda
+            choose_tiles(rows, k, x.device.index or 0, silu_out) if x.is_cuda
             else RowsTiles(16, 16, 1, 1)
         )  # fmt: skip
+    blocks = triton.cdiv(k, tiles.block_k)
+    per_split = triton.cdiv(blocks, tiles.split_k)  # K blocks a program multiplies
+    split = triton.cdiv(blocks, per_split)  # programs a weight tile's K range takes
+    grid = (triton.cdiv(n, tiles.block_n), split)
+    if split > 1:
+        parts = torch.empty(split, 2 if silu_out else 1, MAX_ROWS, n, dtype=torch.float32,
+                            device=x.device)  # fmt: skip
+        counters = split_counters(x.device, grid[0])
+    else:  # unused: any pointer (a one-program tile is its own variant, SPLIT_K False)
+        parts = counters = out
+    use_pdl = pdl.enabled(x)
     launched = _launch(
-        (triton.cdiv(n, tiles.block_n),),
-        (x, weight, out),
-        (m, n, k, x.stride(0), weight.stride(0), out.stride(0)),
+        grid,
+        (x, weight, out, parts, counters),
+        (m, n, k, per_split * tiles.block_k, x.stride(0), weight.stride(0), out.stride(0)),
         dict(
-            SILU_OUT=silu_out, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
-            num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+            SILU_OUT=silu_out, SPLIT_K=split > 1, PDL=use_pdl, BLOCK_N=tiles.block_n,
+            BLOCK_K=tiles.block_k, L2_STEP=128 // weight.element_size(),
+            num_warps=tiles.num_warps, num_stages=tiles.num_stages, launch_pdl=use_pdl,
         ),
     )  # fmt: skip
     if not launched:  # only compiled (start-up's parallel compiles): a defined output

@@ -10,8 +10,10 @@ import torch
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 CUDA = torch.device("cuda")
-# (N, K) of qwen3-8b's q/k/v, o, gate/up and down projections, and an odd N
-SHAPES = [(6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288), (1000, 4096)]
+# (N, K) of qwen3-8b's q/k/v, o, gate/up and down projections, an odd N, and qwen3-0.6b's
+# q/k/v, o and down (the few-row products split o's and down's K range over 4 programs a tile)
+SHAPES = [(6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288), (1000, 4096),
+          (4096, 1024), (1024, 2048), (1024, 3072)]  # fmt: skip
 
 
 @pytest.mark.parametrize("silu_mul", [False, True])
@@ -51,6 +53,34 @@ def test_gemm_rows_matches_float64(shape, m, silu_out):
         expected = fused.silu_and_mul(expected.bfloat16()).double()
     assert out.shape == (m, n)
     torch.testing.assert_close(out.double(), expected, rtol=1e-2, atol=2e-2)
+
+
+def test_split_k_products_replay_in_a_graph():
+    """A split-K few-row product (qwen3-0.6b's o: 16 weight tiles x 4 programs) captured once
+    and replayed on new rows: each replay matches float64, and every tile's counter is back
+    to zero after each (the next launch relies on it)."""
+    from nanograph.kernels.counters import _COUNTERS
+    from nanograph.kernels.rows import choose_tiles, gemm_rows
+
+    assert choose_tiles(1024, 2048, torch.cuda.current_device()).split_k > 1
+    g = torch.Generator(device=CUDA).manual_seed(3)
+    w = (torch.randn(1024, 2048, device=CUDA, generator=g) / 2048**0.5).bfloat16()
+    x = torch.zeros(5, 2048, device=CUDA, dtype=torch.bfloat16)
+    out = torch.empty(5, 1024, device=CUDA, dtype=torch.bfloat16)
+    gemm_rows(x, w, out=out)  # eager first: the graph lane's counters, compiles
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        gemm_rows(x, w, out=out)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            gemm_rows(x, w, out=out)
+    torch.cuda.synchronize()
+    for seed in range(3):
+        x.copy_(torch.randn(5, 2048, device=CUDA, generator=g.manual_seed(seed)))
+        graph.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out.double(), x.double() @ w.double().T, rtol=1e-2, atol=2e-2)
+        assert all(int(buf.abs().sum()) == 0 for bufs in _COUNTERS.values() for buf in bufs)
 
 
 def test_decode_with_the_gemv_matches_cublas():

@@ -372,7 +372,7 @@ def test_replays_in_a_cuda_graph_with_new_lengths(max_query_len):
         real = int(static.query_start_loc[-1])
         torch.testing.assert_close(out[:real].float(), want[:real], atol=2e-2, rtol=2e-2)
     # the split counters are back to zero after every replay (the next launch relies on it)
-    from nanograph.kernels.attention import _COUNTERS
+    from nanograph.kernels.counters import _COUNTERS
 
     assert all(int(buf.abs().sum()) == 0 for bufs in _COUNTERS.values() for buf in bufs)
 
