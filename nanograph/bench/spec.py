@@ -14,10 +14,13 @@ forwards on scratch pages (no KV written): a plain decode step t_decode(B) of th
 verify forward of k+1 tokens per request t_verify(B) (aim at batch 1, k=4: <= 1.15 x t_decode;
 ``verify_over_decode``, and ``verify_over_decode_back_to_back``, the same ratio of forwards
 issued back to back: the device's times without host latency); the draft loop as the engine
-runs it, a draft-extend forward of 2 tokens per request and k-1
-draft steps chained on the device, t_loop(B), beside k plain decode steps of the drafter (aim:
-no more). Predicted tokens/s = B x L / (t_verify + t_loop) (n-gram: t_loop = 0, its host step is
-not modelled), beside the measured one (aim: within 10%); where a fraction of the steps had
+runs it, a draft-extend forward of 2 tokens per request and k-1 draft steps chained on the
+device, t_loop(B), beside k plain decode steps of the drafter (aim: no more;
+``draft_loop_over_k_drafter_steps``, and ``..._back_to_back``, the same ratio of device
+times: a synchronised step pays one host round trip, a synchronised loop one for k steps, so
+the first ratio is the lower). Predicted tokens/s = B x L / (t_verify + t_loop) (n-gram:
+t_loop = 0, its host step is not modelled), beside the measured one (aim: within 10%); where
+a fraction of the steps had
 no draft for any request (n-gram finding no match), those steps cost t_decode instead of
 t_verify (``verify_step_fraction``). Capture seconds of every runner, target and drafter.
 
@@ -93,18 +96,24 @@ def back_to_back_ms(runner, batch: ForwardBatch, path: str, repeats: int) -> flo
     """Ms per forward (and argmax) issued ``repeats`` times with one sync at the end: the host
     runs ahead, so on a GPU this is the device's time for one, without the host latency a
     synchronised forward pays (a median of three such runs)."""
+    return _back_to_back(lambda: runner.forward(batch, path=path).argmax(-1), repeats)
+
+
+def _back_to_back(fn, repeats: int) -> float:
+    """Ms per call of ``fn`` issued ``repeats`` times with one sync at the end (median of 3)."""
 
     def run() -> None:
         for _ in range(repeats):
-            runner.forward(batch, path=path).argmax(-1)
+            fn()
 
     return 1e3 * median(timed(run, 3)) / repeats
 
 
-def draft_loop_ms(engine, batch: int, k: int, context: int, repeats: int) -> float:
-    """Median ms of the draft loop as the drafter runs a greedy batch: a 2-token draft-extend
-    forward, then the k-1 steps (one replay of the loop graph where the draft runner holds
-    one, else one-step forwards taking the previous step's tokens on the device)."""
+def draft_loop_ms(engine, batch: int, k: int, context: int, repeats: int) -> tuple[float, float]:
+    """Ms of the draft loop as the drafter runs a greedy batch: a 2-token draft-extend forward,
+    then the k-1 steps (one replay of the loop graph where the draft runner holds one, else
+    one-step forwards taking the previous step's tokens on the device); the median of
+    synchronised loops, and loops issued back to back (the device's time)."""
     runner, page = engine.draft_runner, engine.config.page_size
     loop = runner.graph_runners.get("draft")
     extend = scratch_batch(batch, 2, context, page, all_rows=False)
@@ -119,7 +128,7 @@ def draft_loop_ms(engine, batch: int, k: int, context: int, repeats: int) -> flo
         for _ in range(k - 1):
             tokens = runner.forward(step, tokens, path="draft").argmax(-1)
 
-    return 1e3 * median(timed(run, repeats))
+    return 1e3 * median(timed(run, repeats)), _back_to_back(run, repeats)
 
 
 def catch_up_ms(engine, batch: int, prompt_len: int, repeats: int) -> float:
@@ -146,9 +155,10 @@ def catch_up_ms(engine, batch: int, prompt_len: int, repeats: int) -> float:
     return 1e3 * median(timed(run, repeats))
 
 
-def drafter_decode_ms(engine, batch: int, context: int, repeats: int) -> float:
-    """Median ms of one plain decode step of the draft model, on a decode graph captured here
-    with the draft runner's backend (the draft runner's own graphs may hold whole loops)."""
+def drafter_decode_ms(engine, batch: int, context: int, repeats: int) -> tuple[float, float]:
+    """Ms of one plain decode step of the draft model, on a decode graph captured here with the
+    draft runner's backend (the draft runner's own graphs may hold whole loops): the median of
+    synchronised steps, and of steps issued back to back (the device's time)."""
     kv, page = engine.draft_kv, engine.config.page_size
     loop = engine.draft_runner.graph_runners.get("draft")
     graphs = []
@@ -160,7 +170,9 @@ def drafter_decode_ms(engine, batch: int, context: int, repeats: int) -> float:
         decode.capture(progress=False)
         graphs.append(decode)
     runner = ModelRunner(engine.draft_model, engine.attention, kv.k, kv.v, engine.device, graphs)
-    ms = forward_ms(runner, scratch_batch(batch, 1, context, page, False), "decode", repeats)
+    step = scratch_batch(batch, 1, context, page, False)
+    ms = forward_ms(runner, step, "decode", repeats), back_to_back_ms(runner, step, "decode",
+                                                                       repeats)  # fmt: skip
     for graph_runner in graphs:
         graph_runner.release()
     return ms
@@ -247,13 +259,17 @@ def measure_arm(args: argparse.Namespace, arm: str, batches: list[int]) -> dict:
             # a step where no request got a draft runs a plain decode forward
             step_ms = verifying * costs["verify"] + (1 - verifying) * costs["decode"]
         if engine.draft_runner is not None:
-            costs["drafter_decode"] = drafter_decode_ms(engine, batch, args.prompt_len,
-                                                        args.repeats * 4)  # fmt: skip
-            costs["draft_loop"] = draft_loop_ms(engine, batch, k, args.prompt_len,
-                                                args.repeats * 4)  # fmt: skip
+            costs["drafter_decode"], drafter_gpu = drafter_decode_ms(
+                engine, batch, args.prompt_len, args.repeats * 4
+            )
+            costs["draft_loop"], loop_gpu = draft_loop_ms(engine, batch, k, args.prompt_len,
+                                                          args.repeats * 4)  # fmt: skip
             costs["draft_loop_over_k_drafter_steps"] = costs["draft_loop"] / (
                 k * costs["drafter_decode"]
             )
+            # the same ratio of device times: the synchronised one counts a host round trip
+            # per drafter step against one per loop, which favours the loop
+            costs["draft_loop_over_k_drafter_steps_back_to_back"] = loop_gpu / (k * drafter_gpu)
             step_ms += costs["draft_loop"]
             costs["catch_up"] = catch_up_ms(engine, batch, args.prompt_len, args.repeats)
         result["costs_ms"][batch] = costs

@@ -124,17 +124,9 @@ def _triton_rows(x: torch.Tensor, weight: torch.Tensor) -> int:
     return x.shape[0] if ok else 0
 
 
-def _gemv_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    return _triton_rows(x, weight) == 1
-
-
 # Products of 2 to this many rows go to the few-row kernel (its MMA pads the rows to 16, so its
 # time hardly depends on them; a verify of k + 1 <= 8 tokens at batch 1, decode batches <= 8)
 FEW_ROWS = 8
-
-
-def _rows_apply(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    return 2 <= _triton_rows(x, weight) <= FEW_ROWS
 
 
 # oneDNN's products on prepacked weights; turned off for the process if the op is missing
@@ -195,11 +187,12 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     on CUDA in fp16/bf16, and oneDNN on a prepacked weight on CPU (float32: 1.1-3x faster than
     MKL's sgemm under ``F.linear`` on the development machine, from 1 row to 4,096; the
     weight's memory twice)."""
-    if bias is None and _gemv_applies(x, weight):
+    rows = _triton_rows(x, weight) if bias is None else 0
+    if rows == 1:
         from nanograph.kernels.gemv import gemv
 
         return gemv(x, weight)
-    if bias is None and _rows_apply(x, weight):
+    if 2 <= rows <= FEW_ROWS:
         from nanograph.kernels.rows import gemm_rows
 
         return gemm_rows(x, weight)
@@ -214,11 +207,12 @@ def mlp(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Ten
     """``linear(silu_and_mul(linear(x, gate_up)), down)``: the MLP, ``gate_up`` packed (gate
     rows, then up rows). One row: the activation in the down GEMV's prologue; 2 to FEW_ROWS
     rows: in the gate/up product's epilogue; two products and the activation kernel else."""
-    if _gemv_applies(x, gate_up):
+    rows = _triton_rows(x, gate_up)
+    if rows == 1:
         from nanograph.kernels.gemv import gemv
 
         return gemv(gemv(x, gate_up), down, silu_mul=True)
-    if _rows_apply(x, gate_up):
+    if 2 <= rows <= FEW_ROWS:
         from nanograph.kernels.rows import gemm_rows
 
         return gemm_rows(gemm_rows(x, gate_up, silu_out=True), down)
