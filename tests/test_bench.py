@@ -198,6 +198,8 @@ def test_bench_spec_runs_on_cpu_and_records_its_cost_model(tiny_model_dir, tmp_p
         costs = report["arms"][arm]["costs_ms"]["2"]
         assert costs["draft_loop_over_k_drafter_steps"] > 0
         assert costs["draft_loop_over_k_drafter_steps_back_to_back"] > 0
+        assert costs["draft_loop_one_token"] > 0
+        assert 0 <= report["arms"][arm]["all_accepted_fraction"]["2"] <= 1
         assert "draft_capture_s" in report["arms"][arm]  # empty on CPU: nothing captured
     # the self-draft arm drafts with the target's own (same-seed) weights: nearly all accepted
     assert report["arms"]["self:2"]["acceptance_rate"]["1"] >= 0.9

@@ -25,8 +25,10 @@ from nanograph.runners.shapes import (
     decode_shapes,
     prefill_shapes,
     prefill_token_buckets,
+    verify_shapes,
 )
 from nanograph.runners.static_inputs import StaticInputs
+from nanograph.runners.verify_runner import DraftExtendRunner
 
 CPU = torch.device("cpu")
 
@@ -172,6 +174,35 @@ def test_largest_chunk_replays_a_graph(llm):
     batch = batch_of([(0, 64)])
     assert runner.dispatch(batch) == ShapeKey(64, 2)
     assert runner.dispatch(batch_of([(0, 65)])) is None
+
+
+def test_draft_extend_takes_one_token_shapes_for_one_token_catch_ups(llm):
+    """A draft-extend runner holds k+1-token shapes and one-token (decode) shapes: a catch-up of
+    one token a request takes the smallest one-token shape, one with a longer request the
+    smallest k+1-token shape that holds it (even where a one-token shape has room for its
+    tokens), one longer than k+1 none; each replay gives the eager forward's hidden states."""
+    e = llm.engine
+    shapes = verify_shapes([1, 4], 5) + decode_shapes([1, 4])
+    runner = DraftExtendRunner(
+        e.model, e.attention, e.kv_cache.k, e.kv_cache.v, get_backend("eager"), shapes,
+        e.kv_cache.pages_needed(e.max_model_len), e.kv_cache.page_size, CPU, query_len=5,
+    )  # fmt: skip
+    runner.capture(progress=False)
+    assert [runner.max_query_len(s) for s in sorted(shapes)] == [1, 1, 5, 5]  # 1x1 4x4 5x1 20x4
+    cases = {
+        ((3, 1),): ShapeKey(1, 1),
+        ((3, 1), (2, 1), (5, 1)): ShapeKey(4, 4),
+        ((3, 2),): ShapeKey(5, 1),  # 4x4 has room for 2 tokens, but for one-token requests
+        ((3, 2), (2, 1)): ShapeKey(20, 4),
+        ((0, 6),): None,
+    }
+    for lengths, want in cases.items():
+        batch = batch_of(list(lengths))
+        assert runner.dispatch(batch) == want, lengths
+        if want is not None:
+            expected = e.runner.eager_forward(batch)
+            got = runner.forward(batch)
+            torch.testing.assert_close(got, expected[: batch.num_tokens], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("flag", ["decode_cuda_graph", "prefill_cuda_graph"])

@@ -63,8 +63,10 @@ def test_smollm2_greedy_output_equals_speculation_off(algorithm):
     assert [o.token_ids for o in llm.generate(prompts, params)] == reference
     stats = llm.engine.speculative.stats
     assert stats.accepted_tokens > 0 and stats.mean_accepted_length > 1
+    assert 0 <= stats.all_accepted <= stats.requests
     if algorithm == "draft_model":  # self-draft: the drafter proposes the target's tokens
         assert stats.accepted_tokens >= 0.9 * stats.draft_tokens
+        assert stats.all_accepted >= 0.5 * stats.requests
     assert_pages_back(llm)
 
 

@@ -18,7 +18,10 @@ runs it, a draft-extend forward of 2 tokens per request and k-1 draft steps chai
 device, t_loop(B), beside k plain decode steps of the drafter (aim: no more;
 ``draft_loop_over_k_drafter_steps``, and ``..._back_to_back``, the same ratio of device
 times: a synchronised step pays one host round trip, a synchronised loop one for k steps, so
-the first ratio is the lower). Predicted tokens/s = B x L / (t_verify + t_loop) (n-gram:
+the first ratio is the lower). That loop catches up on 2 tokens, as after a verify that kept
+all k drafts; after one that kept fewer the catch-up is one token (``draft_loop_one_token``),
+and the model weighs the two by the fraction of verified requests that kept all their drafts
+(``all_accepted_fraction``). Predicted tokens/s = B x L / (t_verify + t_loop) (n-gram:
 t_loop = 0, its host step is not modelled), beside the measured one (aim: within 10%); where
 a fraction of the steps had
 no draft for any request (n-gram finding no match), those steps cost t_decode instead of
@@ -109,16 +112,19 @@ def _back_to_back(fn, repeats: int) -> float:
     return 1e3 * median(timed(run, 3)) / repeats
 
 
-def draft_loop_ms(engine, batch: int, k: int, context: int, repeats: int) -> tuple[float, float]:
-    """Ms of the draft loop as the drafter runs a greedy batch: a 2-token draft-extend forward,
-    then the k-1 steps (one replay of the loop graph where the draft runner holds one, else
-    one-step forwards taking the previous step's tokens on the device); the median of
-    synchronised loops, and loops issued back to back (the device's time)."""
+def draft_loop_ms(
+    engine, batch: int, k: int, context: int, repeats: int, catch_up: int = 2
+) -> tuple[float, float]:
+    """Ms of the draft loop as the drafter runs a greedy batch: a draft-extend forward of
+    ``catch_up`` tokens a request (2 after a verify that kept all k drafts, else 1), then the
+    k-1 steps (one replay of the loop graph where the draft runner holds one, else one-step
+    forwards taking the previous step's tokens on the device); the median of synchronised
+    loops, and loops issued back to back (the device's time)."""
     runner, page = engine.draft_runner, engine.config.page_size
     loop = runner.graph_runners.get("draft")
-    extend = scratch_batch(batch, 2, context, page, all_rows=False)
-    step = ForwardBatch.build([[0]] * batch, [context + 2] * batch, extend.page_tables, page,
-                              [True] * batch, list(range(batch)))  # fmt: skip
+    extend = scratch_batch(batch, catch_up, context, page, all_rows=False)
+    step = ForwardBatch.build([[0]] * batch, [context + catch_up] * batch, extend.page_tables,
+                              page, [True] * batch, list(range(batch)))  # fmt: skip
     step = dataclasses.replace(step, slot_mapping=[-1] * batch)  # no KV write, as the others
 
     def run() -> None:
@@ -211,7 +217,7 @@ def measure_arm(args: argparse.Namespace, arm: str, batches: list[int]) -> dict:
         "load_s": engine.load_seconds, "capture_s": capture_seconds(engine.runner),
         "samples_tok_s": {}, "median_tok_s": {}, "mean_accepted_length": {},
         "acceptance_rate": {}, "verify_step_fraction": {}, "costs_ms": {}, "predicted_tok_s": {},
-        "predicted_with_catch_up_tok_s": {},
+        "predicted_with_catch_up_tok_s": {}, "all_accepted_fraction": {},
     }  # fmt: skip
     if engine.draft_runner is not None:
         result["draft_capture_s"] = capture_seconds(engine.draft_runner)
@@ -225,7 +231,7 @@ def measure_arm(args: argparse.Namespace, arm: str, batches: list[int]) -> dict:
         llm.generate(prompts, SamplingParams(max_tokens=16, temperature=0, ignore_eos=True))
         stats = engine.speculative.stats if engine.speculative is not None else None
         counters = ("requests", "emitted_tokens", "draft_tokens", "accepted_tokens", "steps",
-                    "verify_forwards")  # fmt: skip
+                    "verify_forwards", "all_accepted")  # fmt: skip
         before = [getattr(stats, c) for c in counters] if stats else []
         samples = []
         for _ in range(args.repeats):
@@ -235,15 +241,17 @@ def measure_arm(args: argparse.Namespace, arm: str, batches: list[int]) -> dict:
             samples.append(sum(len(o.token_ids) - 1 for o in outs) / (span - first))
         result["samples_tok_s"][batch] = samples
         result["median_tok_s"][batch] = median(samples)
-        accepted, verifying = 1.0, 0.0
+        accepted, verifying, all_kept = 1.0, 0.0, 0.0
         if stats is not None:
-            requests, emitted, drafted, kept, steps, verifies = (
+            requests, emitted, drafted, kept, steps, verifies, whole = (
                 getattr(stats, c) - b for c, b in zip(counters, before)
             )
             accepted = emitted / max(1, requests)
             result["acceptance_rate"][batch] = kept / max(1, drafted)
             verifying = verifies / max(1, steps)
             result["verify_step_fraction"][batch] = verifying
+            all_kept = whole / max(1, requests)
+            result["all_accepted_fraction"][batch] = all_kept
         result["mean_accepted_length"][batch] = accepted
         decode = scratch_batch(batch, 1, args.prompt_len, page, False)
         costs = {"decode": forward_ms(engine.runner, decode, "decode", args.repeats * 4)}
@@ -270,7 +278,13 @@ def measure_arm(args: argparse.Namespace, arm: str, batches: list[int]) -> dict:
             # the same ratio of device times: the synchronised one counts a host round trip
             # per drafter step against one per loop, which favours the loop
             costs["draft_loop_over_k_drafter_steps_back_to_back"] = loop_gpu / (k * drafter_gpu)
-            step_ms += costs["draft_loop"]
+            # after a verify that kept fewer than k drafts the catch-up is one token a request
+            costs["draft_loop_one_token"], _ = draft_loop_ms(
+                engine, batch, k, args.prompt_len, args.repeats * 4, catch_up=1
+            )
+            step_ms += (
+                all_kept * costs["draft_loop"] + (1 - all_kept) * costs["draft_loop_one_token"]
+            )
             costs["catch_up"] = catch_up_ms(engine, batch, args.prompt_len, args.repeats)
         result["costs_ms"][batch] = costs
         result["predicted_tok_s"][batch] = 1e3 * batch * accepted / step_ms

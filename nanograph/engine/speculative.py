@@ -54,6 +54,9 @@ class SpeculativeStats:
     draft_tokens: int = 0  # drafts proposed
     accepted_tokens: int = 0  # drafts accepted
     emitted_tokens: int = 0  # tokens produced (accepted drafts + one target token each)
+    # request-verifications with drafts that kept all of them (a draft model's next catch-up is
+    # then two tokens, else one)
+    all_accepted: int = 0
 
     @property
     def mean_accepted_length(self) -> float:
@@ -65,7 +68,7 @@ class SpeculativeStats:
             "steps": self.steps, "verify_forwards": self.verify_forwards,
             "requests": self.requests, "draft_tokens": self.draft_tokens,
             "accepted_tokens": self.accepted_tokens, "emitted_tokens": self.emitted_tokens,
-            "mean_accepted_length": self.mean_accepted_length,
+            "all_accepted": self.all_accepted, "mean_accepted_length": self.mean_accepted_length,
         }  # fmt: skip
 
 
@@ -158,6 +161,7 @@ class SpeculativeDecoder:
         self.stats.draft_tokens += sum(map(len, drafts))
         self.stats.accepted_tokens += sum(len(t) - 1 for t in accepted)
         self.stats.emitted_tokens += sum(map(len, accepted))
+        self.stats.all_accepted += sum(1 for t, d in zip(accepted, drafts) if d and len(t) > len(d))
         return accepted
 
     def _rejection(

@@ -148,8 +148,11 @@ class Startup:
         batch_sizes = list(cfg.cuda_graph_bs or decode_batch_sizes(max_bs))
         if path in ("decode", "draft"):
             return decode_shapes(batch_sizes)
-        if path in ("verify", "draft_extend"):
+        if path == "verify":
             return verify_shapes(batch_sizes, cfg.speculative_num_draft_tokens + 1)
+        if path == "draft_extend":  # and one-token catch-ups (DraftExtendRunner says why)
+            return (verify_shapes(batch_sizes, cfg.speculative_num_draft_tokens + 1)
+                    + decode_shapes(batch_sizes))  # fmt: skip
         tokens = cfg.prefill_graph_tokens or prefill_token_buckets(cfg.chunked_prefill_size)
         # a forward never holds more tokens than its request slots can bring at full context
         reachable = cfg.prefill_graph_slots * self.max_model_len

@@ -205,9 +205,14 @@ class GraphRunner(ABC):
             self._captured, batch.num_tokens, batch.num_requests,
             limit_padding=self.limit_padding,
         )  # fmt: skip
-        # the attention grid was captured for at most max_query_len new tokens per request
-        if shape is not None and max(batch.query_lens) > self.max_query_len(shape):
-            return None
+        # the attention grid was captured for at most max_query_len new tokens per request:
+        # past it, the smallest shape whose bound holds (draft-extend's one-token shapes sit
+        # among its k+1-token ones), else none
+        longest = max(batch.query_lens)
+        if shape is not None and longest > self.max_query_len(shape):
+            holding = [s for s in self._captured if self.max_query_len(s) >= longest]
+            shape = choose_shape(holding, batch.num_tokens, batch.num_requests,
+                                 limit_padding=self.limit_padding)  # fmt: skip
         return shape
 
     @torch.inference_mode()
