@@ -205,6 +205,33 @@ def test_draft_extend_takes_one_token_shapes_for_one_token_catch_ups(llm):
             torch.testing.assert_close(got, expected[: batch.num_tokens], rtol=1e-5, atol=1e-5)
 
 
+@pytest.fixture(scope="module")
+def draft_extend(llm):
+    e = llm.engine
+    runner = DraftExtendRunner(
+        e.model, e.attention, e.kv_cache.k, e.kv_cache.v, get_backend("eager"),
+        verify_shapes([1, 2, 4], 3) + decode_shapes([1, 2, 4]),
+        e.kv_cache.pages_needed(e.max_model_len), e.kv_cache.page_size, CPU, query_len=3,
+    )  # fmt: skip
+    runner.capture(progress=False)
+    return runner
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(1, 4), min_size=1, max_size=5))
+def test_dispatch_takes_the_smallest_shape_that_holds_the_batch(draft_extend, new_tokens):
+    # whatever the mix of one-token and longer requests: the first shape in (tokens, slots)
+    # order with room for the tokens and the requests whose query bound holds the longest
+    # request, or none (eager)
+    batch = batch_of([(2, n) for n in new_tokens])
+    holds = [
+        s for s in sorted(draft_extend.graphs)
+        if s.num_tokens >= batch.num_tokens and s.num_slots >= batch.num_requests
+        and draft_extend.max_query_len(s) >= max(new_tokens)
+    ]  # fmt: skip
+    assert draft_extend.dispatch(batch) == (holds[0] if holds else None)
+
+
 @pytest.mark.parametrize("flag", ["decode_cuda_graph", "prefill_cuda_graph"])
 def test_graph_flags_need_cuda(flag):
     if torch.cuda.is_available():
