@@ -167,9 +167,8 @@ def choose_tiles(rows: int, k: int, device_index: int, silu_out: bool = False) -
         tiles = RowsTiles(block_k=128, num_stages=4)
     else:
         tiles = RowsTiles(block_k=256, num_stages=5)
-    blocks = triton.cdiv(k, tiles.block_k)
-    split = triton.cdiv(blocks, triton.cdiv(blocks, min(split, blocks)))  # no empty programs
-    # silu_out: two weight rows an output, so as many weight rows a program as a plain launch
+    # silu_out: two weight rows an output, so as many weight rows a program as a plain launch;
+    # gemm_rows spreads the K blocks over at most split_k programs, none empty
     return dataclasses.replace(tiles, block_n=32 if silu_out else 64, split_k=split)
 
 
