@@ -759,3 +759,21 @@ def test_gemv_refuses_what_it_cannot_take():
         gemv.gemv(torch.randn(1, 8), torch.randn(4, 9))
     with pytest.raises(ValueError, match="needs 2K"):
         gemv.gemv(torch.randn(1, 8), torch.randn(4, 8), silu_mul=True)
+
+
+def test_an_eager_launch_sizes_the_graph_lane_outside_any_capture():
+    # a graph-lane buffer first made inside a capture would be zero-filled only when that
+    # graph replays; eager launches (start-up's warm-up) make it first, zeroed at once
+    from nanograph.kernels import counters
+
+    device = torch.device("cpu")
+    saved = dict(counters._COUNTERS)
+    counters._COUNTERS.clear()
+    try:
+        mine = counters.split_counters(device, 3000)
+        graph = counters._COUNTERS[(device, "graph")][-1]
+        assert mine is not graph and mine.numel() == graph.numel() == 4096
+        assert int(graph.abs().sum()) == 0
+    finally:
+        counters._COUNTERS.clear()
+        counters._COUNTERS.update(saved)

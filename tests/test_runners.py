@@ -176,24 +176,28 @@ def test_largest_chunk_replays_a_graph(llm):
     assert runner.dispatch(batch_of([(0, 65)])) is None
 
 
-def test_draft_extend_takes_one_token_shapes_for_one_token_catch_ups(llm):
-    """A draft-extend runner holds k+1-token shapes and one-token (decode) shapes: a catch-up of
-    one token a request takes the smallest one-token shape, one with a longer request the
-    smallest k+1-token shape that holds it (even where a one-token shape has room for its
-    tokens), one longer than k+1 none; each replay gives the eager forward's hidden states."""
+def test_draft_extend_takes_one_and_two_token_shapes_for_short_catch_ups(llm):
+    """A draft-extend runner holds k+1-token shapes and one- and two-token shapes: a catch-up
+    of one token a request takes the smallest one-token shape, one of up to two the smallest
+    two-token shape, one with a longer request the smallest k+1-token shape that holds it
+    (even where a shorter shape has room for its tokens), one longer than k+1 none; each
+    replay gives the eager forward's hidden states."""
     e = llm.engine
-    shapes = verify_shapes([1, 4], 5) + decode_shapes([1, 4])
+    shapes = verify_shapes([1, 4], 5) + verify_shapes([1, 4], 2) + decode_shapes([1, 4])
     runner = DraftExtendRunner(
         e.model, e.attention, e.kv_cache.k, e.kv_cache.v, get_backend("eager"), shapes,
         e.kv_cache.pages_needed(e.max_model_len), e.kv_cache.page_size, CPU, query_len=5,
     )  # fmt: skip
     runner.capture(progress=False)
-    assert [runner.max_query_len(s) for s in sorted(shapes)] == [1, 1, 5, 5]  # 1x1 4x4 5x1 20x4
+    # 1x1 2x1 4x4 5x1 8x4 20x4
+    assert [runner.max_query_len(s) for s in sorted(shapes)] == [1, 2, 1, 5, 2, 5]
     cases = {
         ((3, 1),): ShapeKey(1, 1),
         ((3, 1), (2, 1), (5, 1)): ShapeKey(4, 4),
-        ((3, 2),): ShapeKey(5, 1),  # 4x4 has room for 2 tokens, but for one-token requests
-        ((3, 2), (2, 1)): ShapeKey(20, 4),
+        ((3, 2),): ShapeKey(2, 1),
+        ((3, 2), (2, 1)): ShapeKey(8, 4),  # 4x4 has room for 3 tokens, but for one-token requests
+        ((3, 3),): ShapeKey(5, 1),
+        ((3, 3), (2, 1)): ShapeKey(20, 4),
         ((0, 6),): None,
     }
     for lengths, want in cases.items():
@@ -210,7 +214,7 @@ def draft_extend(llm):
     e = llm.engine
     runner = DraftExtendRunner(
         e.model, e.attention, e.kv_cache.k, e.kv_cache.v, get_backend("eager"),
-        verify_shapes([1, 2, 4], 3) + decode_shapes([1, 2, 4]),
+        verify_shapes([1, 2, 4], 3) + verify_shapes([1, 2, 4], 2) + decode_shapes([1, 2, 4]),
         e.kv_cache.pages_needed(e.max_model_len), e.kv_cache.page_size, CPU, query_len=3,
     )  # fmt: skip
     runner.capture(progress=False)

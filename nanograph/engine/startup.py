@@ -150,9 +150,9 @@ class Startup:
             return decode_shapes(batch_sizes)
         if path == "verify":
             return verify_shapes(batch_sizes, cfg.speculative_num_draft_tokens + 1)
-        if path == "draft_extend":  # and one-token catch-ups (DraftExtendRunner says why)
-            return (verify_shapes(batch_sizes, cfg.speculative_num_draft_tokens + 1)
-                    + decode_shapes(batch_sizes))  # fmt: skip
+        if path == "draft_extend":  # and one- and two-token catch-ups (DraftExtendRunner)
+            lens = {1, 2, cfg.speculative_num_draft_tokens + 1}
+            return [s for n in sorted(lens) for s in verify_shapes(batch_sizes, n)]
         tokens = cfg.prefill_graph_tokens or prefill_token_buckets(cfg.chunked_prefill_size)
         # a forward never holds more tokens than its request slots can bring at full context
         reachable = cfg.prefill_graph_slots * self.max_model_len

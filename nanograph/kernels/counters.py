@@ -32,7 +32,15 @@ def split_counters(device: torch.device, size: int) -> torch.Tensor:
     """A zeroed int32 buffer of at least ``size`` counters in this launch's lane, which the
     kernel must leave zeroed."""
     capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-    lane = "graph" if capturing else threading.get_ident()
+    if not capturing:
+        # the graph lane grows here too, outside any capture: a buffer first made inside a
+        # capture is zero-filled only when that graph replays, and another graph sharing it
+        # may replay first (start-up's warm-up runs every launch eagerly before capturing)
+        _lane_buffer(device, "graph", size)
+    return _lane_buffer(device, "graph" if capturing else threading.get_ident(), size)
+
+
+def _lane_buffer(device: torch.device, lane: int | str, size: int) -> torch.Tensor:
     buffers = _COUNTERS.setdefault((device, lane), [])
     if not buffers or buffers[-1].numel() < size:
         size = triton.next_power_of_2(max(size, _MIN_SIZE))

@@ -8,10 +8,10 @@ Invariants:
 - A shape ``bs * (k+1) x bs`` holds up to ``bs`` requests of up to k+1 tokens each; requests
   with fewer drafts, and batches smaller than the shape, leave padded token rows (slot -1, no
   KV write, parked after the real tokens) and zero-length sentinel slots, exactly as prefill's.
-- The attention grid is captured for ``max_query_len = k + 1`` (1 for draft-extend's one-token
-  shapes): dispatch takes the smallest shape whose bound holds the batch's longest request, and
-  sends a batch with a longer request (a draft model's first catch-up over a prompt) to the
-  eager path.
+- The attention grid is captured for ``max_query_len = k + 1`` (1 and 2 for draft-extend's
+  one- and two-token shapes): dispatch takes the smallest shape whose bound holds the batch's
+  longest request, and sends a batch with a longer request (a draft model's first catch-up
+  over a prompt) to the eager path.
 - No padding limit: the ladder is the decode one, so a shape is at most (k+1) x the tokens of
   the next smaller batch size, and these forwards are small.
 """
@@ -39,17 +39,18 @@ class VerifyRunner(GraphRunner):
 
 
 class DraftExtendRunner(VerifyRunner):
-    """Besides the verify shapes, one-token shapes ``bs x bs`` (``ShapeKey.num_tokens ==
-    num_slots``): after a verify that kept fewer than its k drafts, a request's catch-up is its
-    one new token (the drafts it kept already have the drafter's KV), so the forward is a
-    decode step and takes the one-row path (the fused decode layer at batch 1, the decode
-    attention) instead of k+1 padded rows: qwen3-0.6b's batch-1 catch-up forward 0.73 against
-    1.00 ms of device time on the H200 (stop 40)."""
+    """Besides the verify shapes, shapes of one and two tokens a request (``bs x bs``,
+    ``2bs x bs``; a shape's bound is ``num_tokens // num_slots``): a verify that kept fewer
+    than its k drafts leaves a request one new token to catch up on (the drafts it kept already
+    have the drafter's KV), one that kept all k leaves two (the last draft and the target's
+    token). Those forwards then take the one-row decode path (one token at batch 1) or two rows
+    a request instead of k+1 padded rows: qwen3-0.6b's batch-1 one-token catch-up forward took
+    0.73 against 1.00 ms of device time on the H200 (stop 40)."""
 
     path = "draft_extend"
 
     def max_query_len(self, shape: ShapeKey) -> int:
-        return 1 if shape.num_tokens == shape.num_slots else self.query_len
+        return shape.num_tokens // shape.num_slots
 
 
 __all__ = ["DraftExtendRunner", "VerifyRunner"]
