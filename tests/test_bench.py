@@ -261,3 +261,27 @@ def test_compile_log_windows_every_figure_and_echoes_compiles():
     assert after["stage_s"] == pytest.approx({"ttir": 0.25, "cubin": 0.25})
     assert [k["kernel"] for k in after["top"]] == ["late"]
     assert echo.getvalue().count("compiled ") == 2  # compiles echo, cache hits do not
+
+
+def test_a_tile_sweep_lists_the_fastest_first_and_failures_last(monkeypatch):
+    """``bench gemv --sweep``: every candidate is timed once; failures (out of resources) are
+    kept after the timed ones, and the best time is the first's."""
+    from nanograph.bench import gemv as bench_gemv
+    from nanograph.kernels.gemv import GemvTiles
+
+    times = {8: 3.0, 16: 1.5, 32: 2.0}
+
+    def fake_timed_us(product, weights, x, rep_ms):
+        return product(x, weights[0])
+
+    def product(a, w, tiles):
+        if tiles.block_n == 4:
+            raise RuntimeError("out of resources")
+        return times[tiles.block_n]
+
+    monkeypatch.setattr(bench_gemv, "_timed_us", fake_timed_us)
+    candidates = [GemvTiles(n) for n in (8, 4, 16, 32)]
+    trials, best = bench_gemv._sweep(product, candidates, [None], None, 100)
+    assert [t["tiles"]["block_n"] for t in trials] == [16, 32, 8, 4]
+    assert best == 1.5 and trials[-1]["error"] == "out of resources"
+    assert bench_gemv._sweep(product, [GemvTiles(4)], [None], None, 100)[1] is None

@@ -107,23 +107,13 @@ def measure(n: int, k: int, silu_mul: bool, sweep: bool, rep_ms: int) -> dict:
     for name in ("cublas", "triton"):
         result[f"{name}_gbps"] = nbytes / (result[f"{name}_us"] * 1e-6) / 1e9
     if sweep:
-        trials = []
-        for block_n in (4, 8, 16, 32):
-            for block_k in (256, 512, 1024):
-                for warps in (4, 8):
-                    for stages in (2, 3, 4):
-                        tiles = GemvTiles(block_n, block_k, warps, stages)
-                        try:
-                            us = _timed_us(
-                                lambda a, w, t=tiles: triton_gemv(a, w, t), weights, x, rep_ms // 4
-                            )
-                        except Exception as e:  # noqa: BLE001 - out of resources, etc.
-                            trials.append({"tiles": dataclasses.asdict(tiles), "error": str(e)})
-                            continue
-                        trials.append({"tiles": dataclasses.asdict(tiles), "us": us})
-        ok = [t for t in trials if "us" in t]
-        result["sweep"] = sorted(ok, key=lambda t: t["us"]) + [t for t in trials if "us" not in t]
-        result["best_us"] = min((t["us"] for t in ok), default=None)
+        candidates = [
+            GemvTiles(block_n, block_k, warps, stages)
+            for block_n, block_k, warps, stages in itertools.product(
+                (4, 8, 16, 32), (256, 512, 1024), (4, 8), (2, 3, 4)
+            )
+        ]
+        result["sweep"], result["best_us"] = _sweep(triton_gemv, candidates, weights, x, rep_ms)
     del weights
     torch.cuda.empty_cache()
     return result
@@ -155,26 +145,34 @@ def measure_rows(n: int, k: int, silu_out: bool, rows: int, sweep: bool, rep_ms:
     for name in ("cublas", "triton"):
         result[f"{name}_gbps"] = nbytes / (result[f"{name}_us"] * 1e-6) / 1e9
     if sweep:
-        trials = []
         # the default's rows a program: other counts were within 3% (stops 39, 40); the
         # stages and K blocks, and the programs a weight tile's K range is split over
-        for (block_k, stages), split_k in itertools.product(
-            ((256, 5), (256, 4), (128, 4), (128, 3)), (1, 2, 4, 8, 16)
-        ):
-            tiles = RowsTiles(default.block_n, block_k, 4, stages, split_k)
-            try:
-                us = _timed_us(lambda a, w, t=tiles: triton_rows(a, w, t), weights, x,
-                               rep_ms // 4)  # fmt: skip
-            except Exception as e:  # noqa: BLE001 - out of resources, etc.
-                trials.append({"tiles": dataclasses.asdict(tiles), "error": str(e)})
-                continue
-            trials.append({"tiles": dataclasses.asdict(tiles), "us": us})
-        ok = sorted((t for t in trials if "us" in t), key=lambda t: t["us"])
-        result["sweep"] = ok + [t for t in trials if "us" not in t]
-        result["best_us"] = ok[0]["us"] if ok else None
+        candidates = [
+            RowsTiles(default.block_n, block_k, 4, stages, split_k)
+            for (block_k, stages), split_k in itertools.product(
+                ((256, 5), (256, 4), (128, 4), (128, 3)), (1, 2, 4, 8, 16)
+            )
+        ]
+        result["sweep"], result["best_us"] = _sweep(triton_rows, candidates, weights, x, rep_ms)
     del weights
     torch.cuda.empty_cache()
     return result
+
+
+def _sweep(product, candidates: list, weights: list[torch.Tensor], x: torch.Tensor,
+           rep_ms: int) -> tuple[list[dict], float | None]:  # fmt: skip
+    """``product(a, w, tiles)`` timed in each candidate tile shape (a quarter of ``rep_ms``
+    each): the trials fastest first, then those that failed to launch, and the best time."""
+    trials = []
+    for tiles in candidates:
+        try:
+            us = _timed_us(lambda a, w, t=tiles: product(a, w, t), weights, x, rep_ms // 4)
+        except Exception as e:  # noqa: BLE001 - out of resources, etc.
+            trials.append({"tiles": dataclasses.asdict(tiles), "error": str(e)})
+            continue
+        trials.append({"tiles": dataclasses.asdict(tiles), "us": us})
+    ok = sorted((t for t in trials if "us" in t), key=lambda t: t["us"])
+    return ok + [t for t in trials if "us" not in t], (ok[0]["us"] if ok else None)
 
 
 def few_rows(args: argparse.Namespace, report: dict) -> None:
