@@ -8,6 +8,7 @@ the same loop, the host's time in the steps that may block (``StaticInputs.copy_
 wait, the graph launch, the sampled rows' copy) and how far ahead of the GPU the host is when
 each forward starts (an event recorded at the start of each forward, queried by the next)."""
 
+import sys
 import time
 
 import torch
@@ -17,8 +18,9 @@ from nanograph.bench.common import STARTUP_CAPTURE
 from nanograph.bench.spec import scratch_batch
 from nanograph.runners import static_inputs
 
+MODEL = sys.argv[1] if len(sys.argv) > 1 else "qwen3-8b"
 llm = LLM(
-    "qwen3-8b", load_format="dummy", prefill_cuda_graph="none", cuda_graph_bs=(1, 4),
+    MODEL, load_format="dummy", prefill_cuda_graph="none", cuda_graph_bs=(1, 4),
     max_num_seqs=4, max_model_len=700, disable_prefix_caching=True, progress=False,
     **STARTUP_CAPTURE,
 )  # fmt: skip
@@ -60,7 +62,7 @@ for bs in (1, 4):
     host = time.perf_counter() - start
     torch.cuda.synchronize()
     total = time.perf_counter() - start
-    print(f"decode batch {bs}: host {host / N * 1e3:.3f} ms a forward, all {total / N * 1e3:.3f};"
-          f" forwards in flight at each start {behind}")  # fmt: skip
+    print(f"{MODEL} decode batch {bs}: host {host / N * 1e3:.3f} ms a forward,"
+          f" all {total / N * 1e3:.3f}; forwards in flight at each start {behind}")  # fmt: skip
     for label, seconds in spent.items():
         print(f"  {label}: {seconds / N * 1e6:.1f} us a forward")

@@ -13,7 +13,9 @@ step's tokens before it schedules the next); ``BACKEND:cublas`` runs the one-row
 batch 1 through cuBLAS instead of the Triton GEMV (they combine: ``full:cublas:serial``);
 ``BACKEND:tpN`` shards the model over N GPUs (tensor parallelism: ``full`` beside ``full:tp2``);
 ``BACKEND:unfused`` turns the fused batch-1 decode off (RMSNorm in the GEMVs' prologue, the
-residual add in their epilogue: ``layers.ops.set_fused_decode``), the comparison arm of ``full``.
+residual add in their epilogue: ``layers.ops.set_fused_decode``) and ``BACKEND:fused`` turns it
+on whatever the hidden size (``auto`` fuses up to ``ops.FUSED_DECODE_MAX_HIDDEN``): the
+comparison arms of ``full``.
 On CUDA each arm also records, per batch size, the GPU work of one decode step at the prompt's
 context from the profiler: kernels, memsets and copies per forward and the kernels' summed time
 (``step_kernels``; the sampler is not included).
@@ -45,7 +47,7 @@ from nanograph.bench.common import (
     write,
 )
 
-MODIFIERS = ("serial", "cublas", "unfused", *TP_MODIFIERS)
+MODIFIERS = ("serial", "cublas", "unfused", "fused", *TP_MODIFIERS)
 
 
 def roofline_tok_s(weights_bytes: int, bandwidth_bytes_s: float) -> float:
@@ -60,7 +62,9 @@ def measure_arm(model: str, arm: str, batches: list[int], prompt_len: int, new_t
     modifiers = arm.split(":")[1:]
     # before capture: graphs record the kernels
     ops.use_triton_gemv("cublas" not in modifiers)
-    ops.set_fused_decode("off" if "unfused" in modifiers else "auto")
+    ops.set_fused_decode(
+        "off" if "unfused" in modifiers else "always" if "fused" in modifiers else "auto"
+    )
     try:
         return _measure(model, graph_flag(arm), "serial" in modifiers, batches, prompt_len,
                         new_tokens, repeats, moe_backend, tensor_parallel_size(arm))  # fmt: skip
@@ -180,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--arms", default=None,
         help=f"decode graph backends, of {', '.join(ARMS)} ('none' = eager) [all on CUDA, "
-        "eager on CPU]; modifiers :serial (overlap schedule off), :cublas, :unfused",
+        "eager on CPU]; modifiers :serial (overlap schedule off), :cublas, :unfused, :fused",
     )  # fmt: skip
     parser.add_argument("--moe-backend", default="auto", help="experts of MoE models")
     parser.add_argument("--prompt-len", type=int, default=512)

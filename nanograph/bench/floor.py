@@ -240,10 +240,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--fused-decode",
-        choices=("auto", "off"),
+        choices=("auto", "off", "always"),
         default="auto",
-        help="the fused batch-1 decode layer (auto: on where it applies) or the unfused one, "
-        "as `bench decode`'s :unfused modifier",
+        help="the fused batch-1 decode layer (auto: where it applies and pays; always: at any "
+        "hidden size) or the unfused one (off), as `bench decode`'s :fused / :unfused modifiers",
     )
     parser.add_argument("--out", default=default_out("floor.json"))
     args = parser.parse_args(argv)

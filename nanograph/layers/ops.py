@@ -17,7 +17,8 @@ Invariants:
   product is ``F.linear``. ``use_triton_gemv(False)`` turns both Triton products off (set it
   before graphs are captured: a graph replays whichever kernel it recorded). Under
   torch.compile they are off, so tc_piecewise keeps one compiled graph for every size.
-- Fused decode (``fused_decode_applies``): a one-row forward of a dense single-GPU layer runs
+- Fused decode (``fused_decode_applies``): a one-row forward of a dense single-GPU layer (by
+  default of hidden size up to ``FUSED_DECODE_MAX_HIDDEN``) runs
   ``norm_linear`` (RMSNorm in the GEMV's prologue: q/k/v, and gate/up with SiLU-and-mul in its
   epilogue) and ``linear_add`` (the residual add in the GEMV's epilogue: o and down), so the
   residual stream is one tensor updated in place and no norm kernel runs between products.
@@ -50,10 +51,17 @@ def use_triton_gemv(on: bool) -> None:
 
 FUSED_DECODE_MODES = ("auto", "off", "always")
 _FUSED_DECODE = "auto"
+# "auto" fuses layers up to this hidden size. The normalising GEMV sums x^2 over the whole row
+# before its products, on every program's path after its wait: a few K blocks cost less than
+# the norm kernels fusion removes, 4096 cost more. H200, decode graph at batch 1 replayed
+# alone, fused against unfused (stop 42): qwen3-0.6b (hidden 1024) 0.704 against 0.773 ms,
+# qwen3-8b (4096) 4.104 against 3.968; qwen3-30b-a3b (2048) 2.432 against 2.598 (stop 32).
+FUSED_DECODE_MAX_HIDDEN = 2048
 
 
 def set_fused_decode(mode: str) -> None:
-    """Process-wide: "auto" (default: with the Triton GEMV, on CUDA in fp16/bf16), "off", or
+    """Process-wide: "auto" (default: with the Triton GEMV, on CUDA in fp16/bf16, hidden size
+    up to ``FUSED_DECODE_MAX_HIDDEN``), "off", or
     "always" (every one-row forward; on CPU only under ``TRITON_INTERPRET=1``)."""
     global _FUSED_DECODE
     if mode not in FUSED_DECODE_MODES:
@@ -89,7 +97,10 @@ def fused_decode_applies(x: torch.Tensor) -> bool:
         return False
     if _FUSED_DECODE == "always":
         return True
-    return _TRITON_GEMV and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)
+    return (
+        _TRITON_GEMV and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)
+        and x.shape[1] <= FUSED_DECODE_MAX_HIDDEN
+    )  # fmt: skip
 
 
 def norm_linear(
