@@ -78,6 +78,21 @@ def test_graph_arms_are_refused_on_cpu_in_one_line(argv, capsys, tmp_path):
 
 
 @needs_no_cuda
+@pytest.mark.parametrize(
+    "argv", [["decode", "--models", "x", "--arms", "none:fused"], ["floor", "--model", "x",
+             "--graph", "eager", "--fused-decode", "always"]],
+)  # fmt: skip
+def test_forcing_the_fused_layer_is_refused_on_cpu_in_one_line(argv, capsys, tmp_path):
+    """``:fused`` / ``--fused-decode always`` run the fused layer's Triton kernels at any
+    hidden size: without CUDA they are refused before anything loads."""
+    out = tmp_path / "out.json"
+    assert main(["bench", *argv, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "need a CUDA device" in err
+    assert not out.exists()
+
+
+@needs_no_cuda
 @pytest.mark.parametrize("bench", ["build", "memory", "attention", "graph", "gemv", "coverage"])
 def test_cuda_only_benches_refuse_on_cpu_in_one_line(bench, capsys, tmp_path):
     out = tmp_path / "out.json"

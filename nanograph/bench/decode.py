@@ -32,6 +32,7 @@ from nanograph.bench.common import (
     ARMS,
     STARTUP_CAPTURE,
     TP_MODIFIERS,
+    Unavailable,
     default_out,
     device,
     environment,
@@ -199,6 +200,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     default_arms = ",".join(ARMS) if torch.cuda.is_available() else "eager"
     args.arms = parse_arms("decode", args.arms or default_arms, MODIFIERS)
+    forced = [a for a in args.arms if "fused" in a.split(":")[1:]]
+    if forced and not torch.cuda.is_available():
+        raise Unavailable(f"bench decode: {', '.join(forced)} force the fused layer's Triton "
+                          "kernels, which need a CUDA device; drop :fused here")  # fmt: skip
     batches = [int(x) for x in args.batches.split(",")]
     report = {"bench": "decode", "env": environment(), "config": vars(args), "models": {}}
     bandwidth = report["copy_bandwidth_bytes_s"] = measure_copy_bandwidth(device())

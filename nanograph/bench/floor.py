@@ -29,6 +29,7 @@ from nanograph.bench.common import (
     ARMS,
     EAGER,
     STARTUP_CAPTURE,
+    Unavailable,
     default_out,
     environment,
     free_engine,
@@ -248,6 +249,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=default_out("floor.json"))
     args = parser.parse_args(argv)
     (args.graph,) = parse_arms("floor", args.graph, flag="--graph")
+    if args.fused_decode == "always" and not torch.cuda.is_available():
+        raise Unavailable("bench floor: --fused-decode always forces the fused layer's Triton "
+                          "kernels, which need a CUDA device")  # fmt: skip
     from nanograph.layers import ops
 
     ops.set_fused_decode(args.fused_decode)  # before capture: graphs record the kernels
