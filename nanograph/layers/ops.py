@@ -51,11 +51,12 @@ def use_triton_gemv(on: bool) -> None:
 
 FUSED_DECODE_MODES = ("auto", "off", "always")
 _FUSED_DECODE = "auto"
-# "auto" fuses layers up to this hidden size. The normalising GEMV sums x^2 over the whole row
-# before its products, on every program's path after its wait: a few K blocks cost less than
-# the norm kernels fusion removes, 4096 cost more. H200, decode graph at batch 1 replayed
-# alone, fused against unfused (stop 42): qwen3-0.6b (hidden 1024) 0.704 against 0.773 ms,
-# qwen3-8b (4096) 4.104 against 3.968; qwen3-30b-a3b (2048) 2.432 against 2.598 (stop 32).
+# "auto" fuses layers up to this hidden size. The normalising GEMV normalises each K block of
+# x in every warp of a program, which slows its stream (ncu, qwen3-8b's gate/up: 58.5 against
+# 53.6 us plain): at 1024-2048 that costs less than the norm kernels fusion removes, at 4096
+# more. H200, decode graph at batch 1 replayed alone, fused against unfused (stop 42):
+# qwen3-0.6b (hidden 1024) 0.704 against 0.773 ms, qwen3-30b-a3b (2048) 2.409 against 2.428,
+# qwen3-8b (4096) 4.066-4.104 against 3.927-3.970.
 FUSED_DECODE_MAX_HIDDEN = 2048
 
 
