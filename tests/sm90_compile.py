@@ -27,7 +27,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from nanograph.kernels import attention, fused, gemv, moe, pdl, rows
+from nanograph.kernels import argmax, attention, fused, gemv, moe, pdl, rows
 from nanograph.kernels.testing import make_paged_batch
 
 TARGET = GPUTarget("cuda", 90, 32)
@@ -161,7 +161,7 @@ def main() -> int:
     launches = [attention._launch_attention, fused._launch_norm, fused._launch_silu_and_mul,
                 fused._launch_rope_store_kv, gemv._launch, moe._launch_gemm,
                 moe._launch_pair_gate_up, moe._launch_pair_down, moe._launch_route,
-                rows._launch]  # fmt: skip
+                rows._launch, argmax._launch]  # fmt: skip
     for launch in launches:
         launch.kernel = CompileOnly(launch.kernel)
     # CPU tensors here: compile the launches a GPU with PDL makes (pdl_wait tiles included)
@@ -239,6 +239,12 @@ def main() -> int:
             w = torch.randn(1000, 4096, dtype=torch.bfloat16)
             check(f"gemv silu_mul={silu_mul} {tiles}", gemv.gemv, x, w, silu_mul=silu_mul,
                   tiles=tiles)  # fmt: skip
+    # the LM head: its tiles, float32 logits rounded to bf16
+    x = torch.randn(1, 1024, dtype=torch.bfloat16)
+    check("gemv lm_head float32 out", gemv.gemv, x, torch.randn(151936, 1024, dtype=torch.bfloat16),
+          out=torch.empty(1, 151936), tiles=gemv.choose_tiles(151936, 1024, 0))  # fmt: skip
+    for width in (151936, 1000):
+        check(f"argmax {width}", argmax.argmax, torch.randn(3, width))
     # the fused decode's variants: norm prologue (q/k/v, gate/up), residual epilogue (o, down)
     for tiles in (gemv.GemvTiles(), gemv.GemvTiles(4, 512, 8, 4)):
         x = torch.randn(1, 1024, dtype=torch.bfloat16)

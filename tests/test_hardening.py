@@ -223,3 +223,16 @@ def test_a_stop_string_at_the_very_start_leaves_empty_text(smol):
     out = smol.generate("Count: 1, 2, 3,", SamplingParams(max_tokens=6, temperature=0.0,
                                                           stop=[stop]))[0]  # fmt: skip
     assert out.finish_reason == "stop" and stop not in out.text and out.text == ""
+
+
+@pytest.mark.parametrize("length", [3, 200])
+def test_first_bad_token_names_the_first_entry_outside_the_vocabulary(length):
+    """Short prompts (the walk) and long ones (types in one pass, numpy's min and max) find the
+    same first culprit: out of range either side, past int64, a bool, a float, None."""
+    from nanograph.engine.prompts import first_bad_token
+
+    good = list(range(length))
+    assert first_bad_token(good, length) is None
+    for bad in (-1, length, 2**70, True, 1.0, None):
+        ids = [*good[:-1], bad, bad]
+        assert first_bad_token(ids, length) == length - 1, bad

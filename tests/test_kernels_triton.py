@@ -752,6 +752,19 @@ def test_gemm_rows_writes_into_out_and_refuses_what_it_cannot_take():
         rows.gemm_rows(x, w, out=torch.empty(3, 10))
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gemv_float32_out_is_the_product_rounded_then_cast(dtype):
+    """A float32 ``out`` (the LM head's logits) holds the product rounded to x's dtype, bit for
+    bit what the product in x's dtype then ``.float()`` gives."""
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(1, 70, generator=g).to(dtype)
+    w = torch.randn(37, 70, generator=g).to(dtype)
+    tiles = gemv.GemvTiles(block_n=8, block_k=16, num_warps=1, num_stages=1)
+    out = torch.full((1, 37), float("nan"))
+    assert gemv.gemv(x, w, out=out, tiles=tiles) is out
+    assert torch.equal(out, gemv.gemv(x, w, tiles=tiles).float())
+
+
 def test_gemv_refuses_what_it_cannot_take():
     with pytest.raises(ValueError, match="one row, got 2"):
         gemv.gemv(torch.randn(2, 8), torch.randn(4, 8))
@@ -759,6 +772,14 @@ def test_gemv_refuses_what_it_cannot_take():
         gemv.gemv(torch.randn(1, 8), torch.randn(4, 9))
     with pytest.raises(ValueError, match="needs 2K"):
         gemv.gemv(torch.randn(1, 8), torch.randn(4, 8), silu_mul=True)
+    with pytest.raises(ValueError, match="out must be"):
+        gemv.gemv(torch.randn(1, 8), torch.randn(4, 8), out=torch.empty(1, 5))
+    with pytest.raises(ValueError, match="out must be"):
+        gemv.gemv(torch.randn(1, 8).half(), torch.randn(4, 8).half(),
+                  out=torch.empty(1, 4, dtype=torch.bfloat16))  # fmt: skip
+    with pytest.raises(ValueError, match="out must be"):
+        gemv.gemv(torch.randn(1, 8).half(), torch.randn(8, 8).half(), silu_out=True,
+                  out=torch.empty(1, 4))  # fmt: skip
 
 
 def test_an_eager_launch_sizes_the_graph_lane_outside_any_capture():
@@ -777,3 +798,25 @@ def test_an_eager_launch_sizes_the_graph_lane_outside_any_capture():
     finally:
         counters._COUNTERS.clear()
         counters._COUNTERS.update(saved)
+
+
+@pytest.mark.parametrize("width, block", [(1, 16), (13, 16), (16, 16), (100, 16), (257, 32)])
+def test_argmax_matches_torch(width, block):
+    """Rows over one part or several (the last count-in picks), ties (the first index wins, also
+    across parts), a row of -inf (index 0), NaN (as +inf, as torch's), float32 and bf16;
+    launched twice so the second launch finds its counters zeroed again."""
+    argmax = _import_interpreted("nanograph.kernels.argmax")
+    g = torch.Generator().manual_seed(width)
+    x = torch.randn(6, width, generator=g)
+    x[1] = torch.randint(0, 3, (width,), generator=g).float()  # many ties
+    x[2] = float("-inf")
+    x[3, width // 2 :] = x[3].max() + 1  # the maximum in several parts at once
+    x[4, width - 1] = float("nan")
+    for dtype in (torch.float32, torch.bfloat16):
+        rows = x.to(dtype)
+        for _ in range(2):
+            assert argmax.argmax(rows, block=block).tolist() == rows.argmax(dim=-1).tolist()
+            assert int(split_counters(x.device, 0).abs().sum()) == 0
+    assert argmax.argmax(x[:0], block=block).shape == (0,)
+    with pytest.raises(ValueError, match="contiguous in width"):
+        argmax.argmax(torch.randn(4, 8).T)

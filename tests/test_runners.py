@@ -6,6 +6,7 @@ calling the captured callable), so every padding/sentinel path runs through the 
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -70,19 +71,39 @@ def batch_of(lengths: list[tuple[int, int]], page_size: int = 4) -> ForwardBatch
     return ForwardBatch.build(new_ids, done, pages, page_size, [True] * len(lengths))
 
 
-def test_slot_mapping_of_short_and_long_requests():
-    """Each new token's KV slot is its page's first slot plus its offset in the page, whether a
-    request is short (a list comprehension) or long (numpy): requests starting mid-page, ending
-    one token short of and one past the numpy threshold, in shuffled pages."""
-    from nanograph.runners.forward_batch import NUMPY_SLOTS_FROM
+@pytest.mark.parametrize("long", [False, True])
+def test_token_rows_of_short_and_long_requests(long):
+    """Each new token's id, position and KV slot (its page's first slot plus its offset in the
+    page), whether a request is short (lists) or long (numpy): requests starting mid-page,
+    ending one token short of and at the numpy threshold, in shuffled pages. Short requests
+    alone give lists; with a long one the rows are one int64 array each, and the static
+    inputs hold the same rows either way."""
+    from nanograph.runners.forward_batch import NUMPY_ROWS_FROM
 
     gen = torch.Generator().manual_seed(0)
-    lengths = [(5, 1), (3, NUMPY_SLOTS_FROM - 1), (0, NUMPY_SLOTS_FROM), (13, 300), (0, 1000)]
+    lengths = [(5, 1), (3, NUMPY_ROWS_FROM - 1), (13, 30)]
+    lengths += [(0, NUMPY_ROWS_FROM), (13, 300), (0, 1000)] if long else []
     pages = [torch.randperm(400, generator=gen)[: -(-(c + n) // 4)].tolist() for c, n in lengths]
-    batch = ForwardBatch.build([[7] * n for _, n in lengths], [c for c, _ in lengths], pages, 4,
-                               [True] * len(lengths))  # fmt: skip
-    want = [pg[p // 4] * 4 + p % 4 for (c, n), pg in zip(lengths, pages) for p in range(c, c + n)]
-    assert batch.slot_mapping == want and all(type(s) is int for s in batch.slot_mapping)
+    ids = [torch.randint(0, 1000, (n,), generator=gen).tolist() for _, n in lengths]
+    batch = ForwardBatch.build(ids, [c for c, _ in lengths], pages, 4, [True] * len(lengths))
+    want_slots = [pg[p // 4] * 4 + p % 4 for (c, n), pg in zip(lengths, pages)
+                  for p in range(c, c + n)]  # fmt: skip
+    want_pos = [p for c, n in lengths for p in range(c, c + n)]
+    want_ids = [t for r in ids for t in r]
+    for rows, want in ((batch.input_ids, want_ids), (batch.positions, want_pos),
+                       (batch.slot_mapping, want_slots)):  # fmt: skip
+        assert isinstance(rows, np.ndarray if long else list)
+        assert list(rows) == want
+        if long:
+            assert rows.dtype == np.int64
+    assert batch.num_tokens == len(want_ids)
+    assert batch.sample_rows == list(np.cumsum([n for _, n in lengths]) - 1)
+    static = StaticInputs(max_tokens=2048, max_slots=8, max_pages=400, page_size=4, device=CPU)
+    static.copy_from(batch, ShapeKey(2048, 8))
+    n = batch.num_tokens
+    assert static.input_ids[:n].tolist() == want_ids
+    assert static.positions[:n].tolist() == want_pos
+    assert static.slot_mapping[:n].tolist() == want_slots
 
 
 def test_padding_and_sentinels():

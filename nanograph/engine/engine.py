@@ -49,6 +49,7 @@ from nanograph.engine.config import EngineConfig
 from nanograph.engine.memory import MemoryReport
 from nanograph.engine.penalties import Penalties
 from nanograph.engine.prefix_cache import PrefixCache
+from nanograph.engine.prompts import first_bad_token
 from nanograph.engine.request import UNRESOLVED, Request, Status, TokenInFlight
 from nanograph.engine.sampler import Sampler
 from nanograph.engine.sampling_params import SamplingParams
@@ -263,11 +264,10 @@ class Engine:
         biased = next((t for t, _ in request.params.logit_bias if t >= vocab), None)
         if biased is not None:
             return f"logit_bias token id {biased} is outside the vocabulary (0..{vocab - 1})"
-        bad = next(
-            (t for t in request.prompt_ids if type(t) is not int or not 0 <= t < vocab), None
-        )
+        bad = first_bad_token(request.prompt_ids, vocab)
         if bad is not None:
-            return f"token id {bad} is outside the vocabulary (0..{vocab - 1})"
+            token = request.prompt_ids[bad]
+            return f"token id {token!r} is outside the vocabulary (0..{vocab - 1})"
         if not self.scheduler.fits_alone(request):
             pages = self.scheduler.life_pages(request)
             return (

@@ -15,6 +15,8 @@ from __future__ import annotations
 import operator
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 if TYPE_CHECKING:
     from nanograph.loader.tokenizer import Tokenizer
 
@@ -60,6 +62,26 @@ def _plain_ints(values: list | tuple) -> bool:
     token list, checked in one C-level pass (a per-token check cost ~0.1 ms per 1k tokens of
     a prefill's latency)."""
     return set(map(type, values)) == {int}
+
+
+# From this many ids, the vocabulary check runs as one C-level pass over the types and numpy's
+# min and max (8k ids: ~0.3 against ~0.9 ms on the 2-core development CPU, on a prefill's
+# latency); shorter prompts take the plain walk
+VECTOR_CHECK_FROM = 64
+
+
+def first_bad_token(ids: list, vocab: int) -> int | None:
+    """The index of the first entry of ``ids`` that is not a token of a ``vocab``-sized
+    vocabulary (not a Python int, or outside 0..vocab-1), or None when every entry is one."""
+    if len(ids) >= VECTOR_CHECK_FROM and _plain_ints(ids):
+        try:
+            rows = np.fromiter(ids, np.int64, len(ids))
+        except OverflowError:  # a Python int past int64: the walk below names it
+            pass
+        else:
+            if rows.min() >= 0 and rows.max() < vocab:
+                return None
+    return next((i for i, t in enumerate(ids) if type(t) is not int or not 0 <= t < vocab), None)
 
 
 def _is_token(value: Any) -> bool:

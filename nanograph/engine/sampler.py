@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from nanograph.engine.sampling_params import SamplingParams
+from nanograph.layers import ops
 
 
 class Sampler:
@@ -41,12 +42,12 @@ class Sampler:
     ) -> torch.Tensor:
         """logits: float32 [B, V]. Returns one token id per row (int64, on the device)."""
         if all(p.greedy for p in params):
-            return logits.argmax(dim=-1)
+            return ops.argmax(logits)
         probs = self.probabilities(logits, params)
-        sampled = (probs / self.exponentials(request_ids, params, probs.shape[-1])).argmax(dim=-1)
+        sampled = ops.argmax(probs / self.exponentials(request_ids, params, probs.shape[-1]))
         greedy = torch.tensor([p.greedy for p in params], device=logits.device)
         # greedy rows of a mixed batch take the argmax of the unscaled logits (same order)
-        return torch.where(greedy, logits.argmax(dim=-1), sampled)
+        return torch.where(greedy, ops.argmax(logits), sampled)
 
     def probabilities(self, logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
         """The distribution each row samples from (float32 [B, V]): temperature, top-k, top-p,

@@ -31,6 +31,7 @@ import torch
 from nanograph.engine.config import EngineConfig
 from nanograph.engine.request import Request
 from nanograph.engine.sampler import Sampler
+from nanograph.layers import ops
 from nanograph.models import build_model, get_moe_backend
 from nanograph.models.config import ModelConfig
 from nanograph.models.llama import CausalLM
@@ -152,7 +153,7 @@ class SpeculativeDecoder:
         path = "decode" if batch.mode == "decode" else "verify"
         logits = self.runner.forward(batch, path=path)
         if all(r.params.greedy for r in requests):
-            accepted = greedy_verify(logits.argmax(dim=-1).tolist(), starts, drafts)
+            accepted = greedy_verify(ops.argmax(logits).tolist(), starts, drafts)
         else:
             accepted = self._rejection(logits, requests, starts, drafts, proposal.probs)
         self.stats.steps += 1

@@ -1,6 +1,7 @@
 """Compute kernels: Triton kernels with explicit tensor arguments and their torch references.
 
 Modules (imported lazily so ``import nanograph.kernels`` never imports triton):
+- ``argmax``: row-wise argmax of logits (the greedy pick), one launch.
 - ``attention``: graph-safe paged attention (extend, decode with split-KV, target-verify).
 - ``fused``: fused elementwise kernels (rmsnorm, add_rmsnorm, silu_and_mul, rope_store_kv).
 - ``gemv``: one-row products for batch-1 decode (launched as programmatic dependents).

@@ -71,6 +71,7 @@ def _gemv_kernel(
     NORM: tl.constexpr,
     SILU_OUT: tl.constexpr,
     RESIDUAL: tl.constexpr,
+    ROUND_OUT: tl.constexpr,  # a float32 out: the product rounded to x's dtype first
     PDL: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -110,6 +111,8 @@ def _gemv_kernel(
     if RESIDUAL:
         y = y.to(out_ptr.dtype.element_ty).to(tl.float32)
         y += tl.load(residual_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+    if ROUND_OUT:
+        y = y.to(x_ptr.dtype.element_ty).to(tl.float32)
     tl.store(out_ptr + offs_n, y.to(out_ptr.dtype.element_ty), mask=n_mask)
 
 
@@ -148,13 +151,23 @@ def _x_block(x_ptr, k, K, SILU_MUL: tl.constexpr, NORM: tl.constexpr, norm_w_ptr
 _launch = LaunchCache(_gemv_kernel)
 
 
+# Products of this many rows or more (an LM head: the vocabulary) run many waves of programs,
+# which stream faster 4 rows a program in 1024-wide K blocks and 4 warps (H200 sweep at d847e3a,
+# ``bench gemv --sweep``: qwen3-0.6b's LM head 74.3 -> 69.8 us, qwen3-30b-a3b's 140.0 -> 136.1,
+# gpt-oss-20b's 265.5 -> 250.0)
+LM_HEAD_ROWS = 65536
+
+
 @functools.lru_cache(maxsize=256)
 def choose_tiles(n: int, k: int, device_index: int) -> GemvTiles:
     """Static launch configuration, from the H200 sweeps (``nanograph bench gemv --sweep``):
     512-wide K blocks and 8 warps; fewer output rows a program while the grid would give an
     SM fewer than two programs (qwen3-8b's o and down: 8 rows). At the fewest rows (4: the
     smallest grids) a long K goes in 1024-wide blocks, so each program keeps as many bytes in
-    flight (qwen3-30b-a3b's o projection 6.9 -> 5.9 us, its 128-expert router 3.1 -> 2.3)."""
+    flight (qwen3-30b-a3b's o projection 6.9 -> 5.9 us, its 128-expert router 3.1 -> 2.3). An
+    LM head takes its own tiles (``LM_HEAD_ROWS``)."""
+    if n >= LM_HEAD_ROWS:
+        return GemvTiles(block_n=4, block_k=1024, num_warps=4, num_stages=3)
     sms = torch.cuda.get_device_properties(device_index).multi_processor_count
     block_n = GemvTiles.block_n
     while block_n > 4 and triton.cdiv(n, block_n) < 2 * sms:
@@ -179,7 +192,9 @@ def gemv(
     ``[1, 2K]`` and ``silu(x[:, :K]) * x[:, K:]`` is the row multiplied; with ``norm_weight``
     it is ``rmsnorm(x, norm_weight, eps)``. With ``silu_out`` the product ``p [1, N]`` becomes
     ``silu(p[:, :N/2]) * p[:, N/2:]``, ``[1, N/2]``. With ``residual`` the result is added to
-    it in place and ``residual`` is returned (``out`` must then be None)."""
+    it in place and ``residual`` is returned (``out`` must then be None). A float32 ``out``
+    takes the product rounded to x's dtype (what the product in x's dtype, then ``.float()``,
+    gives: the LM head's logits without a cast kernel)."""
     if x.dim() != 2 or weight.dim() != 2:
         raise ValueError(f"gemv needs x [1, K] and weight [N, K], got {tuple(x.shape)} and "
                          f"{tuple(weight.shape)}")  # fmt: skip
@@ -210,6 +225,11 @@ def gemv(
         out = residual
     if out is None:
         out = torch.empty(1, n, dtype=x.dtype, device=x.device)
+    round_out = out.dtype != x.dtype
+    if (out.shape != (1, n) or out.stride(1) != 1
+            or round_out and (out.dtype != torch.float32 or silu_out)):  # fmt: skip
+        raise ValueError(f"out must be a contiguous [1, {n}] of {x.dtype} (or float32, without "
+                         f"silu_out), got {tuple(out.shape)} of {out.dtype}")  # fmt: skip
     if tiles is None:
         tiles = choose_tiles(rows, k, x.device.index or 0) if x.is_cuda else GemvTiles(4, 16, 1, 1)
         if silu_out:  # two weight rows an output: as many rows a program as a plain launch
@@ -224,7 +244,7 @@ def gemv(
         (n, k, weight.stride(0), eps),
         dict(
             SILU_MUL=silu_mul, NORM=norm_weight is not None, SILU_OUT=silu_out,
-            RESIDUAL=residual is not None,
+            RESIDUAL=residual is not None, ROUND_OUT=round_out,
             PDL=use_pdl, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
             num_stages=tiles.num_stages, num_warps=tiles.num_warps, launch_pdl=use_pdl,
         ),

@@ -215,6 +215,30 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return F.linear(x, weight, bias)
 
 
+def logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``linear(x, weight).float()``: the LM head's float32 logits. A one-row product writes
+    them from the GEMV (rounded to x's dtype first, as the cast would see them), with no cast
+    kernel after it."""
+    if _triton_rows(x, weight) == 1:
+        from nanograph.kernels.gemv import gemv
+
+        out = torch.empty(1, weight.shape[0], dtype=torch.float32, device=x.device)
+        return gemv(x, weight, out=out)
+    return linear(x, weight).float()
+
+
+def argmax(x: torch.Tensor) -> torch.Tensor:
+    """``x.argmax(dim=-1)`` of float rows ``[B, V]`` (int64 ``[B]``, the first index of the
+    maximum): on CUDA one Triton launch (``kernels/argmax.py``; torch's took 8 us and a
+    memset for one 151,936-wide row on the H200), elsewhere torch's."""
+    if (x.is_cuda and x.dim() == 2 and x.stride(-1) == 1 and x.is_floating_point()
+            and not torch.compiler.is_compiling()):  # fmt: skip
+        from nanograph.kernels.argmax import argmax as argmax_rows
+
+        return argmax_rows(x)
+    return x.argmax(dim=-1)
+
+
 def mlp(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
     """``linear(silu_and_mul(linear(x, gate_up)), down)``: the MLP, ``gate_up`` packed (gate
     rows, then up rows). One row: the activation in the down GEMV's prologue; 2 to FEW_ROWS

@@ -255,7 +255,7 @@ class CausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return gather_vocab(ops.linear(hidden, weight).float(), self.tp, self.config.vocab_size)
+        return gather_vocab(ops.logits(hidden, weight), self.tp, self.config.vocab_size)
 
     def hf_weight_shard(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
         """This rank's part of the full checkpoint tensor ``name`` (all of it with one rank)."""

@@ -22,6 +22,7 @@ from collections.abc import Callable
 
 import torch
 
+from nanograph.layers import ops
 from nanograph.runners.forward_batch import ForwardBatch
 from nanograph.runners.graph_runner import GraphRunner
 from nanograph.runners.shapes import ShapeKey
@@ -67,7 +68,7 @@ class DraftRunner(DecodeRunner):
             live = seq_lens > 0  # sentinel slots stay zero-length, their rows write no KV
             for step in range(self.loop_steps):
                 hidden = self.model(ids, positions)
-                drafts[step].copy_(self.model.compute_logits(hidden).argmax(dim=-1))
+                drafts[step].copy_(ops.argmax(self.model.compute_logits(hidden)))
                 if step + 1 < self.loop_steps:
                     ids.copy_(drafts[step])
                     positions.add_(live)

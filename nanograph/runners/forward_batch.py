@@ -22,29 +22,42 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-# A request computing at least this many tokens gets its slots from numpy (0.16 against 0.56
-# ms for 8k tokens on a 2-core CPU; a prefill's host work is on its latency); fewer, e.g. a
-# decode's one token, from a list comprehension (numpy's fixed cost is ~13 us)
-NUMPY_SLOTS_FROM = 64
+# A request computing at least this many tokens gets its token rows (ids, positions, slots) as
+# numpy arrays, which ``attention_inputs.fill`` copies without converting; fewer, e.g. a
+# decode's one token, as lists (numpy's fixed cost is ~13 us a call). For one 8k-token prompt
+# on the 2-core development CPU: lists of positions and slots and their conversions cost ~0.5
+# ms of the prefill's latency, the arrays ~0.02 (the ids' one conversion stays, ~0.12).
+NUMPY_ROWS_FROM = 64
 
 
-def _slots(pages: list[int], pos: range, page_size: int) -> list[int]:
-    """The KV slot of each position in ``pos`` of a request that owns ``pages``."""
-    if len(pos) < NUMPY_SLOTS_FROM:
-        return [pages[p // page_size] * page_size + p % page_size for p in pos]
+def _rows(
+    ids: list[int], pages: list[int], pos: range, page_size: int
+) -> tuple[list[int] | np.ndarray, ...]:
+    """A request's ids, positions and KV slots (of each position in ``pos``, in ``pages``)."""
+    if len(pos) < NUMPY_ROWS_FROM:
+        slots = [pages[p // page_size] * page_size + p % page_size for p in pos]
+        return ids, list(pos), slots
     at = np.arange(pos.start, pos.stop)
-    return (np.asarray(pages, dtype=np.int64)[at // page_size] * page_size
-            + at % page_size).tolist()  # fmt: skip
+    slots = np.asarray(pages, dtype=np.int64)[at // page_size] * page_size + at % page_size
+    return np.fromiter(ids, np.int64, len(ids)), at, slots
+
+
+def _join(parts: list) -> list[int] | np.ndarray:
+    """Per-request rows as one list, or one int64 array if any request's rows are an array."""
+    if any(isinstance(p, np.ndarray) for p in parts):
+        return np.concatenate(parts).astype(np.int64, copy=False) if len(parts) > 1 else parts[0]
+    return [t for p in parts for t in p]
 
 
 @dataclass(frozen=True)
 class ForwardBatch:
-    input_ids: list[int]
-    positions: list[int]
+    # token rows: lists, or int64 arrays where a request computes NUMPY_ROWS_FROM tokens or more
+    input_ids: list[int] | np.ndarray
+    positions: list[int] | np.ndarray
     seq_lens: list[int]
     query_lens: list[int]
     page_tables: list[list[int]]
-    slot_mapping: list[int]
+    slot_mapping: list[int] | np.ndarray
     sample_rows: list[int]
     page_size: int
     future_rows: tuple[int, ...] = ()
@@ -78,27 +91,30 @@ class ForwardBatch:
         """One request per entry: computes ``new_token_ids[r]``, which sit right after the
         request's ``num_computed[r]`` cached tokens. ``future[r]``, when given, is the row of
         the step in flight that holds request r's last new token (still on the device)."""
-        input_ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
+        ids_parts, pos_parts, slot_parts = [], [], []
         sample_rows: list[int] = []
         future_rows: list[int] = []
         future_src: list[int] = []
+        rows = 0
         for ids, start, req_pages, do_sample, src in zip(
             new_token_ids, num_computed, pages, sample, future or [None] * len(pages), strict=True
         ):
-            input_ids += ids
-            pos = range(start, start + len(ids))
-            positions += pos
-            slots += _slots(req_pages, pos, page_size)
+            part_ids, part_pos, part_slots = _rows(
+                ids, req_pages, range(start, start + len(ids)), page_size
+            )
+            ids_parts.append(part_ids)
+            pos_parts.append(part_pos)
+            slot_parts.append(part_slots)
+            rows += len(ids)
             if do_sample:
-                sample_rows.append(len(input_ids) - 1)
+                sample_rows.append(rows - 1)
             if src is not None:
-                future_rows.append(len(input_ids) - 1)
+                future_rows.append(rows - 1)
                 future_src.append(src)
+        slots = _join(slot_parts)
         return ForwardBatch(
-            input_ids=input_ids,
-            positions=positions,
+            input_ids=_join(ids_parts),
+            positions=_join(pos_parts),
             seq_lens=[c + len(ids) for c, ids in zip(num_computed, new_token_ids)],
             query_lens=[len(ids) for ids in new_token_ids],
             page_tables=pages,

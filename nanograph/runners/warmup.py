@@ -53,7 +53,7 @@ def compile_kernels(runner: ModelRunner, page_size: int, progress: bool = False)
             return 0.0  # warm_up_kernels compiles them, one after another
         for tokens, selected in variants:
             with selected:
-                runner.forward(scratch_batch(tokens, page_size))
+                ops.argmax(runner.forward(scratch_batch(tokens, page_size)))  # greedy's pick
         if progress and compiles:
             from tqdm import tqdm
 
@@ -69,8 +69,8 @@ def compile_kernels(runner: ModelRunner, page_size: int, progress: bool = False)
 
 
 def warm_up_kernels(runner: ModelRunner, page_size: int, progress: bool = False) -> float:
-    """Runs one eager forward (and its logits) per attention launch variant, plus a plain
-    batch-1 decode and 2-token forward; returns the seconds it took."""
+    """Runs one eager forward (its logits and their argmax) per attention launch variant, plus
+    a plain batch-1 decode and 2-token forward; returns the seconds it took."""
     start = time.perf_counter()
     variants = _variants(runner)
     if progress:
@@ -79,7 +79,7 @@ def warm_up_kernels(runner: ModelRunner, page_size: int, progress: bool = False)
         variants = tqdm(variants, desc="compiling kernels", unit="variant", leave=False)
     for tokens, selected in variants:
         with selected:
-            runner.forward(scratch_batch(tokens, page_size))
+            ops.argmax(runner.forward(scratch_batch(tokens, page_size)))  # greedy's pick
     if runner.device.type == "cuda":
         torch.cuda.synchronize(runner.device)
     return time.perf_counter() - start

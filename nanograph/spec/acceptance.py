@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import torch
 
+from nanograph.layers import ops
+
 
 def accepted_prefix(drafts: list[int], target: list[int]) -> int:
     """How many leading drafts equal the target's tokens (``target[i]`` follows draft i-1)."""
@@ -90,7 +92,7 @@ def rejection_verify(
     # p - q vanishes only when p == q, where the rejection had probability 0: guard rounding
     empty = residual.sum(dim=-1, keepdim=True) <= 0
     residual = torch.where(empty, final, residual)
-    last = (residual / exponentials).argmax(dim=-1).tolist()
+    last = ops.argmax(residual / exponentials).tolist()
     return [d[:a] + [t] for d, a, t in zip(drafts, counts, last)]
 
 

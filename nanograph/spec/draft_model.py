@@ -28,6 +28,7 @@ import torch
 from nanograph.engine.kv_cache import KVCache
 from nanograph.engine.request import Request
 from nanograph.engine.sampler import Sampler
+from nanograph.layers import ops
 from nanograph.runners.forward_batch import ForwardBatch
 from nanograph.runners.model_runner import ModelRunner
 from nanograph.spec.proposal import Proposal
@@ -188,11 +189,11 @@ class DraftModelDrafter:
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The drafts of one position (device) and, when any request samples, their q rows."""
         if not sampled:
-            return logits.argmax(dim=-1), None
+            return ops.argmax(logits), None
         ids, params = [r.request_id for r in reqs], [r.params for r in reqs]
         probs = self.sampler.probabilities(logits, params)
         noise = self.sampler.exponentials(ids, params, probs.shape[-1])
-        return (probs / noise).argmax(dim=-1), probs
+        return ops.argmax(probs / noise), probs
 
     @staticmethod
     def _collect(

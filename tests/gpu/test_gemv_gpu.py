@@ -125,3 +125,38 @@ def test_decode_with_the_gemv_matches_cublas():
             compared += 1
     print(f"\n{compared} positions agree before any near-tie flip")
     assert compared >= 8
+
+
+@pytest.mark.parametrize("shape", [(151936, 1024), (151936, 4096), (201088, 2880), (1000, 1024)])
+def test_lm_head_logits_equal_the_product_cast_to_float32(shape):
+    """``ops.logits`` of one row (the GEMV writing float32 rounded to bf16, in the LM head's
+    tiles above ``LM_HEAD_ROWS``) equals the bf16 GEMV's product cast, bit for bit, and is
+    close to a float64 product."""
+    from nanograph.kernels.gemv import gemv
+    from nanograph.layers import ops
+
+    n, k = shape
+    g = torch.Generator(device=CUDA).manual_seed(n + k)
+    x = torch.randn(1, k, device=CUDA, generator=g).bfloat16()
+    w = (torch.randn(n, k, device=CUDA, generator=g) / k**0.5).bfloat16()
+    logits = ops.logits(x, w)
+    assert logits.dtype == torch.float32 and logits.shape == (1, n)
+    assert torch.equal(logits, gemv(x, w).float())
+    torch.testing.assert_close(logits.double(), x.double() @ w.double().T, rtol=1e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 64])
+@pytest.mark.parametrize("width", [151936, 201088, 4096, 1000])
+def test_argmax_equals_torch(rows, width):
+    """The device argmax against torch's on logits-like rows: random, heavy ties (bf16-rounded
+    values cast to float32, as the LM head writes them), a -inf row, the maximum repeated in
+    every part; twice each, so the counters are found zeroed again."""
+    from nanograph.kernels.argmax import argmax
+
+    g = torch.Generator(device=CUDA).manual_seed(rows * width)
+    x = torch.randn(rows, width, device=CUDA, generator=g)
+    cases = [x, x.bfloat16().float(), (x * 4).round(), torch.full_like(x, float("-inf"))]
+    for logits in cases:
+        for _ in range(2):
+            assert torch.equal(argmax(logits), logits.argmax(dim=-1))
+    assert torch.equal(argmax(x.bfloat16()), x.bfloat16().argmax(dim=-1))
