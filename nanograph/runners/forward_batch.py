@@ -111,14 +111,13 @@ class ForwardBatch:
             if src is not None:
                 future_rows.append(rows - 1)
                 future_src.append(src)
-        slots = _join(slot_parts)
         return ForwardBatch(
             input_ids=_join(ids_parts),
             positions=_join(pos_parts),
             seq_lens=[c + len(ids) for c, ids in zip(num_computed, new_token_ids)],
             query_lens=[len(ids) for ids in new_token_ids],
             page_tables=pages,
-            slot_mapping=slots,
+            slot_mapping=_join(slot_parts),
             sample_rows=sample_rows,
             page_size=page_size,
             future_rows=tuple(future_rows),
