@@ -26,6 +26,8 @@ for i in 1 2; do
   fl "$root/ab/main" main qwen3-8b auto
 done
 fl "$root/ab/main" main qwen3-0.6b auto; fl "$root" new qwen3-0.6b auto
+# the fused gate/up's tiles, isolated (docs/wip/gate_up_sweep.py)
+PYTHONPATH=$root timeout 120 python3 docs/wip/gate_up_sweep.py > "$out/sweep.log" 2>&1
 timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_fused_decode_gpu.py \
   tests/gpu/test_gemv_gpu.py > "$out/tests.log" 2>&1
 tail -1 "$out/tests.log" >> "$out/ab.log"; grep -E "^(FAILED|ERROR)" "$out/tests.log" >> "$out/ab.log"
