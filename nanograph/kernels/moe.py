@@ -63,14 +63,18 @@ def choose_tiles(
     num_tokens: int, top_k: int, num_experts: int, hidden: int, inter: int, device: torch.device
 ) -> MoeTiles:
     """Static launch configuration from static sizes (``inter``: an expert's width). Pairwise:
-    the GEMV tiles of ``kernels.gemv`` (H200 sweep) for gate/up, and ``_down_tiles`` for the
-    down projection. Sorted: rows per block from the mean rows per expert (tl.dot needs >= 16).
-    ``device`` may be CUDA without a GPU (``tests/sm90_compile.py`` compiling ahead)."""
+    gate/up in 16-row programs over 256-wide K blocks in 4 warps, 3 stages (swept inside a CUDA
+    graph of qwen3-30b-a3b-shaped decode layers on the H200, stop 44: 34.1 against 35.0 us a
+    layer for the batch-1 GEMV's 16 x 512 in 8 warps, 4 stages; the engine's decode graph
+    2.390 against 2.415 ms at batch 1, 8.04 against 8.28 at batch 8, gpt-oss-20b 2.435
+    against 2.474), and ``_down_tiles`` for the down projection. Sorted: rows per block from
+    the mean rows per expert (tl.dot needs >= 16). ``device`` may be CUDA without a GPU
+    (``tests/sm90_compile.py`` compiling ahead)."""
     pairwise = num_tokens <= PAIRWISE_MAX_TOKENS
     if device.type != "cuda":  # the interpreter: small tiles keep CPU tests fast
         return MoeTiles(16, 16 if pairwise else 32, 32, 1, 1, pairwise)
     if pairwise:
-        return MoeTiles(block_m=1, block_n=16, block_k=512, num_warps=8, num_stages=4,
+        return MoeTiles(block_m=1, block_n=16, block_k=256, num_warps=4, num_stages=3,
                         pairwise=True, down=_down_tiles(hidden, inter, top_k, device))  # fmt: skip
     mean_rows = num_tokens * top_k / num_experts
     block_m = 16 if mean_rows <= 16 else 32 if mean_rows <= 64 else 64
