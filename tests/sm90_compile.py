@@ -234,7 +234,12 @@ def main() -> int:
             zero_padding=torch.empty_like(q) if norm else None,
         )  # fmt: skip
     for silu_mul in (False, True):
-        for tiles in (gemv.GemvTiles(), gemv.GemvTiles(8, 1024, 4, 3)):
+        # (1 row, 2048-wide K: a MoE router's tiles)
+        for tiles in (
+            gemv.GemvTiles(),
+            gemv.GemvTiles(8, 1024, 4, 3),
+            gemv.GemvTiles(1, 2048, 4, 2),
+        ):
             x = torch.randn(1, 8192 if silu_mul else 4096, dtype=torch.bfloat16)
             w = torch.randn(1000, 4096, dtype=torch.bfloat16)
             check(f"gemv silu_mul={silu_mul} {tiles}", gemv.gemv, x, w, silu_mul=silu_mul,

@@ -165,10 +165,17 @@ def choose_tiles(n: int, k: int, device_index: int) -> GemvTiles:
     SM fewer than two programs (qwen3-8b's o and down: 8 rows). At the fewest rows (4: the
     smallest grids) a long K goes in 1024-wide blocks, so each program keeps as many bytes in
     flight (qwen3-30b-a3b's o projection 6.9 -> 5.9 us, its 128-expert router 3.1 -> 2.3). An
-    LM head takes its own tiles (``LM_HEAD_ROWS``)."""
+    LM head takes its own tiles (``LM_HEAD_ROWS``), and a product too small for 4-row
+    programs to fill the SMs one row a program."""
     if n >= LM_HEAD_ROWS:
         return GemvTiles(block_n=4, block_k=1024, num_warps=4, num_stages=3)
     sms = torch.cuda.get_device_properties(device_index).multi_processor_count
+    if triton.cdiv(n, 4) < sms:
+        # Too few rows to fill the GPU at 4 a program (a MoE router): one row a program, its
+        # whole K in flight at once. H200, stop 44, qwen3-30b-a3b's router (128 x 2048) inside
+        # a graph of decode layers: 33.5 against 34.1 us a layer for 4 x 1024 in 8 warps.
+        return GemvTiles(block_n=1, block_k=min(triton.next_power_of_2(k), 2048), num_warps=4,
+                         num_stages=2)  # fmt: skip
     block_n = GemvTiles.block_n
     while block_n > 4 and triton.cdiv(n, block_n) < 2 * sms:
         block_n //= 2

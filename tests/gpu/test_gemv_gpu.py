@@ -11,9 +11,10 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 
 CUDA = torch.device("cuda")
 # (N, K) of qwen3-8b's q/k/v, o, gate/up and down projections, an odd N, and qwen3-0.6b's
-# q/k/v, o and down (the few-row products split o's and down's K range over 4 programs a tile)
+# q/k/v, o and down (the few-row products split o's and down's K range over 4 programs a tile),
+# and the MoE routers of qwen3-30b-a3b and gpt-oss-20b (one row a program)
 SHAPES = [(6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288), (1000, 4096),
-          (4096, 1024), (1024, 2048), (1024, 3072)]  # fmt: skip
+          (4096, 1024), (1024, 2048), (1024, 3072), (128, 2048), (32, 2880)]  # fmt: skip
 
 
 @pytest.mark.parametrize("silu_mul", [False, True])
