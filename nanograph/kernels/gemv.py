@@ -166,14 +166,16 @@ def choose_tiles(n: int, k: int, device_index: int) -> GemvTiles:
     smallest grids) a long K goes in 1024-wide blocks, so each program keeps as many bytes in
     flight (qwen3-30b-a3b's o projection 6.9 -> 5.9 us, its 128-expert router 3.1 -> 2.3). An
     LM head takes its own tiles (``LM_HEAD_ROWS``), and a product too small for 4-row
-    programs to fill the SMs one row a program."""
+    programs to fill the SMs, over a K of 2048 or more, one row a program."""
     if n >= LM_HEAD_ROWS:
         return GemvTiles(block_n=4, block_k=1024, num_warps=4, num_stages=3)
     sms = torch.cuda.get_device_properties(device_index).multi_processor_count
-    if triton.cdiv(n, 4) < sms:
-        # Too few rows to fill the GPU at 4 a program (a MoE router): one row a program, its
-        # whole K in flight at once. H200, stop 44, qwen3-30b-a3b's router (128 x 2048) inside
-        # a graph of decode layers: 33.5 against 34.1 us a layer for 4 x 1024 in 8 warps.
+    if triton.cdiv(n, 4) < sms and k >= 2048:
+        # Too few rows to fill the GPU at 4 a program, over a long K (a MoE router): one row a
+        # program, its whole K in flight at once. H200, stop 44, qwen3-30b-a3b's router (128 x
+        # 2048) inside a graph of decode layers: 33.5 against 34.1 us a layer for 4 x 1024 in 8
+        # warps. (Small products with a short K, as in the tests' tiny models, were not
+        # measured this way and keep the tiles below.)
         return GemvTiles(block_n=1, block_k=min(triton.next_power_of_2(k), 2048), num_warps=4,
                          num_stages=2)  # fmt: skip
     block_n = GemvTiles.block_n
