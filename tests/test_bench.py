@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import time
 
 import pytest
 import torch
@@ -179,6 +180,44 @@ def test_bench_prefill_on_cpu_runs_eager_and_a_fair_peer(tiny_model_dir, tmp_pat
     assert set(entry["speedup_over_peer"]["eager"]) == {"8", "24"}
     if importlib.util.find_spec("matplotlib"):
         assert list(tmp_path.glob("prefill_tiny-llama*.png"))
+
+
+def test_clock_sampler_reads_nvidia_smi_rows_while_its_block_runs(tmp_path):
+    """The sampler runs the given nvidia-smi with the clock, power and throttle-reason query
+    and summarises the rows it printed: medians, and the share of samples at the power cap
+    (0x4) or slowed by hardware; rows it cannot read (N/A fields, a cut line) are left out."""
+    from nanograph.bench.clocks import ClockSampler
+
+    args = tmp_path / "args.txt"
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text(
+        "#!/bin/sh\n"
+        f'echo "$@" > {args}\n'
+        'echo "1980, 80.0, 0x0000000000000000"\n'  # the row before the block: left out
+        "sleep 0.3\n"
+        'printf "1785, 690.5, 0x0000000000000004\\n1980, 300.0, 0x0000000000000000\\n"\n'
+        'printf "1770, 694.0, 0x000000000000000C\\n[N/A], [N/A], [N/A]\\n1980, 2"\n'
+        "exec sleep 30\n"
+    )
+    fake.chmod(0o755)
+    with ClockSampler(command=str(fake), period_ms=50) as clocks:
+        assert args.exists()  # the sampler is running when the block starts
+        time.sleep(0.6)
+    got = clocks.summary()
+    assert "--query-gpu=clocks.sm,power.draw,clocks_throttle_reasons.active" in args.read_text()
+    assert "--loop-ms=50" in args.read_text()
+    assert got == {"sm_mhz": 1785.0, "power_w": 690.5, "power_capped": 2 / 3, "thermal": 0.0,
+                   "hw_slowdown": 1 / 3, "samples": 3}  # fmt: skip
+
+
+def test_clock_sampler_records_nothing_without_a_gpu_to_sample(monkeypatch):
+    from nanograph.bench import clocks
+
+    monkeypatch.setattr(clocks.shutil, "which", lambda name: None)
+    with clocks.ClockSampler() as sampler:
+        pass
+    assert sampler.summary() == {}
+    assert clocks.summarize(["[N/A], [N/A], [N/A]", ""]) == {}
 
 
 def test_bench_prefill_engine_recomputes_a_repeated_prompt(tiny_model_dir):

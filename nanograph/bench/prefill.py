@@ -10,7 +10,9 @@ last position's logits only (``logits_to_keep=1``, all a prefill needs). On CUDA
 ``torch.compile(mode="reduce-overhead")`` (compile time recorded per length, as ``warmup_s``)
 and is measured after the engine arms (the engine holds most of the device's memory); on CPU it
 runs eagerly beside the eager arm, one call of each in turn, so both see the same load of a
-shared host (recorded: ``load_average``). Reported: every sample and the median after warm-up.
+shared host (recorded: ``load_average``). Reported: every sample and the median after warm-up,
+and on a GPU the SM clock and power draw while the samples ran (``gpu``: a long prompt back to
+back holds an H200 at its 700 W cap, ~13% under its top clock).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from collections.abc import Callable
 
 import torch
 
+from nanograph.bench.clocks import ClockSampler
 from nanograph.bench.common import (
     ARMS,
     EAGER,
@@ -104,9 +107,11 @@ def build_peer(config, dtype: torch.dtype, hf_state: dict) -> tuple[dict, Callab
 def measure(calls: dict[str, Callable], lengths: dict[str, list[int]], vocab: int,
             repeats: int, results: dict[str, dict]) -> None:  # fmt: skip
     """Samples (ms) of every call at each of its lengths into ``results[name]``. Calls that
-    share a length alternate within each repeat, so they see the same host load. Warm-up: two
-    calls on CUDA (reduce-overhead records its graph on the second; ``warmup_s`` is then the
-    peer's compile time), one on CPU."""
+    share a length alternate within each repeat, so they see the same host load and the same
+    GPU clock (``gpu``: the clock, power and limits while they ran, ``bench.clocks``; long
+    prompts back to back can hold an H200 at its power cap). Warm-up: two calls on CUDA
+    (reduce-overhead records its graph on the second; ``warmup_s`` is then the peer's compile
+    time), one on CPU."""
     warmup = 2 if torch.cuda.is_available() else 1
     all_lengths = sorted({n for ns in lengths.values() for n in ns})
     for length, prompt in prompts(vocab, all_lengths).items():
@@ -118,13 +123,17 @@ def measure(calls: dict[str, Callable], lengths: dict[str, list[int]], vocab: in
             sync()
             results[name].setdefault("warmup_s", {})[length] = time.perf_counter() - start
         samples: dict[str, list[float]] = {name: [] for name in names}
-        for _ in range(repeats):
-            for name in names:
-                call = calls[name]
-                seconds = timed(lambda c=call, p=prompt: c(p), repeats=1, warmup=0)
-                samples[name].append(1000 * seconds[0])
+        with ClockSampler() as clocks:
+            for _ in range(repeats):
+                for name in names:
+                    call = calls[name]
+                    seconds = timed(lambda c=call, p=prompt: c(p), repeats=1, warmup=0)
+                    samples[name].append(1000 * seconds[0])
+        gpu = clocks.summary()
         for name in names:
             r = results[name]
+            if gpu:
+                r.setdefault("gpu", {})[length] = gpu
             r.setdefault("samples_ms", {})[length] = samples[name]
             r.setdefault("median_ms", {})[length] = ms = median(samples[name])
             r.setdefault("tokens_per_s", {})[length] = length / (ms / 1000)
@@ -153,6 +162,11 @@ def measure_model(model: str, args: argparse.Namespace, lengths: list[int]) -> d
         measure(calls, arm_lengths, config.vocab_size, args.repeats, results)
         medians = result["median_ms"].items()
         print(f"{model} {arm}: " + ", ".join(f"{n}={ms:.2f}ms" for n, ms in medians))
+        for n, gpu in result.get("gpu", {}).items():
+            print(
+                f"  {n}: SM clock {gpu['sm_mhz']:.0f} MHz, {gpu['power_w']:.0f} W, at the "
+                f"power cap in {gpu['power_capped']:.0%} of {gpu['samples']} samples"
+            )
         runner = llm.engine.runner.graph_runners.get("prefill")
         if runner is not None:
             result["replays"], result["fallbacks"] = runner.replays, runner.fallbacks
