@@ -27,7 +27,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from nanograph.kernels import argmax, attention, fused, gemv, moe, pdl, rows
+from nanograph.kernels import argmax, attention, attention_tiles, fused, gemv, moe, pdl, rows
 from nanograph.kernels.testing import make_paged_batch
 
 TARGET = GPUTarget("cuda", 90, 32)
@@ -111,11 +111,11 @@ def _write_sass(cubin: bytes, name: str) -> None:
 
 def _attention_cases():
     """(name, kwargs for paged_attention) with H200-like tiles (choose_tiles needs CUDA)."""
-    gpu_extend = attention.AttentionTiles(
+    gpu_extend = attention_tiles.AttentionTiles(
         block_q=32, group_pad=4, block_n=64, num_splits=1, min_split_blocks=8,
         per_request=False, num_warps=4, num_stages=3,
     )  # fmt: skip
-    gpu_decode = attention.AttentionTiles(
+    gpu_decode = attention_tiles.AttentionTiles(
         block_q=1, group_pad=16, block_n=64, num_splits=32, min_split_blocks=1,
         per_request=True, num_warps=4, num_stages=2,
     )  # fmt: skip
@@ -189,7 +189,7 @@ def main() -> int:
             kwargs = {**kwargs, "new_kv": (torch.zeros_like(batch.k_cache[: len(batch.q)]),) * 2}
         check(f"paged_attention {name}", attention.paged_attention, *args, **kwargs)
     # the fused one-row decode: rotary and the KV store in the attention kernel
-    one_row = attention.AttentionTiles(
+    one_row = attention_tiles.AttentionTiles(
         block_q=1, group_pad=16, block_n=64, num_splits=32, min_split_blocks=1,
         per_request=True, num_warps=8, num_stages=3, prefetch_pages=True, pdl_wait=True,
     )  # fmt: skip

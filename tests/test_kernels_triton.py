@@ -32,7 +32,7 @@ attention = _import_interpreted("nanograph.kernels.attention")
 fused = _import_interpreted("nanograph.kernels.fused")
 gemv = _import_interpreted("nanograph.kernels.gemv")
 rows = _import_interpreted("nanograph.kernels.rows")
-from nanograph.kernels import reference  # noqa: E402
+from nanograph.kernels import attention_tiles, reference  # noqa: E402
 from nanograph.kernels.counters import split_counters  # noqa: E402
 from nanograph.kernels.testing import make_paged_batch  # noqa: E402
 
@@ -153,7 +153,7 @@ def test_extend_reads_new_keys_from_their_rows(
     rows (the padded rows hold NaN) and its prefix from the pages, split or not."""
     batch = _batch(contexts, queries, q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim,
                    page_size=page_size, dtype=dtype, seed=sum(contexts))  # fmt: skip
-    tiles = attention.choose_tiles(batch.q.device, len(batch.q), len(contexts) + 2, q_heads,
+    tiles = attention_tiles.choose_tiles(batch.q.device, len(batch.q), len(contexts) + 2, q_heads,
                                    kv_heads, head_dim, None)  # fmt: skip
     assert tiles.new_keys
     _check_attention(batch, dtype, new_kv=_new_rows(batch), num_splits=num_splits)
@@ -164,7 +164,7 @@ def test_extend_new_keys_come_from_the_rows_but_the_diagonal_blocks():
     forward's keys (read from the rows); the first tile of a fresh prompt sees only its
     diagonal block (read from the cache, where a masked key past the request reads as zero)."""
     batch = _batch([0], [37], seed=6)
-    tiles = attention.choose_tiles(batch.q.device, len(batch.q), 3, 4, 2, 16, None)
+    tiles = attention_tiles.choose_tiles(batch.q.device, len(batch.q), 3, 4, 2, 16, None)
     assert (tiles.block_q, tiles.block_n) == (8, 16)  # tokens 16 on see key block 0 whole
     nan_rows = torch.full((len(batch.q), 2, 16), float("nan"))
     got = attention.paged_attention(batch.q, batch.k_cache, batch.v_cache, *batch.metadata(),
@@ -234,7 +234,7 @@ def test_split_counters_reset_and_min_split_blocks():
     batch = _batch([5, 40, 0, 23], [3, 9, 6, 1], seed=11)
     scale = batch.q.shape[-1] ** -0.5
     args = (batch.q, batch.k_cache, batch.v_cache, *batch.metadata(), batch.page_size, scale)
-    base = attention.choose_tiles(torch.device("cpu"), batch.q.shape[0], 6, 4, 2, 16, None, 4)
+    base = attention_tiles.choose_tiles(torch.device("cpu"), batch.q.shape[0], 6, 4, 2, 16, None, 4)
     want = reference.paged_attention(*[_f64(a) for a in args[:3]], *args[3:])
     real = int(batch.num_tokens[0])
     for tiles in (base, base, replace(base, min_split_blocks=100)):
@@ -256,7 +256,9 @@ def test_page_prefetch_variant_matches_reference(max_query_len):
     args = (batch.q, batch.k_cache, batch.v_cache, *batch.metadata(), batch.page_size, scale)
     n = batch.q.shape[0]
     for splits, window in ((1, 0), (2, 0), (1, 37)):
-        base = attention.choose_tiles(torch.device("cpu"), n, 4, 4, 2, 16, max_query_len, splits)
+        base = attention_tiles.choose_tiles(
+            torch.device("cpu"), n, 4, 4, 2, 16, max_query_len, splits
+        )
         want = reference.paged_attention(
             *[_f64(a) for a in args[:3]], *args[3:], sliding_window=window
         )
@@ -287,7 +289,7 @@ def test_launches_by_query_length_fill_one_output():
     batch = _batch([0, 6, 0, 30], [3, 9, 1, 14], sentinels=2, seed=9)
     scale = batch.q.shape[-1] ** -0.5
     args = (batch.q, batch.k_cache, batch.v_cache, *batch.metadata(), batch.page_size, scale)
-    short = attention.choose_tiles(torch.device("cpu"), batch.q.shape[0], 6, 4, 2, 16, None)
+    short = attention_tiles.choose_tiles(torch.device("cpu"), batch.q.shape[0], 6, 4, 2, 16, None)
     long = dataclasses.replace(short, block_q=short.block_q * 2, block_n=short.block_n * 2)
     out = attention.paged_attention(*args, tiles=short, query_len_range=(0, 3))
     only_short = out.clone()
@@ -311,12 +313,12 @@ def test_only_sentinels_is_a_no_op():
 
 def test_tiles_depend_only_on_static_sizes():
     cpu = torch.device("cpu")
-    decode = attention.choose_tiles(cpu, 64, 64, 32, 8, 128, max_query_len=1)
-    extend = attention.choose_tiles(cpu, 64, 4, 32, 8, 128, max_query_len=None)
+    decode = attention_tiles.choose_tiles(cpu, 64, 64, 32, 8, 128, max_query_len=1)
+    extend = attention_tiles.choose_tiles(cpu, 64, 4, 32, 8, 128, max_query_len=None)
     assert decode.per_request and not extend.per_request
     assert decode.block_q * decode.group_pad >= 16 and extend.block_q * extend.group_pad >= 16
     with pytest.raises(ValueError, match="power of two"):
-        attention.choose_tiles(cpu, 8, 8, 4, 2, 16, max_query_len=1, num_splits=3)
+        attention_tiles.choose_tiles(cpu, 8, 8, 4, 2, 16, max_query_len=1, num_splits=3)
 
 
 # -- fused elementwise kernels ----------------------------------------------------------------
@@ -559,7 +561,9 @@ def test_decode_rows_with_rope_under_window_sinks_and_softcap():
     torch.testing.assert_close(got[:live].double(), want[:live], atol=2e-4, rtol=2e-4)
 
 
-@pytest.mark.parametrize("tiles", [None, attention.AttentionTiles(2, 2, 16, 2, 1, True, 1, 1)])
+@pytest.mark.parametrize(
+    "tiles", [None, attention_tiles.AttentionTiles(2, 2, 16, 2, 1, True, 1, 1)]
+)
 def test_rope_in_a_verify_takes_rope_store_kv(tiles):
     """A verify given ``rope`` (queries of several tokens, in the tiles the kernel picks or in
     forced tiles of fewer rows than a request) rotates and stores through rope_store_kv first,
@@ -600,7 +604,7 @@ def test_rope_in_attention_outside_a_one_row_tile_takes_rope_store_kv():
     and store through rope_store_kv first, with the same result; k/v rows unlike q's are
     refused."""
     batch, rope, caches_ref, slot, want = _one_row_rope(9, 4, 2, 16, True, torch.float32, 3)
-    flat = attention.AttentionTiles(1, 2, 16, 1, 1, False, 1, 1)
+    flat = attention_tiles.AttentionTiles(1, 2, 16, 1, 1, False, 1, 1)
     got = attention.paged_attention(
         batch.q, batch.k_cache, batch.v_cache, *batch.metadata(), batch.page_size, 0.25,
         max_query_len=1, tiles=flat, rope=rope,

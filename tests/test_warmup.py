@@ -13,13 +13,13 @@ import torch
 os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
 
-from nanograph.kernels import attention  # noqa: E402
+from nanograph.kernels import attention_tiles  # noqa: E402
 
 
 def _like_an_h200(monkeypatch) -> None:
     """choose_tiles as on an H200 (132 SMs, TMA), on a machine without CUDA."""
-    monkeypatch.setattr(attention, "_sm_count", lambda index: 132)
-    monkeypatch.setattr(attention, "_has_tma", lambda device: True)
+    monkeypatch.setattr(attention_tiles, "_sm_count", lambda index: 132)
+    monkeypatch.setattr(attention_tiles, "_has_tma", lambda device: True)
 
 
 @pytest.mark.parametrize(
@@ -34,8 +34,8 @@ def test_tile_variants_cover_every_batch_shape(heads, on_gpu, monkeypatch):
     device = torch.device("cuda", 0) if on_gpu else torch.device("cpu")
     hq, hkv, d = heads
     variants = {
-        attention.compiled_variant(tiles)
-        for _, tiles in attention.tile_variants(device, hq, hkv, d)
+        attention_tiles.compiled_variant(tiles)
+        for _, tiles in attention_tiles.tile_variants(device, hq, hkv, d)
     }
     for seqs in (*range(1, 40), 63, 64, 65, 127, 128, 129, 200, 256, 512):
         for tokens in sorted({seqs, seqs + 1, 2 * seqs, 3 * seqs + 5, 64, 100, 513 * seqs,
@@ -43,13 +43,17 @@ def test_tile_variants_cover_every_batch_shape(heads, on_gpu, monkeypatch):
             lo, hi = -(-tokens // seqs), tokens - seqs + 1  # feasible longest query
             for max_query_len in sorted({lo, hi, min(hi, 2 * lo), min(hi, 17), min(hi, 1)}):
                 if lo <= max_query_len <= hi:
-                    tiles = attention.choose_tiles.__wrapped__(
+                    tiles = attention_tiles.choose_tiles.__wrapped__(
                         device, tokens, seqs, hq, hkv, d, max_query_len
                     )
-                    assert attention.compiled_variant(tiles) in variants, (seqs, tokens, tiles)
+                    assert attention_tiles.compiled_variant(tiles) in variants, (
+                        seqs,
+                        tokens,
+                        tiles,
+                    )
     if on_gpu:  # per small-query class a one-slice and a split variant (and the prefetching
         # decode, and its one-row programmatic dependent launch), two extends
-        assert len(variants) <= 2 * attention.SMALL_QUERY_ROWS.bit_length() + 4
+        assert len(variants) <= 2 * attention_tiles.SMALL_QUERY_ROWS.bit_length() + 4
 
 
 @pytest.mark.parametrize("heads", [(32, 8, 128), (16, 8, 128), (4, 4, 256)])
@@ -59,27 +63,27 @@ def test_float32_on_a_gpu_compiles_one_variant(heads, monkeypatch):
     _like_an_h200(monkeypatch)
     device = torch.device("cuda", 0)
     hq, hkv, d = heads
-    variants = attention.tile_variants(device, hq, hkv, d, exact=True)
+    variants = attention_tiles.tile_variants(device, hq, hkv, d, exact=True)
     assert len(variants) == 1
     only = variants[0][1]
     assert not only.per_request and only.num_splits == 1 and not only.prefetch_pages
     for seqs, tokens, max_query_len in [(1, 1, 1), (64, 64, 1), (4, 20, 5), (1, 8192, 8192),
                                         (256, 256, 1), (3, 700, None)]:  # fmt: skip
-        tiles = attention.choose_tiles.__wrapped__(
+        tiles = attention_tiles.choose_tiles.__wrapped__(
             device, tokens, seqs, hq, hkv, d, max_query_len, exact=True
         )
         assert tiles == only
     # bf16 keeps its launch classes; on CPU exact changes nothing
-    assert len(attention.tile_variants(device, hq, hkv, d)) > 1
+    assert len(attention_tiles.tile_variants(device, hq, hkv, d)) > 1
     cpu = torch.device("cpu")
-    assert attention.tile_variants(cpu, hq, hkv, d, exact=True) == attention.tile_variants(
-        cpu, hq, hkv, d
-    )
+    assert attention_tiles.tile_variants(
+        cpu, hq, hkv, d, exact=True
+    ) == attention_tiles.tile_variants(cpu, hq, hkv, d)
 
 
 def test_per_request_variants_launch_exactly_their_query_length():
     """A per-request tile is compiled with Q_BLOCKS_PER_REQUEST = 1, as choose_tiles' own."""
-    for tokens, tiles in attention.tile_variants(torch.device("cpu"), 32, 8, 128):
+    for tokens, tiles in attention_tiles.tile_variants(torch.device("cpu"), 32, 8, 128):
         if tiles.per_request:
             assert tiles.block_q == tokens
 
@@ -93,28 +97,40 @@ def test_launch_plan_gives_long_requests_of_a_mixed_extend_their_own_launch(head
     _like_an_h200(monkeypatch)
     gpu = torch.device("cuda", 0)
     hq, hkv, d = heads
-    variants = {attention.compiled_variant(t) for _, t in attention.tile_variants(gpu, hq, hkv, d)}
-    short_limit, everything = attention.SHORT_REQUEST_TOKENS, (0, attention.MAX_QUERY_LEN)
-    plan = attention.launch_plan(gpu, 8192, 16, hq, hkv, d, None)
-    assert [r for _, r in plan] == [(0, short_limit), (short_limit + 1, attention.MAX_QUERY_LEN)]
+    variants = {
+        attention_tiles.compiled_variant(t)
+        for _, t in attention_tiles.tile_variants(gpu, hq, hkv, d)
+    }
+    short_limit, everything = (
+        attention_tiles.SHORT_REQUEST_TOKENS,
+        (0, attention_tiles.MAX_QUERY_LEN),
+    )
+    plan = attention_tiles.launch_plan(gpu, 8192, 16, hq, hkv, d, None)
+    assert [r for _, r in plan] == [
+        (0, short_limit),
+        (short_limit + 1, attention_tiles.MAX_QUERY_LEN),
+    ]
     short, long = (t for t, _ in plan)
-    assert short == attention.choose_tiles(gpu, 8192, 16, hq, hkv, d, None)
-    assert long == attention.choose_tiles(gpu, 8192, 1, hq, hkv, d, None) != short
+    assert short == attention_tiles.choose_tiles(gpu, 8192, 16, hq, hkv, d, None)
+    assert long == attention_tiles.choose_tiles(gpu, 8192, 1, hq, hkv, d, None) != short
     assert long.block_n > short.block_n
     # new keys through TMA in 64-row tiles, without the page-id prefetch (stop 38's sweep)
     assert long.new_keys and long.block_q * long.group_pad == 64 and not long.prefetch_pages
     assert not short.prefetch_pages
-    assert {attention.compiled_variant(short), attention.compiled_variant(long)} <= variants
+    assert {
+        attention_tiles.compiled_variant(short),
+        attention_tiles.compiled_variant(long),
+    } <= variants
     for tokens, seqs, max_query_len in [(8192, 1, None), (512, 16, None), (64, 64, 1),
                                         (20, 4, 5), (20000, 16, None)]:  # fmt: skip
-        plan = attention.launch_plan(gpu, tokens, seqs, hq, hkv, d, max_query_len)
+        plan = attention_tiles.launch_plan(gpu, tokens, seqs, hq, hkv, d, max_query_len)
         assert [r for _, r in plan] == [everything], (tokens, seqs)
-    assert len(attention.launch_plan(gpu, 8192, 16, hq, hkv, d, None, exact=True)) == 1
-    assert len(attention.launch_plan(torch.device("cpu"), 8192, 16, hq, hkv, d, None)) == 1
+    assert len(attention_tiles.launch_plan(gpu, 8192, 16, hq, hkv, d, None, exact=True)) == 1
+    assert len(attention_tiles.launch_plan(torch.device("cpu"), 8192, 16, hq, hkv, d, None)) == 1
     # without TMA (before sm_90) keys are gathered from the pages: 128-row long tiles load page
     # ids a block ahead (measured faster), 256-row ones do not
-    monkeypatch.setattr(attention, "_has_tma", lambda device: False)
-    paged = attention.choose_tiles.__wrapped__(gpu, 8192, 1, hq, hkv, d, None)
+    monkeypatch.setattr(attention_tiles, "_has_tma", lambda device: False)
+    paged = attention_tiles.choose_tiles.__wrapped__(gpu, 8192, 1, hq, hkv, d, None)
     assert not paged.new_keys and paged.prefetch_pages == (paged.block_q * paged.group_pad <= 128)
 
 
@@ -123,7 +139,7 @@ def test_only_the_one_row_decode_is_a_dependent_launch(monkeypatch):
     32 the same launch measured 3-9% slower on the H200; never on CPU or in float32."""
     _like_an_h200(monkeypatch)
     gpu, cpu = torch.device("cuda", 0), torch.device("cpu")
-    choose = attention.choose_tiles.__wrapped__
+    choose = attention_tiles.choose_tiles.__wrapped__
     one = choose(gpu, 1, 1, 32, 8, 128, 1)
     assert one.pdl_wait and one.prefetch_pages
     for tokens, seqs, max_query_len in [(2, 2, 1), (8, 8, 1), (32, 32, 1), (5, 1, 5),

@@ -143,7 +143,8 @@ CONFIGS = {
 def _measure(dev, length, name, hq, hkv, d, rep_ms) -> dict:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from nanograph.kernels.attention import choose_tiles, paged_attention
+    from nanograph.kernels.attention import paged_attention
+    from nanograph.kernels.attention_tiles import choose_tiles
     from nanograph.kernels.testing import make_paged_batch
 
     batch = make_paged_batch([0], [length], num_q_heads=hq, num_kv_heads=hkv, head_dim=d,

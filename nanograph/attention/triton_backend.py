@@ -22,9 +22,9 @@ class TritonAttention(AttentionBackend):
         self, num_q_heads: int, num_kv_heads: int, head_dim: int, device: torch.device,
         dtype: torch.dtype,
     ) -> list[tuple[int, AbstractContextManager]]:  # fmt: skip
-        from nanograph.kernels.attention import forced_tiles, tile_variants
+        from nanograph.kernels.attention_tiles import forced_tiles, tile_variants
 
-        exact = dtype == torch.float32  # one variant: see kernels.attention.choose_tiles
+        exact = dtype == torch.float32  # one variant: see kernels.attention_tiles.choose_tiles
         variants = tile_variants(device, num_q_heads, num_kv_heads, head_dim, exact)
         return [(tokens, forced_tiles(tiles)) for tokens, tiles in variants]
 

@@ -221,7 +221,7 @@ def _last_compiled_resources() -> dict:
 
 
 def _sweep(case: Case, batch: PagedBatch, rep_ms: int, deadline: float) -> list[dict]:
-    from nanograph.kernels.attention import choose_tiles
+    from nanograph.kernels.attention_tiles import choose_tiles
 
     n = case.requests * case.new_tokens
     base = choose_tiles(
@@ -339,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.synchronize()
         return 0
 
-    from nanograph.kernels.attention import choose_tiles
+    from nanograph.kernels.attention_tiles import choose_tiles
 
     report: dict = {
         "device": torch.cuda.get_device_name(),

@@ -3,6 +3,7 @@
 Modules (imported lazily so ``import nanograph.kernels`` never imports triton):
 - ``argmax``: row-wise argmax of logits (the greedy pick), one launch.
 - ``attention``: graph-safe paged attention (extend, decode with split-KV, target-verify).
+- ``attention_tiles``: its launch configurations, from static sizes only.
 - ``fused``: fused elementwise kernels (rmsnorm, add_rmsnorm, silu_and_mul, rope_store_kv).
 - ``gemv``: one-row products for batch-1 decode (launched as programmatic dependents).
 - ``moe``: the graph-safe fused mixture-of-experts (routing, pairwise GEMVs for a few tokens,

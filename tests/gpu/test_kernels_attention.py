@@ -73,7 +73,7 @@ def test_extend_chunked_prefill_mix(layout):
 def test_extend_short_and_long_requests_in_their_own_launches(layout):
     # 16 slots and ~4k tokens: short on average, so the short requests (up to 512 tokens, the
     # border included) take the short tiles and the longer ones (513 up) a second launch
-    from nanograph.kernels.attention import launch_plan
+    from nanograph.kernels.attention_tiles import launch_plan
 
     queries = [3000, 100, 1, 513, 512, 40]
     batch = _batch([0, 0, 9, 700, 0, 33], queries, layout=layout, sentinels=10, pad=5, seed=3)
@@ -195,7 +195,7 @@ def test_decode_128_requests():
 
 @pytest.mark.parametrize("prefetch_pages", [False, True])
 def test_decode_one_32k_sequence(prefetch_pages):
-    from nanograph.kernels.attention import choose_tiles
+    from nanograph.kernels.attention_tiles import choose_tiles
 
     batch = _batch([32767], [1], seed=4)
     tiles = choose_tiles(batch.q.device, 1, 1, 32, 8, 128, 1)
