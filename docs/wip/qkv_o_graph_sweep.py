@@ -1,0 +1,116 @@
+"""Prepared for the next device session (stop 45, not run): qwen3-8b's batch-1 q/k/v and o GEMV
+tiles swept inside a CUDA graph of 36 unfused decode layers, the engine's own kernels in the
+engine's order: add_rmsnorm, q/k/v GEMV, the one-row attention rotating and storing its key
+(``RopeStore``, 511 tokens of context, a KV cache per layer), o GEMV, add_rmsnorm, gate/up GEMV,
+down GEMV with SiLU-and-mul on load. One product's tiles change at a time; medians of graph
+replays, in us a layer. Why: the small products stream at ~3.0-3.3 TB/s where the LM head
+reaches 4.4 (qwen3-8b q/k/v 15 us, o 11 us a layer); stop 44's in-graph sweeps found tiles
+isolated sweeps missed (the MoE gate/up and router), but never swept these two. At 4.4 TB/s
+they would take ~7 us a layer less, 0.25 ms a step: issue 18's 240 tok/s needs 0.14.
+
+Run from the repo root on the device: ``PYTHONPATH=$PWD python3 docs/wip/qkv_o_graph_sweep.py``
+(``--smoke``: a few tiny layers once, eagerly, under TRITON_INTERPRET=1 on CPU).
+"""
+
+import statistics
+import sys
+
+import torch
+
+from nanograph.kernels import attention, fused, gemv
+from nanograph.kernels.testing import make_paged_batch
+
+SMOKE = "--smoke" in sys.argv
+if SMOKE:  # the interpreter: tiny shapes, explicit tiles (choose_tiles needs CUDA)
+    L, H, HQ, HKV, D, INTER, CONTEXT, DEV = 2, 64, 4, 2, 16, 128, 20, "cpu"
+else:
+    L, H, HQ, HKV, D, INTER, CONTEXT, DEV = 36, 4096, 32, 8, 128, 12288, 511, "cuda"
+torch.manual_seed(0)
+bf = dict(dtype=torch.float32 if SMOKE else torch.bfloat16, device=DEV)
+QKV = (HQ + 2 * HKV) * D
+
+
+def layer_weights() -> dict:
+    return dict(
+        n1=1 + 0.1 * torch.randn(H, **bf), n2=1 + 0.1 * torch.randn(H, **bf),
+        qkv=torch.randn(QKV, H, **bf) * H**-0.5, o=torch.randn(H, HQ * D, **bf) * (HQ * D) ** -0.5,
+        gu=torch.randn(2 * INTER, H, **bf) * H**-0.5,
+        down=torch.randn(H, INTER, **bf) * INTER**-0.5,
+        qn=1 + 0.1 * torch.randn(D, **bf), kn=1 + 0.1 * torch.randn(D, **bf),
+        kv=make_paged_batch([CONTEXT], [1], num_q_heads=HQ, num_kv_heads=HKV, head_dim=D,
+                            page_size=16, dtype=bf["dtype"], device=DEV),
+    )  # fmt: skip
+
+
+layers = [layer_weights() for _ in range(L)]
+freqs = torch.outer(torch.arange(CONTEXT + 1.0), 1e6 ** -(torch.arange(0, D, 2.0) / D))
+cos_sin = torch.cat([freqs.cos(), freqs.sin()], -1).float().to(DEV)
+stream0 = torch.randn(1, H, **bf)
+T = gemv.GemvTiles
+SMALL = T(4, 32, 4, 2)  # smoke only
+tiles = {
+    "qkv": SMALL if SMOKE else gemv.choose_tiles(QKV, H, 0),
+    "o": SMALL if SMOKE else gemv.choose_tiles(H, HQ * D, 0),
+    "gu": SMALL if SMOKE else gemv.choose_tiles(2 * INTER, H, 0),
+    "down": SMALL if SMOKE else gemv.choose_tiles(H, INTER, 0),
+}
+
+
+def forward(stream: torch.Tensor, t: dict) -> None:
+    x = stream
+    for w in layers:
+        b = w["kv"]
+        xn, _ = fused.add_rmsnorm(x, stream, w["n1"], 1e-6)
+        qkv = gemv.gemv(xn, w["qkv"], tiles=t["qkv"])
+        q = qkv[:, : HQ * D].view(1, HQ, D)
+        k = qkv[:, HQ * D : (HQ + HKV) * D].view(1, HKV, D)
+        v = qkv[:, (HQ + HKV) * D :].view(1, HKV, D)
+        rope = attention.RopeStore(k, v, b.positions, cos_sin, b.slot_mapping, w["qn"], w["kn"])
+        out = attention.paged_attention(q, b.k_cache, b.v_cache, *b.metadata(), b.page_size,
+                                        D**-0.5, max_query_len=1, rope=rope)  # fmt: skip
+        x = gemv.gemv(out.view(1, HQ * D), w["o"], tiles=t["o"])
+        xn, _ = fused.add_rmsnorm(x, stream, w["n2"], 1e-6)
+        act = gemv.gemv(xn, w["gu"], tiles=t["gu"])
+        x = gemv.gemv(act, w["down"], silu_mul=True, tiles=t["down"])
+
+
+def timed(t: dict, label: str) -> None:
+    stream = stream0.clone()
+    forward(stream, t)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        forward(stream, t)
+    for _ in range(5):
+        graph.replay()
+    samples = []
+    for _ in range(15):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(10):
+            graph.replay()
+        b.record()
+        b.synchronize()
+        samples.append(a.elapsed_time(b) / 10 / L * 1000)
+    print(f"{label}: {statistics.median(samples):.2f} us a layer", flush=True)
+
+
+def sweep(product: str, candidates: list) -> None:
+    for c in candidates:
+        try:
+            timed({**tiles, product: c}, f"{product} {c}")
+        except Exception as e:  # noqa: BLE001 - a tile that does not compile or launch
+            print(f"{product} {c}: {type(e).__name__}: {str(e)[:200]}", file=sys.stderr)
+
+
+if SMOKE:
+    forward(stream0.clone(), tiles)
+    print("smoke: one eager pass of", L, "layers")
+    sys.exit(0)
+print(f"defaults: {tiles}", flush=True)
+timed(tiles, "default")
+sweep("qkv", [T(8, 512, 8, 4), T(4, 1024, 8, 4), T(16, 256, 4, 4), T(8, 1024, 8, 3),
+              T(32, 256, 8, 3), T(16, 512, 4, 4), T(16, 1024, 8, 2), T(8, 256, 4, 6)])  # fmt: skip
+timed(tiles, "default again")
+sweep("o", [T(16, 512, 8, 4), T(4, 1024, 8, 4), T(4, 512, 4, 4), T(8, 1024, 8, 3),
+            T(8, 256, 4, 6), T(2, 2048, 4, 2), T(8, 512, 4, 4)])  # fmt: skip
+timed(tiles, "default at the end")
