@@ -9,7 +9,9 @@ isolated sweeps missed (the MoE gate/up and router), but never swept these two. 
 they would take ~7 us a layer less, 0.25 ms a step: issue 18's 240 tok/s needs 0.14.
 
 Run from the repo root on the device: ``PYTHONPATH=$PWD python3 docs/wip/qkv_o_graph_sweep.py``
-(``--smoke``: a few tiny layers once, eagerly, under TRITON_INTERPRET=1 on CPU).
+(``--30b``: qwen3-30b-a3b's attention half, whose q/k/v and o at 4.4 TB/s would take ~4 us a
+layer less, 0.2 ms a step: issue 15's 60% needs 0.15; ``--smoke``: a few tiny layers once,
+eagerly, under TRITON_INTERPRET=1 on CPU).
 """
 
 import statistics
@@ -23,6 +25,11 @@ from nanograph.kernels.testing import make_paged_batch
 SMOKE = "--smoke" in sys.argv
 if SMOKE:  # the interpreter: tiny shapes, explicit tiles (choose_tiles needs CUDA)
     L, H, HQ, HKV, D, INTER, CONTEXT, DEV = 2, 64, 4, 2, 16, 128, 20, "cpu"
+elif "--30b" in sys.argv:
+    # qwen3-30b-a3b's attention half (q/k/v 21 MB, o 16.8 MB: 7.6 and 5.4 us a layer in its
+    # trace); a dense MLP of the bytes its 8 experts stream (50 MB gate/up, 25 MB down) stands
+    # in for the MoE half between layers
+    L, H, HQ, HKV, D, INTER, CONTEXT, DEV = 48, 2048, 32, 4, 128, 6144, 511, "cuda"
 else:
     L, H, HQ, HKV, D, INTER, CONTEXT, DEV = 36, 4096, 32, 8, 128, 12288, 511, "cuda"
 torch.manual_seed(0)
