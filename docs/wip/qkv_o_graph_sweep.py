@@ -10,8 +10,9 @@ they would take ~7 us a layer less, 0.25 ms a step: issue 18's 240 tok/s needs 0
 
 Run from the repo root on the device: ``PYTHONPATH=$PWD python3 docs/wip/qkv_o_graph_sweep.py``
 (``--30b``: qwen3-30b-a3b's attention half, whose q/k/v and o at 4.4 TB/s would take ~4 us a
-layer less, 0.2 ms a step: issue 15's 60% needs 0.15; ``--smoke``: a few tiny layers once,
-eagerly, under TRITON_INTERPRET=1 on CPU).
+layer less, 0.2 ms a step: issue 15's 60% needs 0.15; ``--ncu``: the default graph replayed
+three times, nothing timed, for Nsight Compute; ``--smoke``: a few tiny layers once, eagerly,
+under TRITON_INTERPRET=1 on CPU).
 """
 
 import statistics
@@ -112,6 +113,19 @@ def sweep(product: str, candidates: list) -> None:
 if SMOKE:
     forward(stream0.clone(), tiles)
     print("smoke: one eager pass of", L, "layers")
+    sys.exit(0)
+if "--ncu" in sys.argv:
+    # the default graph replayed a few times, for a profiler's view of its kernels (Nsight
+    # Compute, ``--graph-profiling node``: each node alone, so no PDL overlap, but each kernel's
+    # own duration, stalls and SASS hot spots; docs/wip/README.md has the command)
+    stream = stream0.clone()
+    forward(stream, tiles)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        forward(stream, tiles)
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
     sys.exit(0)
 print(f"defaults: {tiles}", flush=True)
 timed(tiles, "default")
