@@ -2,11 +2,12 @@
 tiles swept inside a CUDA graph of 36 unfused decode layers, the engine's own kernels in the
 engine's order: add_rmsnorm, q/k/v GEMV, the one-row attention rotating and storing its key
 (``RopeStore``, 511 tokens of context, a KV cache per layer), o GEMV, add_rmsnorm, gate/up GEMV,
-down GEMV with SiLU-and-mul on load. One product's tiles change at a time; medians of graph
-replays, in us a layer. Why: the small products stream at ~3.0-3.3 TB/s where the LM head
-reaches 4.4 (qwen3-8b q/k/v 15 us, o 11 us a layer); stop 44's in-graph sweeps found tiles
-isolated sweeps missed (the MoE gate/up and router), but never swept these two. At 4.4 TB/s
-they would take ~7 us a layer less, 0.25 ms a step: issue 18's 240 tok/s needs 0.14.
+down GEMV with SiLU-and-mul on load. One product's tiles change at a time (the q/k/v and o
+GEMVs, then the one-row attention's); medians of graph replays, in us a layer. Why: the small
+products stream at ~3.0-3.3 TB/s where the LM head reaches 4.4 (qwen3-8b q/k/v 15 us, o 11 us
+a layer); stop 44's in-graph sweeps found tiles isolated sweeps missed (the MoE gate/up and
+router), but never swept these two. At 4.4 TB/s they would take ~7 us a layer less, 0.25 ms a
+step: issue 18's 240 tok/s needs 0.14.
 
 Run from the repo root on the device: ``PYTHONPATH=$PWD python3 docs/wip/qkv_o_graph_sweep.py``
 (``--30b``: qwen3-30b-a3b's attention half, whose q/k/v and o at 4.4 TB/s would take ~4 us a
@@ -15,12 +16,13 @@ three times, nothing timed, for Nsight Compute; ``--smoke``: a few tiny layers o
 under TRITON_INTERPRET=1 on CPU).
 """
 
+import dataclasses
 import statistics
 import sys
 
 import torch
 
-from nanograph.kernels import attention, fused, gemv
+from nanograph.kernels import attention, attention_tiles, fused, gemv
 from nanograph.kernels.testing import make_paged_batch
 
 SMOKE = "--smoke" in sys.argv
@@ -57,6 +59,7 @@ stream0 = torch.randn(1, H, **bf)
 T = gemv.GemvTiles
 SMALL = T(4, 32, 4, 2)  # smoke only
 tiles = {
+    "att": None,  # the one-row decode's own choice (attention_tiles.choose_tiles)
     "qkv": SMALL if SMOKE else gemv.choose_tiles(QKV, H, 0),
     "o": SMALL if SMOKE else gemv.choose_tiles(H, HQ * D, 0),
     "gu": SMALL if SMOKE else gemv.choose_tiles(2 * INTER, H, 0),
@@ -75,7 +78,8 @@ def forward(stream: torch.Tensor, t: dict) -> None:
         v = qkv[:, (HQ + HKV) * D :].view(1, HKV, D)
         rope = attention.RopeStore(k, v, b.positions, cos_sin, b.slot_mapping, w["qn"], w["kn"])
         out = attention.paged_attention(q, b.k_cache, b.v_cache, *b.metadata(), b.page_size,
-                                        D**-0.5, max_query_len=1, rope=rope)  # fmt: skip
+                                        D**-0.5, max_query_len=1, rope=rope,
+                                        tiles=t["att"])  # fmt: skip
         x = gemv.gemv(out.view(1, HQ * D), w["o"], tiles=t["o"])
         xn, _ = fused.add_rmsnorm(x, stream, w["n2"], 1e-6)
         act = gemv.gemv(xn, w["gu"], tiles=t["gu"])
@@ -134,4 +138,14 @@ sweep("qkv", [T(8, 512, 8, 4), T(4, 1024, 8, 4), T(16, 256, 4, 4), T(8, 1024, 8,
 timed(tiles, "default again")
 sweep("o", [T(16, 512, 8, 4), T(4, 1024, 8, 4), T(4, 512, 4, 4), T(8, 1024, 8, 3),
             T(8, 256, 4, 6), T(2, 2048, 4, 2), T(8, 512, 4, 4)])  # fmt: skip
+timed(tiles, "default again")
+# The one-row decode attention itself (~10-12 us a layer for 1 MB of KV): its 8-warp tile
+# reduces each row's max and sum across warps through shared memory, ~8 barriers a key block
+# in its sm_90 SASS; fewer warps or wider key blocks change that chain. Swept in isolation
+# before (`bench attention --sweep`, 1 x 512: 8 warps, 3 stages won), never in a graph.
+one_row = attention_tiles.choose_tiles(torch.device(DEV), 1, 1, HQ, HKV, D, 1)
+print(f"one-row attention default: {one_row}", flush=True)
+sweep("att", [dataclasses.replace(one_row, num_warps=w, num_stages=st, block_n=bn)
+              for w, st, bn in ((4, 3, 64), (2, 2, 64), (4, 2, 128), (8, 2, 128), (4, 3, 32),
+                                (8, 2, 64), (1, 2, 64))])  # fmt: skip
 timed(tiles, "default at the end")
