@@ -22,6 +22,7 @@ import sys
 
 import torch
 
+from nanograph.bench.common import graphed_samples
 from nanograph.kernels import attention, attention_tiles, fused, gemv
 from nanograph.kernels.testing import make_paged_batch
 
@@ -86,24 +87,11 @@ def forward(stream: torch.Tensor, t: dict) -> None:
         x = gemv.gemv(act, w["down"], silu_mul=True, tiles=t["down"])
 
 
-def timed(t: dict, label: str) -> None:
+def timed(t: dict, label: str, rep_ms: int = 300) -> None:
+    """The graph of L layers replayed (``graphed_samples``: each replay after an L2 flush)."""
     stream = stream0.clone()
-    forward(stream, t)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        forward(stream, t)
-    for _ in range(5):
-        graph.replay()
-    samples = []
-    for _ in range(15):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(10):
-            graph.replay()
-        b.record()
-        b.synchronize()
-        samples.append(a.elapsed_time(b) / 10 / L * 1000)
-    print(f"{label}: {statistics.median(samples):.2f} us a layer", flush=True)
+    samples = graphed_samples(lambda: forward(stream, t), rep_ms)
+    print(f"{label}: {1000 * statistics.median(samples) / L:.2f} us a layer", flush=True)
 
 
 def sweep(product: str, candidates: list) -> None:
@@ -122,14 +110,7 @@ if "--ncu" in sys.argv:
     # the default graph replayed a few times, for a profiler's view of its kernels (Nsight
     # Compute, ``--graph-profiling node``: each node alone, so no PDL overlap, but each kernel's
     # own duration, stalls and SASS hot spots; docs/wip/README.md has the command)
-    stream = stream0.clone()
-    forward(stream, tiles)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        forward(stream, tiles)
-    for _ in range(3):
-        graph.replay()
-    torch.cuda.synchronize()
+    timed(tiles, "default (under a profiler: not a timing)", rep_ms=1)
     sys.exit(0)
 print(f"defaults: {tiles}", flush=True)
 timed(tiles, "default")
