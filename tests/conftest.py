@@ -127,6 +127,43 @@ def make_hf_model(arch: str, seed: int = 0):
     return model
 
 
+def save_mxfp4_copy(src: Path, dst: Path) -> None:
+    """``src`` (a saved gpt-oss folder) as the released checkpoints store it: every expert
+    tensor quantized to MXFP4 (round to nearest E2M1 under a power-of-two scale per 32 inputs,
+    the ``_blocks`` / ``_scales`` pair of transformers' layout), with the scales in a second
+    shard so a pair's halves must be found across shards."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    e2m1 = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6])
+    shutil.copytree(src, dst)
+    tensors, scales = {}, {}
+    for name, w in load_file(dst / "model.safetensors").items():
+        if not name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            tensors[name] = w
+            continue
+        groups = w.transpose(1, 2).reshape(*w.shape[:1], w.shape[2], -1, 32)  # [E, out, G, 32]
+        amax = groups.abs().amax(-1).clamp_min(2.0**-100)
+        exponent = torch.ceil(torch.log2(amax / 6))
+        codes = ((groups / torch.exp2(exponent)[..., None])[..., None] - e2m1).abs().argmin(-1)
+        codes = codes.to(torch.uint8)
+        tensors[f"{name}_blocks"] = codes[..., 0::2] | (codes[..., 1::2] << 4)
+        scales[f"{name}_scales"] = (exponent + 127).to(torch.uint8)
+    (dst / "model.safetensors").unlink()
+    shards = {"model-1.safetensors": tensors, "model-2.safetensors": scales}
+    for file, part in shards.items():
+        save_file(part, dst / file, metadata={"format": "pt"})
+    weight_map = {name: file for file, part in shards.items() for name in part}
+    (dst / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {}, "weight_map": weight_map})
+    )
+    config = json.loads((dst / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "mxfp4"}
+    (dst / "config.json").write_text(json.dumps(config))
+
+
 @pytest.fixture(scope="session", autouse=True)
 def private_cache(tmp_path_factory):
     """Tests never read or write the user's ~/.cache/nanograph."""

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 import torch
-from conftest import TINY, make_hf_model
+from conftest import TINY, make_hf_model, save_mxfp4_copy
 
 if torch.cuda.is_available():
     pytest.skip("CUDA present: tests/gpu/test_moe_gpu.py covers it", allow_module_level=True)
@@ -110,9 +110,9 @@ def test_config_round_trip_and_presets():
 
 
 def test_unsupported_moe_configs_fail_clearly():
-    with pytest.raises(ValueError, match="not supported: use an unquantized"):
-        ModelConfig.from_hf_dict({**TINY["gpt_oss"], "quantization_config": {
-            "quant_method": "mxfp4"}})  # fmt: skip
+    for arch, quant in (("gpt_oss", "gptq"), ("qwen3_moe", "mxfp4")):  # only gpt-oss' MXFP4
+        with pytest.raises(ValueError, match="use an unquantized"):
+            ModelConfig.from_hf_dict({**TINY[arch], "quantization_config": {"quant_method": quant}})
     with pytest.raises(ValueError, match="every layer must be a MoE layer"):
         ModelConfig.from_hf_dict({**TINY["qwen3_moe"], "mlp_only_layers": [0]})
     with pytest.raises(ValueError, match="num_experts_per_tok"):
@@ -372,3 +372,82 @@ def test_unknown_expert_tensor_is_a_clear_error(hf_models):
     for name in ("model.layers.0.mlp.experts.1.fc.weight", "model.layers.0.mlp.experts.x.up"):
         with pytest.raises(ModelLoadError, match="has no place in the model"):
             load_weights(model, [(name, torch.zeros(1))], progress=False)
+
+
+def test_mxfp4_dequantization_matches_transformers():
+    """Every byte and a spread of scales, bit for bit against transformers' own dequantization
+    (the ``[E, in, out]`` layout included)."""
+    mxfp4 = pytest.importorskip("transformers.integrations.mxfp4")
+    from nanograph.loader.mxfp4 import Mxfp4Tensor
+
+    g = torch.Generator().manual_seed(0)
+    blocks = torch.arange(256, dtype=torch.uint8).repeat(12)[torch.randperm(3072, generator=g)]
+    blocks = blocks.reshape(3, 16, 4, 16)  # 3 experts, 16 outputs, 4 groups of 32 inputs
+    scales = torch.randint(110, 145, (3, 16, 4), generator=g, dtype=torch.uint8)
+    packed = Mxfp4Tensor(blocks, scales)
+    assert packed.shape == (3, 128, 16)
+    for dtype in (torch.float32, torch.bfloat16):
+        ours = packed.dequantize(CPU, dtype)
+        theirs = mxfp4.convert_moe_packed_tensors(blocks, scales, dtype=dtype)
+        assert ours.dtype == dtype and ours.shape == packed.shape
+        assert torch.equal(ours, theirs), dtype
+
+
+@pytest.fixture(scope="module")
+def mxfp4_folder(hf_models, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("mxfp4") / "gpt-oss"
+    save_mxfp4_copy(hf_models["gpt_oss"][1], folder)
+    return folder
+
+
+def test_mxfp4_checkpoint_loads_as_transformers_dequantizes_it(hf_models, mxfp4_folder):
+    """The released gpt-oss checkpoints' form (MXFP4 experts, a pair's halves in two shards):
+    our weights equal transformers' dequantized ones exactly, and so do the logits."""
+    import transformers
+    from test_model_reference import run_chunks
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        mxfp4_folder, quantization_config=transformers.Mxfp4Config(dequantize=True),
+        dtype=torch.float32,
+    ).eval()  # fmt: skip
+    config = read_hf_config(mxfp4_folder)
+    model = build_model(config, torch.float32, CPU)
+    load_weights(model, iter_hf_weights(mxfp4_folder, config), progress=False)
+    theirs = dict(hf.named_parameters())
+    for name, ours in model.hf_state_dict().items():
+        assert torch.equal(ours, theirs[name]), name
+    original = hf_models["gpt_oss"][0].model.layers[0].mlp.experts.gate_up_proj
+    assert not torch.equal(theirs["model.layers.0.mlp.experts.gate_up_proj"], original)
+    kv = KVCache(config, num_pages=16, page_size=4, dtype=torch.float32, device=CPU)
+    ids = _prompts()[0]
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids])).logits[0]
+    torch.testing.assert_close(run_chunks(model, kv, ids, [len(ids)]), ref, atol=1e-4, rtol=1e-4)
+    llm = LLM(str(mxfp4_folder), page_size=4, kv_cache_bytes=2**20, progress=False)
+    [out] = llm.generate([ids], GREEDY)
+    with torch.no_grad():
+        expected = hf.generate(
+            torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            max_new_tokens=GREEDY.max_tokens, do_sample=False, eos_token_id=None, pad_token_id=0,
+        )  # fmt: skip
+    assert out.token_ids == expected[0, len(ids) :].tolist()
+
+
+def test_mxfp4_checkpoint_missing_scales_is_a_clear_error(mxfp4_folder, tmp_path):
+    import json
+    import shutil
+
+    from nanograph.loader import ModelLoadError
+
+    broken = tmp_path / "broken"
+    shutil.copytree(mxfp4_folder, broken)
+    (broken / "model-2.safetensors").unlink()
+    index = json.loads((broken / "model.safetensors.index.json").read_text())
+    index["weight_map"] = {
+        k: v for k, v in index["weight_map"].items() if v != "model-2.safetensors"
+    }
+    (broken / "model.safetensors.index.json").write_text(json.dumps(index))
+    config = read_hf_config(broken)
+    model = build_model(config, torch.float32, CPU)
+    with pytest.raises(ModelLoadError, match="_proj_blocks' has no '.*_proj_scales'"):
+        load_weights(model, iter_hf_weights(broken, config), progress=False)

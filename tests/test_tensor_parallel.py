@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_pages_back, make_llm
+from conftest import assert_pages_back, make_llm, save_mxfp4_copy
 
 from nanograph import SamplingParams
 from nanograph.distributed import TensorParallelError
@@ -58,6 +58,14 @@ def test_moe_tp2_equals_tp1(tiny_model_dir, arch):
     """Experts split by their width, routers replicated, gpt-oss biases added once."""
     path = tiny_model_dir(arch)
     batch = prompts(3, seed=2)
+    assert tokens(path, batch, tensor_parallel_size=2)[0] == tokens(path, batch)[0]
+
+
+def test_mxfp4_experts_tp2_equals_tp1(tiny_model_dir, tmp_path):
+    """MXFP4 experts are dequantized whole, then cut to each rank's part."""
+    path = tmp_path / "mxfp4"
+    save_mxfp4_copy(tiny_model_dir("gpt_oss"), path)
+    batch = prompts(3, seed=5)
     assert tokens(path, batch, tensor_parallel_size=2)[0] == tokens(path, batch)[0]
 
 

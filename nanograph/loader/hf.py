@@ -6,6 +6,9 @@ Invariants:
 - Names pass through unchanged (they already are Hugging Face names), except two kinds that are
   not weights of the model: rotary ``inv_freq`` buffers of old checkpoints, and ``lm_head.weight``
   of a tied model (some checkpoints save the shared tensor twice).
+- An MXFP4 ``<name>_blocks`` / ``<name>_scales`` pair (gpt-oss experts) is yielded once, as
+  ``<name>`` with an ``Mxfp4Tensor`` that ``load_weights`` dequantizes on the device; the two
+  halves may sit in different shards.
 - Nothing is downloaded: a folder is read from disk or rejected.
 """
 
@@ -14,11 +17,13 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 
 import torch
 
 from nanograph.loader.errors import ModelLoadError
+from nanograph.loader.mxfp4 import BLOCKS, SCALES, Mxfp4Tensor
 from nanograph.models.config import ModelConfig
 
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -72,16 +77,40 @@ def safetensors_files(folder: str | os.PathLike[str]) -> list[Path]:
 
 def iter_hf_weights(
     folder: str | os.PathLike[str], config: ModelConfig | None = None
-) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yields ``(name, tensor)`` for every weight, shard by shard, in the checkpoint's dtype."""
+) -> Iterator[tuple[str, torch.Tensor | Mxfp4Tensor]]:
+    """Yields ``(name, tensor)`` for every weight, shard by shard, in the checkpoint's dtype
+    (an MXFP4 pair as one ``Mxfp4Tensor``)."""
     from safetensors import safe_open
 
     config = config or read_hf_config(folder)
-    for file in safetensors_files(folder):
-        with safe_open(str(file), framework="pt", device="cpu") as f:
-            for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
+    with ExitStack() as stack:  # memory-mapped: open shards cost address space, not memory
+        shards = [
+            stack.enter_context(safe_open(str(file), framework="pt", device="cpu"))
+            for file in safetensors_files(folder)
+        ]
+        shard_of = {name: shard for shard in shards for name in shard.keys()}  # noqa: SIM118
+        for shard in shards:
+            for name in shard.keys():  # noqa: SIM118 - safe_open is not a mapping
                 if name.endswith("rotary_emb.inv_freq"):
                     continue
                 if name == "lm_head.weight" and config.tie_word_embeddings:
                     continue
-                yield name, f.get_tensor(name)
+                if name.endswith(SCALES) and name.removesuffix(SCALES) + BLOCKS in shard_of:
+                    continue  # yielded with its blocks
+                if name.endswith(BLOCKS):
+                    yield name.removesuffix(BLOCKS), _mxfp4(folder, name, shard_of)
+                else:
+                    yield name, shard.get_tensor(name)
+
+
+def _mxfp4(folder: str | os.PathLike[str], blocks: str, shard_of: dict) -> Mxfp4Tensor:
+    scales = blocks.removesuffix(BLOCKS) + SCALES
+    if scales not in shard_of:
+        raise ModelLoadError(
+            f"{folder}: {blocks!r} has no {scales!r}: an MXFP4 tensor needs both; the checkpoint "
+            "is incomplete"
+        )
+    try:
+        return Mxfp4Tensor(shard_of[blocks].get_tensor(blocks), shard_of[scales].get_tensor(scales))
+    except ValueError as e:
+        raise ModelLoadError(f"{folder}: {blocks!r}: {e}") from None

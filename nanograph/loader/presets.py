@@ -140,7 +140,7 @@ PRESET_CONFIGS: dict[str, dict[str, Any]] = {
         "bos_token_id": 151643,
         "eos_token_id": [151645, 151643],
     },
-    "gpt-oss-20b": {  # openai/gpt-oss-20b (its MXFP4 experts are not loadable: dummy only)
+    "gpt-oss-20b": {  # openai/gpt-oss-20b (a local folder of it loads: --model PATH)
         "model_type": "gpt_oss",
         "vocab_size": 201088,
         "hidden_size": 2880,

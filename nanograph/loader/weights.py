@@ -4,7 +4,8 @@ Invariants:
 - ``load_weights`` fills every weight the model expects exactly once or raises: an unknown name,
   a wrong shape and a weight the checkpoint lacks are each a ``ModelLoadError`` naming the tensor.
 - Tensors are converted to each parameter's dtype and device by ``copy_``; a checkpoint tensor
-  is dropped as soon as it is copied, so host memory stays near one tensor.
+  is dropped as soon as it is copied, so host memory stays near one tensor. An MXFP4 tensor is
+  dequantized on the parameter's device, into its dtype, before anything else looks at it.
 - A model may pack several Hugging Face tensors into one parameter (q/k/v, gate/up, experts) or
   hold one transposed (gpt-oss experts): it says so through ``HFWeightTargets``. Any other
   module is matched by parameter name.
@@ -26,6 +27,7 @@ import torch
 from torch import nn
 
 from nanograph.loader.errors import ModelLoadError
+from nanograph.loader.mxfp4 import Mxfp4Tensor
 from nanograph.models.llama import WeightIndex, weight_view
 from nanograph.progress import progress_bar
 
@@ -75,7 +77,10 @@ def _whole(name: str, tensor: torch.Tensor) -> torch.Tensor:
 
 
 def load_weights(
-    model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]], *, progress: bool = True
+    model: nn.Module,
+    weights: Iterable[tuple[str, torch.Tensor | Mxfp4Tensor]],
+    *,
+    progress: bool = True,
 ) -> None:
     """Copies ``(hf_name, tensor)`` pairs into ``model``'s parameters (any dtype/device).
 
@@ -100,6 +105,8 @@ def load_weights(
                     "not match the config (architecture, tied embeddings, bias, q/k norm)"
                 ) from None
             target = weight_view(param, index)
+            if isinstance(tensor, Mxfp4Tensor):
+                tensor = tensor.dequantize(target.device, target.dtype)
             tensor = shard(name, tensor)
             if target.shape != tensor.shape:
                 raise ModelLoadError(

@@ -122,10 +122,12 @@ class ModelConfig:
             )
         arch = model_type
         quant = (d.get("quantization_config") or {}).get("quant_method")
-        if quant:
+        # the released gpt-oss checkpoints: MXFP4 experts, dequantized as they load
+        if quant and (quant, arch) != ("mxfp4", "gpt_oss"):
             raise ValueError(
-                f"quantized checkpoints ({quant}) are not supported: use an unquantized "
-                "(bf16/fp32) checkpoint, or --load-format dummy for random weights"
+                f"quantized checkpoints ({quant}) are not supported (only gpt-oss' MXFP4 experts, "
+                "which load dequantized): use an unquantized (bf16/fp32) checkpoint, or "
+                "--load-format dummy for random weights"
             )
         heads = int(d["num_attention_heads"])
         eos = d.get("eos_token_id")

@@ -240,3 +240,33 @@ def test_fused_moe_matches_native_per_layer(layer, tokens, routing):
     print(f"\n{layer} T={tokens} {routing}: bf16 fused rel err {rel:.2e} (native {rel_native:.2e})")
     torch.testing.assert_close(fused32, reference, atol=1e-3, rtol=1e-3)
     assert rel < 2 * rel_native + 1e-3
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_mxfp4_checkpoint_dequantizes_on_the_device(model_dirs, tmp_path, dtype):
+    """The released gpt-oss form (MXFP4 experts) loads onto the GPU: the experts dequantize
+    there to exactly what transformers' dequantization makes of them on the CPU, and the
+    engine's graphs (the defaults: full, triton MoE) serve from them as eager does."""
+    import transformers
+    from conftest import save_mxfp4_copy
+
+    from nanograph import LLM
+
+    folder = tmp_path / "mxfp4"
+    save_mxfp4_copy(model_dirs["gpt_oss"], folder)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        folder, quantization_config=transformers.Mxfp4Config(dequantize=True),
+        dtype=getattr(torch, dtype),
+    )  # fmt: skip
+    theirs = dict(hf.named_parameters())
+    prompts, params = requests(4, seed=2)
+    tokens = []
+    for graph in ("full", "none"):
+        llm = LLM(str(folder), dtype=dtype, decode_cuda_graph=graph, prefill_cuda_graph=graph,
+                  **SMALL)  # fmt: skip
+        for name, ours in llm.engine.model.hf_state_dict().items():
+            assert ours.device.type == "cuda" and torch.equal(ours.cpu(), theirs[name]), name
+        tokens.append([o.token_ids for o in llm.generate(prompts, params)])
+        del llm
+    if dtype == "float32":  # bf16 graphs and eager may round apart
+        assert tokens[0] == tokens[1]
