@@ -1,6 +1,6 @@
 """GGUF loading: SmolLM2's config and every dequantised weight against transformers' own GGUF
-loader; synthetic GGUFs (written with ``gguf.GGUFWriter``) for qwen2/qwen3, llama3 rope scaling,
-quant types and the bad-file errors."""
+loader; synthetic GGUFs (written with ``gguf.GGUFWriter``) for qwen2/qwen3, Qwen3-MoE, llama3 rope
+scaling, quant types and the bad-file errors."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import requires_smollm2, smollm2_gguf
+from conftest import TINY as TINY_HF
+from conftest import make_hf_model, requires_smollm2, smollm2_gguf
 
 from nanograph.loader import ModelLoadError, iter_gguf_weights, read_gguf_config
 from nanograph.loader.gguf import llama3_rope_factors, unpermute_qk
@@ -119,6 +120,10 @@ def write_gguf(
     writer.add_bos_token_id(7)
     writer.add_eos_token_id(3)
     writer.add_eot_token_id(5)
+    if config.is_moe:
+        writer.add_expert_count(config.num_experts)
+        writer.add_expert_used_count(config.num_experts_per_tok)
+        writer.add_expert_feed_forward_length(config.moe_intermediate_size)
     arch_enum = next((k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch), None)
     name_map = gguf.get_tensor_name_map(arch_enum or gguf.MODEL_ARCH.LLAMA, 64)
     quant = quant or {}
@@ -255,6 +260,100 @@ def test_llama3_rope_scaling_other_factors(tmp_path):
     )
     with pytest.raises(ModelLoadError, match="rope_freqs.weight does not follow llama3"):
         read_gguf_config(bad)
+
+
+def qwen3_moe_gguf(path: Path, quant: dict[str, object] | None = None):
+    """The tiny transformers Qwen3-MoE written as llama.cpp's converter does (its experts
+    stacked per layer: ``ffn_{gate,up,down}_exps`` [E, rows, cols]); returns the model too."""
+    from nanograph.models.config import ModelConfig
+
+    hf = make_hf_model("qwen3_moe")
+    config = ModelConfig.from_hf_dict(TINY_HF["qwen3_moe"]).replace(
+        bos_token_id=7, eos_token_ids=(3, 5)
+    )
+    weights = {}
+    for name, w in hf.state_dict().items():
+        w = w.numpy()
+        if name.endswith("mlp.experts.gate_up_proj"):  # transformers 5: [E, 2I, H] in memory
+            stem = name.removesuffix("gate_up_proj")
+            weights[stem + "gate_proj.weight"], weights[stem + "up_proj.weight"] = np.split(w, 2, 1)
+        elif name.endswith("mlp.experts.down_proj"):
+            weights[name + ".weight"] = w
+        else:
+            weights[name] = w
+    return hf, config, write_gguf(path, config, weights, quant=quant, arch="qwen3moe")
+
+
+def test_qwen3_moe_gguf_logits_match_transformers(tmp_path):
+    """Config, every weight and the logits of a Qwen3-MoE GGUF; transformers' own GGUF loader
+    reads the same file to the same weights (so the file is what llama.cpp writes)."""
+    from test_model_reference import run_chunks
+    from transformers import AutoModelForCausalLM
+
+    from nanograph.engine.kv_cache import KVCache
+    from nanograph.loader import load_weights
+    from nanograph.models import build_model
+
+    hf, config, path = qwen3_moe_gguf(tmp_path / "moe.gguf")
+    assert read_gguf_config(path) == config
+    model = build_model(config, torch.float32, torch.device("cpu"))
+    load_weights(model, iter_gguf_weights(path), progress=False)
+    # transformers takes the vocabulary size from a tokenizer (this file has none) and leaves
+    # moe_intermediate_size at Qwen3-30B-A3B's 768 whatever the file says: given here
+    theirs = AutoModelForCausalLM.from_pretrained(
+        tmp_path, gguf_file=path.name, local_files_only=True, dtype=torch.float32,
+        vocab_size=config.vocab_size, moe_intermediate_size=config.moe_intermediate_size,
+    ).state_dict()  # fmt: skip
+    direct = build_model(config, torch.float32, torch.device("cpu"))
+    load_weights(direct, hf.state_dict().items(), progress=False)
+    for (name, ours), expected in zip(model.named_parameters(), direct.parameters()):
+        assert torch.equal(ours, expected), name
+    for name, tensor in hf.state_dict().items():
+        assert torch.equal(theirs[name], tensor), name
+    ids = torch.randint(0, 256, (23,), generator=torch.Generator().manual_seed(2)).tolist()
+    kv = KVCache(config, num_pages=16, page_size=4, dtype=torch.float32, device=torch.device("cpu"))
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids])).logits[0]
+    torch.testing.assert_close(run_chunks(model, kv, ids, [len(ids)]), ref, atol=1e-4, rtol=1e-4)
+    from nanograph import LLM, SamplingParams
+
+    greedy = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    [out] = LLM(str(path), page_size=4, kv_cache_bytes=2**20, progress=False).generate(
+        [ids], greedy
+    )
+    with torch.no_grad():
+        expected = hf.generate(
+            torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            max_new_tokens=4, do_sample=False, eos_token_id=None, pad_token_id=0,
+        )  # fmt: skip
+    assert out.token_ids == expected[0, len(ids) :].tolist()
+
+
+def test_qwen3_moe_gguf_quantized_experts(tmp_path):
+    """Q8_0 and Q4_K expert stacks dequantize to what gguf makes of each expert's rows."""
+    types = gguf.GGMLQuantizationType
+    quant = {"model.layers.0.mlp.experts.up_proj.weight": types.Q8_0,
+             "model.layers.1.mlp.experts.down_proj.weight": types.Q4_0}  # fmt: skip
+    hf, config, path = qwen3_moe_gguf(tmp_path / "moe.gguf", quant)
+    ours = dict(iter_gguf_weights(path))
+    assert len(ours) == len(build_hf_names(config))
+    gate_up = hf.state_dict()["model.layers.0.mlp.experts.gate_up_proj"].numpy()
+    down = hf.state_dict()["model.layers.1.mlp.experts.down_proj"].numpy()
+    inter = config.moe_intermediate_size
+    for expert in range(config.num_experts):
+        for name, w, qtype in (
+            (f"model.layers.0.mlp.experts.{expert}.up_proj.weight", gate_up[expert, inter:],
+             types.Q8_0),
+            (f"model.layers.1.mlp.experts.{expert}.down_proj.weight", down[expert], types.Q4_0),
+        ):  # fmt: skip
+            expected = gguf.quants.dequantize(gguf.quants.quantize(w, qtype), qtype)
+            assert torch.equal(ours[name], torch.from_numpy(expected)), name
+
+
+def build_hf_names(config: ModelConfig) -> list[str]:
+    from nanograph.models import build_model
+
+    return build_model(config, torch.float32, torch.device("meta")).hf_weight_names()
 
 
 # ---- errors ---------------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 
 Invariants:
 - Tensors leave this module with Hugging Face names and layouts, so every consumer treats GGUF
-  and safetensors alike. llama.cpp's q/k row interleave (applied by ``convert_hf_to_gguf`` to the
+  and safetensors alike (a layer's stacked experts leave one expert at a time, as Hugging Face
+  checkpoints store them). llama.cpp's q/k row interleave (applied by ``convert_hf_to_gguf`` to the
   ``llama`` architecture only, not qwen2/qwen3) is undone here and nowhere else.
 - ``gguf`` is imported inside functions: ``import nanograph`` works without it.
 - Tensors stream one at a time; a quantised tensor exists in float32 only while it is yielded.
@@ -28,7 +29,8 @@ from nanograph.models.config import ModelConfig, RopeScaling
 if TYPE_CHECKING:
     from gguf import GGUFReader, ReaderTensor
 
-GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3")
+# general.architecture -> ours
+GGUF_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3moe": "qwen3_moe"}
 GGUF_MAGIC = b"GGUF"
 
 # GGUF's standard tensor names (ggml docs/gguf.md) -> Hugging Face module names.
@@ -49,6 +51,14 @@ _BLOCK_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    "ffn_gate_inp": "mlp.gate",  # the MoE router
+}
+# all experts of a layer in one tensor [E, rows, cols]: yielded one expert at a time, under the
+# per-expert names of Hugging Face checkpoints
+_EXPERT_NAMES = {
+    "ffn_gate_exps": "gate_proj",
+    "ffn_up_exps": "up_proj",
+    "ffn_down_exps": "down_proj",
 }
 # Llama 3 defaults (the values of every released Llama 3.x config); see _llama3_from_rope_freqs.
 _LLAMA3_LOW_FREQ_FACTOR, _LLAMA3_HIGH_FREQ_FACTOR, _LLAMA3_ORIGINAL_CONTEXT = 1.0, 4.0, 8192
@@ -139,8 +149,17 @@ def read_gguf_config(path: str | os.PathLike[str]) -> ModelConfig:
         if token is not None and int(token) not in eos_ids:
             eos_ids.append(int(token))
     bos = _field(reader, "tokenizer.ggml.bos_token_id")
+    moe = {}
+    if arch == "qwen3moe":
+        moe = dict(
+            num_experts=int(meta("expert_count")),
+            num_experts_per_tok=int(meta("expert_used_count")),
+            moe_intermediate_size=int(meta("expert_feed_forward_length")),
+            # llama.cpp's qwen3moe always renormalises the top-k weights (norm_topk_prob)
+            norm_topk_prob=bool(meta("expert_weights_norm", True)),
+        )
     return ModelConfig(
-        architecture=arch,
+        architecture=GGUF_ARCHITECTURES[arch],
         # the embedding's rows, not the tokenizer's list: the weights are what the model needs
         vocab_size=int(tensors["token_embd.weight"].shape[1]),
         hidden_size=hidden,
@@ -159,6 +178,7 @@ def read_gguf_config(path: str | os.PathLike[str]) -> ModelConfig:
         qk_norm="blk.0.attn_q_norm.weight" in tensors,
         bos_token_id=None if bos is None else int(bos),
         eos_token_ids=tuple(eos_ids),
+        **moe,
     )
 
 
@@ -242,13 +262,19 @@ def _llama3_from_rope_freqs(
 
 
 def gguf_to_hf_name(name: str) -> str | None:
-    """``blk.3.attn_q.weight`` -> ``model.layers.3.self_attn.q_proj.weight``; None if unknown."""
+    """``blk.3.attn_q.weight`` -> ``model.layers.3.self_attn.q_proj.weight``, and a layer's
+    stacked experts ``blk.3.ffn_up_exps.weight`` -> ``model.layers.3.mlp.experts.{}.up_proj.weight``
+    (a format string for the expert's index); None if unknown."""
     stem, _, suffix = name.rpartition(".")
     if stem in _GLOBAL_NAMES:
         return f"{_GLOBAL_NAMES[stem]}.{suffix}"
     parts = stem.split(".")
-    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _BLOCK_NAMES:
+    if len(parts) != 3 or parts[0] != "blk" or not parts[1].isdigit():
+        return None
+    if parts[2] in _BLOCK_NAMES:
         return f"model.layers.{parts[1]}.{_BLOCK_NAMES[parts[2]]}.{suffix}"
+    if parts[2] in _EXPERT_NAMES:
+        return f"model.layers.{parts[1]}.mlp.experts.{{}}.{_EXPERT_NAMES[parts[2]]}.{suffix}"
     return None
 
 
@@ -305,4 +331,8 @@ def iter_gguf_weights(
                 weight = unpermute_qk(weight, config.num_attention_heads)
             elif ".self_attn.k_proj." in hf_name:
                 weight = unpermute_qk(weight, config.num_key_value_heads)
-        yield hf_name, weight
+        if ".mlp.experts.{}." in hf_name:
+            for expert, rows in enumerate(weight):
+                yield hf_name.format(expert), rows
+        else:
+            yield hf_name, weight
