@@ -107,6 +107,23 @@ def write_gguf(
     q/k rows permuted for the llama architecture, metadata keys from ``gguf.Keys``."""
     arch = arch or config.architecture
     writer = gguf.GGUFWriter(str(path), arch)
+    add_metadata(writer, config)
+    arch_enum = next((k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch), None)
+    name_map = gguf.get_tensor_name_map(arch_enum or gguf.MODEL_ARCH.LLAMA, 64)
+    quant = quant or {}
+    for name, w in weights.items():
+        base, suffix = name.rsplit(".", 1)
+        if arch == "llama" and (".q_proj." in name or ".k_proj." in name):
+            heads = config.num_attention_heads if ".q_proj." in name else config.num_key_value_heads
+            w = llama_cpp_permute(w, heads)
+        add_tensor(writer, f"{name_map.get_name(base)}.{suffix}", w, quant.get(name))
+    for name, w in (extra or {}).items():
+        writer.add_tensor(name, w)
+    return finish(writer, path)
+
+
+def add_metadata(writer, config: ModelConfig) -> None:
+    """The keys llama.cpp's converter writes for every architecture here (``gguf.Keys``)."""
     writer.add_block_count(config.num_hidden_layers)
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
@@ -123,25 +140,20 @@ def write_gguf(
     if config.is_moe:
         writer.add_expert_count(config.num_experts)
         writer.add_expert_used_count(config.num_experts_per_tok)
-        writer.add_expert_feed_forward_length(config.moe_intermediate_size)
-    arch_enum = next((k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch), None)
-    name_map = gguf.get_tensor_name_map(arch_enum or gguf.MODEL_ARCH.LLAMA, 64)
-    quant = quant or {}
-    for name, w in weights.items():
-        base, suffix = name.rsplit(".", 1)
-        if arch == "llama" and (".q_proj." in name or ".k_proj." in name):
-            heads = config.num_attention_heads if ".q_proj." in name else config.num_key_value_heads
-            w = llama_cpp_permute(w, heads)
-        gguf_name = f"{name_map.get_name(base)}.{suffix}"
-        qtype = quant.get(name, gguf.GGMLQuantizationType.F32)
-        if qtype == gguf.GGMLQuantizationType.F32:
-            writer.add_tensor(gguf_name, w)
-        elif qtype == gguf.GGMLQuantizationType.F16:
-            writer.add_tensor(gguf_name, w.astype(np.float16))
-        else:
-            writer.add_tensor(gguf_name, gguf.quants.quantize(w, qtype), raw_dtype=qtype)
-    for name, w in (extra or {}).items():
-        writer.add_tensor(name, w)
+        writer.add_expert_feed_forward_length(config.expert_intermediate_size)
+
+
+def add_tensor(writer, gguf_name: str, w: np.ndarray, qtype=None) -> None:
+    qtype = qtype or gguf.GGMLQuantizationType.F32
+    if qtype == gguf.GGMLQuantizationType.F32:
+        writer.add_tensor(gguf_name, w)
+    elif qtype == gguf.GGMLQuantizationType.F16:
+        writer.add_tensor(gguf_name, w.astype(np.float16))
+    else:
+        writer.add_tensor(gguf_name, gguf.quants.quantize(w, qtype), raw_dtype=qtype)
+
+
+def finish(writer, path: Path) -> Path:
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -262,26 +274,43 @@ def test_llama3_rope_scaling_other_factors(tmp_path):
         read_gguf_config(bad)
 
 
-def qwen3_moe_gguf(path: Path, quant: dict[str, object] | None = None):
+def qwen3_moe_gguf(path: Path, quant: dict[str, object] | None = None, fused: bool = False):
     """The tiny transformers Qwen3-MoE written as llama.cpp's converter does (its experts
-    stacked per layer: ``ffn_{gate,up,down}_exps`` [E, rows, cols]); returns the model too."""
+    stacked per layer: ``ffn_{gate,up,down}_exps`` [E, rows, cols], or with ``fused`` gate and
+    up in one ``ffn_gate_up_exps``, gate rows first); returns the model too."""
     from nanograph.models.config import ModelConfig
 
     hf = make_hf_model("qwen3_moe")
     config = ModelConfig.from_hf_dict(TINY_HF["qwen3_moe"]).replace(
         bos_token_id=7, eos_token_ids=(3, 5)
     )
-    weights = {}
+    weights, extra = {}, {}
     for name, w in hf.state_dict().items():
         w = w.numpy()
-        if name.endswith("mlp.experts.gate_up_proj"):  # transformers 5: [E, 2I, H] in memory
+        if name.endswith("mlp.experts.gate_up_proj") and fused:
+            extra[f"blk.{name.split('.')[2]}.ffn_gate_up_exps.weight"] = w
+        elif name.endswith("mlp.experts.gate_up_proj"):  # transformers 5: [E, 2I, H] in memory
             stem = name.removesuffix("gate_up_proj")
             weights[stem + "gate_proj.weight"], weights[stem + "up_proj.weight"] = np.split(w, 2, 1)
         elif name.endswith("mlp.experts.down_proj"):
             weights[name + ".weight"] = w
         else:
             weights[name] = w
-    return hf, config, write_gguf(path, config, weights, quant=quant, arch="qwen3moe")
+    return hf, config, write_gguf(path, config, weights, quant=quant, arch="qwen3moe", extra=extra)
+
+
+def test_qwen3_moe_gguf_fused_gate_up(tmp_path):
+    """Newer llama.cpp converters may fuse a layer's gate and up stacks: the same model."""
+    from nanograph.loader import load_weights
+    from nanograph.models import build_model
+
+    models = []
+    for fused in (False, True):
+        _, config, path = qwen3_moe_gguf(tmp_path / f"moe{fused}.gguf", fused=fused)
+        models.append(build_model(config, torch.float32, torch.device("cpu")))
+        load_weights(models[-1], iter_gguf_weights(path), progress=False)
+    for (name, a), b in zip(models[0].named_parameters(), models[1].parameters()):
+        assert torch.equal(a, b), name
 
 
 def test_qwen3_moe_gguf_logits_match_transformers(tmp_path):
@@ -315,18 +344,7 @@ def test_qwen3_moe_gguf_logits_match_transformers(tmp_path):
     with torch.no_grad():
         ref = hf(torch.tensor([ids])).logits[0]
     torch.testing.assert_close(run_chunks(model, kv, ids, [len(ids)]), ref, atol=1e-4, rtol=1e-4)
-    from nanograph import LLM, SamplingParams
-
-    greedy = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
-    [out] = LLM(str(path), page_size=4, kv_cache_bytes=2**20, progress=False).generate(
-        [ids], greedy
-    )
-    with torch.no_grad():
-        expected = hf.generate(
-            torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-            max_new_tokens=4, do_sample=False, eos_token_id=None, pad_token_id=0,
-        )  # fmt: skip
-    assert out.token_ids == expected[0, len(ids) :].tolist()
+    assert_greedy_matches(path, hf, ids)
 
 
 def test_qwen3_moe_gguf_quantized_experts(tmp_path):
@@ -348,6 +366,141 @@ def test_qwen3_moe_gguf_quantized_experts(tmp_path):
         ):  # fmt: skip
             expected = gguf.quants.dequantize(gguf.quants.quantize(w, qtype), qtype)
             assert torch.equal(ours[name], torch.from_numpy(expected)), name
+
+
+def gpt_oss_gguf(path: Path, *, fused: bool = False, mxfp4: bool = False):
+    """The tiny transformers gpt-oss written as llama.cpp's converter writes it (its
+    ``GptOssModel``): gate/up de-interleaved into ``ffn_gate_exps`` / ``ffn_up_exps`` [E, I, H]
+    (or, ``fused``, ``ffn_gate_up_exps`` [E, 2I, H], gate rows first) with their biases,
+    ``ffn_down_exps`` [E, H, I], sinks as ``attn_sinks.weight``, the router as
+    ``ffn_gate_inp``; experts in MXFP4 if asked. Returns the model, config, path and the
+    expert tensors as written (HF layout, after the file's own rounding)."""
+    hf = make_hf_model("gpt_oss")
+    config = ModelConfig.from_hf_dict(TINY_HF["gpt_oss"]).replace(
+        bos_token_id=7, eos_token_ids=(3, 5)
+    )
+    t = gguf.MODEL_TENSOR
+    names = gguf.TENSOR_NAMES
+    mx = gguf.GGMLQuantizationType.MXFP4 if mxfp4 else None
+    writer = gguf.GGUFWriter(str(path), "gpt-oss")
+    add_metadata(writer, config)
+    writer.add_sliding_window(config.sliding_window)
+    writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+    writer.add_rope_scaling_factor(config.rope_scaling.factor)
+    writer.add_rope_scaling_orig_ctx_len(config.rope_scaling.original_max_position_embeddings)
+    sd = {name: w.numpy() for name, w in hf.state_dict().items()}
+    add_tensor(writer, "token_embd.weight", sd["model.embed_tokens.weight"])
+    add_tensor(writer, "output_norm.weight", sd["model.norm.weight"])
+    written = {}
+
+    def expert(kind, bid, suffix, w):  # the file's values: what a loader must give back
+        qtype = mx if suffix == "weight" else None
+        add_tensor(writer, f"{names[kind].format(bid=bid)}.{suffix}", w, qtype)
+        return gguf.quants.dequantize(gguf.quants.quantize(w, qtype), qtype) if qtype else w
+
+    for bid in range(config.num_hidden_layers):
+        p = f"model.layers.{bid}."
+        for kind, hf_name in ((t.ATTN_Q, "q_proj"), (t.ATTN_K, "k_proj"), (t.ATTN_V, "v_proj"),
+                              (t.ATTN_OUT, "o_proj")):  # fmt: skip
+            for suffix in ("weight", "bias"):
+                add_tensor(writer, f"{names[kind].format(bid=bid)}.{suffix}",
+                           sd[f"{p}self_attn.{hf_name}.{suffix}"])  # fmt: skip
+        add_tensor(writer, f"blk.{bid}.attn_sinks.weight", sd[f"{p}self_attn.sinks"])
+        add_tensor(writer, f"blk.{bid}.attn_norm.weight", sd[f"{p}input_layernorm.weight"])
+        add_tensor(writer, f"blk.{bid}.post_attention_norm.weight",
+                   sd[f"{p}post_attention_layernorm.weight"])  # fmt: skip
+        for suffix in ("weight", "bias"):
+            add_tensor(writer, f"blk.{bid}.ffn_gate_inp.{suffix}", sd[f"{p}mlp.router.{suffix}"])
+        gate_up = sd[f"{p}mlp.experts.gate_up_proj"].transpose(0, 2, 1)  # [E, 2I, H] interleaved
+        gate_up_bias = sd[f"{p}mlp.experts.gate_up_proj_bias"]
+        halves = {"weight": (gate_up[:, ::2], gate_up[:, 1::2]),
+                  "bias": (gate_up_bias[:, ::2], gate_up_bias[:, 1::2])}  # fmt: skip
+        for suffix, (gate, up) in halves.items():
+            gate, up = np.ascontiguousarray(gate), np.ascontiguousarray(up)
+            if fused:
+                both = expert(t.FFN_GATE_UP_EXP, bid, suffix, np.concatenate((gate, up), 1))
+                gate, up = np.split(both, 2, axis=1)
+            else:
+                gate = expert(t.FFN_GATE_EXP, bid, suffix, gate)
+                up = expert(t.FFN_UP_EXP, bid, suffix, up)
+            interleaved = np.stack((gate, up), axis=2).reshape(*gate.shape[:1], -1,
+                                                               *gate.shape[2:])  # fmt: skip
+            written[f"{p}mlp.experts.gate_up_proj" + ("_bias" if suffix == "bias" else "")] = (
+                interleaved if suffix == "bias" else interleaved.transpose(0, 2, 1)
+            )
+        down = np.ascontiguousarray(sd[f"{p}mlp.experts.down_proj"].transpose(0, 2, 1))
+        written[f"{p}mlp.experts.down_proj"] = expert(t.FFN_DOWN_EXP, bid, "weight",
+                                                      down).transpose(0, 2, 1)  # fmt: skip
+        written[f"{p}mlp.experts.down_proj_bias"] = expert(
+            t.FFN_DOWN_EXP, bid, "bias", sd[f"{p}mlp.experts.down_proj_bias"]
+        )
+    return hf, config, finish(writer, path), written
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["gate-up-apart", "gate-up-fused"])
+def test_gpt_oss_gguf_logits_match_transformers(tmp_path, fused):
+    """llama.cpp's gpt-oss layout: config, every weight equal to the model's, logits."""
+    from test_model_reference import run_chunks
+
+    from nanograph.engine.kv_cache import KVCache
+    from nanograph.loader import load_weights
+    from nanograph.models import build_model
+
+    hf, config, path, _ = gpt_oss_gguf(tmp_path / "oss.gguf", fused=fused)
+    assert read_gguf_config(path) == config
+    model = build_model(config, torch.float32, torch.device("cpu"))
+    load_weights(model, iter_gguf_weights(path), progress=False)
+    for name, ours in model.hf_state_dict().items():
+        assert torch.equal(ours, hf.state_dict()[name]), name
+    ids = torch.randint(0, 256, (21,), generator=torch.Generator().manual_seed(4)).tolist()
+    kv = KVCache(config, num_pages=16, page_size=4, dtype=torch.float32, device=torch.device("cpu"))
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids])).logits[0]
+    torch.testing.assert_close(run_chunks(model, kv, ids, [len(ids)]), ref, atol=1e-4, rtol=1e-4)
+    assert_greedy_matches(path, hf, ids)
+
+
+def assert_greedy_matches(path: Path, hf, ids: list[int]) -> None:
+    """The engine on the GGUF generates transformers' greedy tokens."""
+    from nanograph import LLM, SamplingParams
+
+    greedy = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    llm = LLM(str(path), page_size=4, kv_cache_bytes=2**20, progress=False)
+    [out] = llm.generate([ids], greedy)
+    with torch.no_grad():
+        expected = hf.generate(
+            torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            max_new_tokens=4, do_sample=False, eos_token_id=None, pad_token_id=0,
+        )  # fmt: skip
+    assert out.token_ids == expected[0, len(ids) :].tolist()
+
+
+def test_gpt_oss_gguf_mxfp4_experts(tmp_path):
+    """MXFP4 expert stacks (the released GGUFs' type) dequantize to what gguf makes of them,
+    re-interleaved and transposed into Hugging Face's layout."""
+    from nanograph.loader import load_weights
+    from nanograph.models import build_model
+
+    _, config, path, written = gpt_oss_gguf(tmp_path / "oss.gguf", mxfp4=True)
+    model = build_model(config, torch.float32, torch.device("cpu"))
+    load_weights(model, iter_gguf_weights(path), progress=False)
+    ours = model.hf_state_dict()
+    for name, expected in written.items():
+        assert torch.equal(ours[name], torch.from_numpy(np.ascontiguousarray(expected))), name
+
+
+def test_gpt_oss_gguf_missing_half_is_a_clear_error(tmp_path):
+    _, config, path, _ = gpt_oss_gguf(tmp_path / "oss.gguf")
+    reader = gguf.GGUFReader(str(path))
+    kept = gguf.GGUFWriter(str(tmp_path / "cut.gguf"), "gpt-oss")
+    add_metadata(kept, config)
+    kept.add_sliding_window(config.sliding_window)
+    for tensor in reader.tensors:
+        if tensor.name != "blk.1.ffn_up_exps.weight":
+            kept.add_tensor(tensor.name, np.array(tensor.data))
+    cut = finish(kept, tmp_path / "cut.gguf")
+    with pytest.raises(ModelLoadError, match=r"without their gate or up half.*layers\.1\."):
+        list(iter_gguf_weights(cut))
 
 
 def build_hf_names(config: ModelConfig) -> list[str]:

@@ -2,8 +2,8 @@
 
 Invariants:
 - Tensors leave this module with Hugging Face names and layouts, so every consumer treats GGUF
-  and safetensors alike (a layer's stacked experts leave one expert at a time, as Hugging Face
-  checkpoints store them). llama.cpp's q/k row interleave (applied by ``convert_hf_to_gguf`` to the
+  and safetensors alike: a layer's stacked experts leave as the architecture's checkpoints
+  hold them (Qwen3-MoE one expert at a time; gpt-oss with gate and up interleaved again). llama.cpp's q/k row interleave (applied by ``convert_hf_to_gguf`` to the
   ``llama`` architecture only, not qwen2/qwen3) is undone here and nowhere else.
 - ``gguf`` is imported inside functions: ``import nanograph`` works without it.
 - Tensors stream one at a time; a quantised tensor exists in float32 only while it is yielded.
@@ -13,6 +13,7 @@ Invariants:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import os
@@ -30,7 +31,13 @@ if TYPE_CHECKING:
     from gguf import GGUFReader, ReaderTensor
 
 # general.architecture -> ours
-GGUF_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3moe": "qwen3_moe"}
+GGUF_ARCHITECTURES = {
+    "llama": "llama",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "qwen3moe": "qwen3_moe",
+    "gpt-oss": "gpt_oss",
+}
 GGUF_MAGIC = b"GGUF"
 
 # GGUF's standard tensor names (ggml docs/gguf.md) -> Hugging Face module names.
@@ -51,13 +58,19 @@ _BLOCK_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
-    "ffn_gate_inp": "mlp.gate",  # the MoE router
 }
-# all experts of a layer in one tensor [E, rows, cols]: yielded one expert at a time, under the
-# per-expert names of Hugging Face checkpoints
+# gpt-oss only (other architectures' post_attention_norm is another norm)
+_GPT_OSS_NAMES = {
+    "post_attention_norm": "post_attention_layernorm",
+    "attn_sinks": "self_attn.sinks",  # a parameter of its own: no .weight in HF names
+}
+_ROUTER = {"qwen3_moe": "mlp.gate", "gpt_oss": "mlp.router"}
+# all experts of a layer in one tensor [E, rows, cols] (gate_up: gate rows, then up rows);
+# _experts turns them into the tensors the architecture's Hugging Face checkpoints hold
 _EXPERT_NAMES = {
     "ffn_gate_exps": "gate_proj",
     "ffn_up_exps": "up_proj",
+    "ffn_gate_up_exps": "gate_up_proj",
     "ffn_down_exps": "down_proj",
 }
 # Llama 3 defaults (the values of every released Llama 3.x config); see _llama3_from_rope_freqs.
@@ -149,15 +162,27 @@ def read_gguf_config(path: str | os.PathLike[str]) -> ModelConfig:
         if token is not None and int(token) not in eos_ids:
             eos_ids.append(int(token))
     bos = _field(reader, "tokenizer.ggml.bos_token_id")
-    moe = {}
+    moe: dict[str, Any] = {}
+    if arch in ("qwen3moe", "gpt-oss"):
+        moe = dict(num_experts=int(meta("expert_count")),
+                   num_experts_per_tok=int(meta("expert_used_count")))  # fmt: skip
     if arch == "qwen3moe":
-        moe = dict(
-            num_experts=int(meta("expert_count")),
-            num_experts_per_tok=int(meta("expert_used_count")),
-            moe_intermediate_size=int(meta("expert_feed_forward_length")),
-            # llama.cpp's qwen3moe always renormalises the top-k weights (norm_topk_prob)
-            norm_topk_prob=bool(meta("expert_weights_norm", True)),
+        moe["moe_intermediate_size"] = int(meta("expert_feed_forward_length"))
+        # llama.cpp's qwen3moe always renormalises the top-k weights (norm_topk_prob)
+        moe["norm_topk_prob"] = bool(meta("expert_weights_norm", True))
+    if arch == "gpt-oss":
+        # llama.cpp's gpt-oss: sliding-window attention on even layers; its YaRN is the
+        # released config's (no rounding of the correction range: truncate false)
+        layers = int(meta("block_count"))
+        moe |= dict(
+            sliding_window=int(meta("attention.sliding_window")),
+            layer_types=tuple(
+                ("sliding_attention", "full_attention")[i % 2] for i in range(layers)
+            ),
+            o_proj_bias="blk.0.attn_output.bias" in tensors,
+            attention_sinks="blk.0.attn_sinks.weight" in tensors,
         )
+        rope_scaling = dataclasses.replace(rope_scaling, truncate=False)
     return ModelConfig(
         architecture=GGUF_ARCHITECTURES[arch],
         # the embedding's rows, not the tokenizer's list: the weights are what the model needs
@@ -261,21 +286,61 @@ def _llama3_from_rope_freqs(
     return scaling
 
 
-def gguf_to_hf_name(name: str) -> str | None:
+def gguf_to_hf_name(name: str, architecture: str = "llama") -> str | None:
     """``blk.3.attn_q.weight`` -> ``model.layers.3.self_attn.q_proj.weight``, and a layer's
     stacked experts ``blk.3.ffn_up_exps.weight`` -> ``model.layers.3.mlp.experts.{}.up_proj.weight``
-    (a format string for the expert's index); None if unknown."""
+    (``{}``: where the expert's index goes; ``_experts`` resolves it); None if unknown."""
     stem, _, suffix = name.rpartition(".")
     if stem in _GLOBAL_NAMES:
         return f"{_GLOBAL_NAMES[stem]}.{suffix}"
     parts = stem.split(".")
     if len(parts) != 3 or parts[0] != "blk" or not parts[1].isdigit():
         return None
-    if parts[2] in _BLOCK_NAMES:
-        return f"model.layers.{parts[1]}.{_BLOCK_NAMES[parts[2]]}.{suffix}"
-    if parts[2] in _EXPERT_NAMES:
-        return f"model.layers.{parts[1]}.mlp.experts.{{}}.{_EXPERT_NAMES[parts[2]]}.{suffix}"
+    layer, kind = f"model.layers.{parts[1]}", parts[2]
+    if architecture == "gpt_oss" and kind in _GPT_OSS_NAMES:
+        hf = f"{layer}.{_GPT_OSS_NAMES[kind]}"
+        return hf if kind == "attn_sinks" else f"{hf}.{suffix}"
+    if kind in _BLOCK_NAMES:
+        return f"{layer}.{_BLOCK_NAMES[kind]}.{suffix}"
+    if kind == "ffn_gate_inp" and architecture in _ROUTER:
+        return f"{layer}.{_ROUTER[architecture]}.{suffix}"
+    if kind in _EXPERT_NAMES:
+        return f"{layer}.mlp.experts.{{}}.{_EXPERT_NAMES[kind]}.{suffix}"
     return None
+
+
+def _experts(
+    name: str, weight: torch.Tensor, architecture: str, halves: dict
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """A stacked expert tensor (``name`` from ``gguf_to_hf_name``) as the architecture's
+    Hugging Face checkpoints hold it. Qwen3-MoE: one tensor per expert (a fused gate_up: the
+    transformers-5 tensor, gate rows then up rows, as it is). gpt-oss: all experts in one
+    tensor, ``[E, in, out]``, gate and up interleaved in one ``gate_up_proj`` (its weight and
+    its bias); a GGUF's separate gate and up wait in ``halves`` for each other."""
+    prefix, rest = name.split(".{}.")
+    proj, suffix = rest.split(".")
+    if architecture != "gpt_oss":
+        if proj == "gate_up_proj":
+            yield f"{prefix}.gate_up_proj", weight
+        else:
+            for expert, rows in enumerate(weight):
+                yield f"{prefix}.{expert}.{proj}.{suffix}", rows
+        return
+    hf = f"{prefix}.{'down_proj' if proj == 'down_proj' else 'gate_up_proj'}"
+    hf += "_bias" if suffix == "bias" else ""
+    if proj == "down_proj":
+        yield hf, weight if suffix == "bias" else weight.transpose(1, 2)
+        return
+    if proj == "gate_up_proj":
+        gate, up = weight.chunk(2, dim=1)
+    else:
+        pair = halves.setdefault(hf, {})
+        pair[proj] = weight
+        if len(pair) < 2:
+            return
+        gate, up = halves.pop(hf)["gate_proj"], pair["up_proj"]
+    both = torch.stack((gate, up), dim=2).flatten(1, 2)  # rows (or bias entries) interleaved
+    yield hf, both if suffix == "bias" else both.transpose(1, 2)
 
 
 def unpermute_qk(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
@@ -316,10 +381,11 @@ def iter_gguf_weights(
     float32, F16 ones float16, F32 ones float32; the caller converts to its dtype."""
     reader = open_gguf(path)
     config = config or read_gguf_config(path)
+    halves: dict[str, dict[str, torch.Tensor]] = {}
     for tensor in reader.tensors:
         if tensor.name == "rope_freqs.weight":
             continue  # folded into config.rope_scaling
-        hf_name = gguf_to_hf_name(tensor.name)
+        hf_name = gguf_to_hf_name(tensor.name, config.architecture)
         if hf_name is None:
             raise ModelLoadError(
                 f"{path}: GGUF tensor {tensor.name!r} has no counterpart in nanograph's "
@@ -332,7 +398,10 @@ def iter_gguf_weights(
             elif ".self_attn.k_proj." in hf_name:
                 weight = unpermute_qk(weight, config.num_key_value_heads)
         if ".mlp.experts.{}." in hf_name:
-            for expert, rows in enumerate(weight):
-                yield hf_name.format(expert), rows
+            yield from _experts(hf_name, weight, config.architecture, halves)
         else:
             yield hf_name, weight
+    if halves:
+        raise ModelLoadError(
+            f"{path}: expert tensors without their gate or up half: {sorted(halves)}"
+        )
