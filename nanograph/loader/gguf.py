@@ -3,10 +3,12 @@
 Invariants:
 - Tensors leave this module with Hugging Face names and layouts, so every consumer treats GGUF
   and safetensors alike: a layer's stacked experts leave as the architecture's checkpoints
-  hold them (Qwen3-MoE one expert at a time; gpt-oss with gate and up interleaved again). llama.cpp's q/k row interleave (applied by ``convert_hf_to_gguf`` to the
-  ``llama`` architecture only, not qwen2/qwen3) is undone here and nowhere else.
+  hold them (Qwen3-MoE one expert at a time; gpt-oss with gate and up interleaved again).
+  llama.cpp's q/k row interleave (applied by ``convert_hf_to_gguf`` to the ``llama``
+  architecture only, not qwen2/qwen3) is undone here and nowhere else.
 - ``gguf`` is imported inside functions: ``import nanograph`` works without it.
-- Tensors stream one at a time; a quantised tensor exists in float32 only while it is yielded.
+- Tensors stream one at a time; a quantised tensor exists in float32 only while it is yielded
+  (gpt-oss' separate gate and up stacks of a layer: until the second is read).
 - One ``GGUFReader`` per file is kept (parsing the metadata of a 49k-token vocabulary takes
   seconds), so reading the config and then the weights parses the file once.
 """
