@@ -316,10 +316,8 @@ def test_qwen3_moe_gguf_fused_gate_up(tmp_path):
 def test_qwen3_moe_gguf_logits_match_transformers(tmp_path):
     """Config, every weight and the logits of a Qwen3-MoE GGUF; transformers' own GGUF loader
     reads the same file to the same weights (so the file is what llama.cpp writes)."""
-    from test_model_reference import run_chunks
     from transformers import AutoModelForCausalLM
 
-    from nanograph.engine.kv_cache import KVCache
     from nanograph.loader import load_weights
     from nanograph.models import build_model
 
@@ -339,12 +337,7 @@ def test_qwen3_moe_gguf_logits_match_transformers(tmp_path):
         assert torch.equal(ours, expected), name
     for name, tensor in hf.state_dict().items():
         assert torch.equal(theirs[name], tensor), name
-    ids = torch.randint(0, 256, (23,), generator=torch.Generator().manual_seed(2)).tolist()
-    kv = KVCache(config, num_pages=16, page_size=4, dtype=torch.float32, device=torch.device("cpu"))
-    with torch.no_grad():
-        ref = hf(torch.tensor([ids])).logits[0]
-    torch.testing.assert_close(run_chunks(model, kv, ids, [len(ids)]), ref, atol=1e-4, rtol=1e-4)
-    assert_greedy_matches(path, hf, ids)
+    assert_runs_like(hf, model, path, seed=2)
 
 
 def test_qwen3_moe_gguf_quantized_experts(tmp_path):
@@ -440,9 +433,6 @@ def gpt_oss_gguf(path: Path, *, fused: bool = False, mxfp4: bool = False):
 @pytest.mark.parametrize("fused", [False, True], ids=["gate-up-apart", "gate-up-fused"])
 def test_gpt_oss_gguf_logits_match_transformers(tmp_path, fused):
     """llama.cpp's gpt-oss layout: config, every weight equal to the model's, logits."""
-    from test_model_reference import run_chunks
-
-    from nanograph.engine.kv_cache import KVCache
     from nanograph.loader import load_weights
     from nanograph.models import build_model
 
@@ -452,18 +442,23 @@ def test_gpt_oss_gguf_logits_match_transformers(tmp_path, fused):
     load_weights(model, iter_gguf_weights(path), progress=False)
     for name, ours in model.hf_state_dict().items():
         assert torch.equal(ours, hf.state_dict()[name]), name
-    ids = torch.randint(0, 256, (21,), generator=torch.Generator().manual_seed(4)).tolist()
-    kv = KVCache(config, num_pages=16, page_size=4, dtype=torch.float32, device=torch.device("cpu"))
+    assert_runs_like(hf, model, path, seed=4)
+
+
+def assert_runs_like(hf, model, path: Path, seed: int) -> None:
+    """``model`` (loaded from the GGUF at ``path``) gives ``hf``'s logits on a random prompt,
+    and the engine on the file generates transformers' greedy tokens."""
+    from test_model_reference import run_chunks
+
+    from nanograph import LLM, SamplingParams
+    from nanograph.engine.kv_cache import KVCache
+
+    ids = torch.randint(0, 256, (23,), generator=torch.Generator().manual_seed(seed)).tolist()
+    kv = KVCache(model.config, num_pages=16, page_size=4, dtype=torch.float32,
+                 device=torch.device("cpu"))  # fmt: skip
     with torch.no_grad():
         ref = hf(torch.tensor([ids])).logits[0]
     torch.testing.assert_close(run_chunks(model, kv, ids, [len(ids)]), ref, atol=1e-4, rtol=1e-4)
-    assert_greedy_matches(path, hf, ids)
-
-
-def assert_greedy_matches(path: Path, hf, ids: list[int]) -> None:
-    """The engine on the GGUF generates transformers' greedy tokens."""
-    from nanograph import LLM, SamplingParams
-
     greedy = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
     llm = LLM(str(path), page_size=4, kv_cache_bytes=2**20, progress=False)
     [out] = llm.generate([ids], greedy)
