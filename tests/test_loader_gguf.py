@@ -198,7 +198,10 @@ def test_synthetic_round_trip(tmp_path, config):
         assert torch.equal(ours[name], torch.from_numpy(w)), name
 
 
-def test_quant_types(tmp_path):
+@pytest.mark.parametrize("chunk_bytes", [None, 200], ids=["whole", "row-chunks-in-threads"])
+def test_quant_types(tmp_path, monkeypatch, chunk_bytes):
+    if chunk_bytes:  # tensors past the chunk size are dequantised in row chunks by threads
+        monkeypatch.setattr("nanograph.loader.gguf.DEQUANT_CHUNK_BYTES", chunk_bytes)
     config = ModelConfig(architecture="llama", **TINY)
     weights = random_hf_weights(config)
     q = "model.layers.0.self_attn.q_proj.weight"
