@@ -236,3 +236,18 @@ def test_first_bad_token_names_the_first_entry_outside_the_vocabulary(length):
     for bad in (-1, length, 2**70, True, 1.0, None):
         ids = [*good[:-1], bad, bad]
         assert first_bad_token(ids, length) == length - 1, bad
+
+
+def test_weights_that_do_not_fit_the_gpu_fail_before_allocating(monkeypatch):
+    """A model too large for the GPU's free memory is refused with the sizes and the ways out,
+    before anything is allocated (checked here with CUDA's free-memory query faked)."""
+    import torch
+
+    from nanograph.loader import resolve_model
+    from nanograph.models import build_model
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (2**33, 2**34))
+    config = resolve_model("qwen3-8b", "dummy").config  # 16.4 GB of bf16 weights
+    with pytest.raises(MemoryError, match=r"weights need 15\.\d GiB in torch\.bfloat16 but "
+                       r"cuda has 8\.0 GiB free .*--tensor-parallel-size"):  # fmt: skip
+        build_model(config, torch.bfloat16, torch.device("cuda"))

@@ -25,9 +25,27 @@ def build_model(
         moe_backend = get_moe_backend("auto", device)
     with torch.device("meta"):
         model = CausalLM(config, moe_backend if config.is_moe else None, tp)
-    model = model.to(dtype=dtype).to_empty(device=device)
+    model = model.to(dtype=dtype)
+    _check_weights_fit(model, device)
+    model = model.to_empty(device=device)
     model.build_rotary()
     return model.eval().requires_grad_(False)
+
+
+def _check_weights_fit(model: CausalLM, device: torch.device) -> None:
+    """A clear error, before any allocation, when a GPU cannot hold the weights (torch's own
+    out-of-memory error would come from inside ``to_empty`` and name no way out)."""
+    if device.type != "cuda":
+        return
+    need = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+    free, total = torch.cuda.mem_get_info(device)
+    if need > free:
+        dtype = next(model.parameters()).dtype
+        raise MemoryError(
+            f"the model's weights need {need / 2**30:.1f} GiB in {dtype} but {device} has "
+            f"{free / 2**30:.1f} GiB free (of {total / 2**30:.1f}): use a GPU with more memory, "
+            "--tensor-parallel-size N to split them over N GPUs, or a smaller model"
+        )
 
 
 __all__ = [
