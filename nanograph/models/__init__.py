@@ -39,6 +39,9 @@ def _check_weights_fit(model: CausalLM, device: torch.device) -> None:
         return
     need = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
     free, total = torch.cuda.mem_get_info(device)
+    # what torch's allocator holds but no tensor uses (an engine freed earlier in this process)
+    # is free for these weights too
+    free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
     if need > free:
         dtype = next(model.parameters()).dtype
         raise MemoryError(
