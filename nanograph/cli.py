@@ -14,10 +14,10 @@ import sys
 import time
 
 from nanograph import __version__
+from nanograph.loader.presets import PRESETS
 
 ENGINE_HELP = {
-    "model": "preset name (smollm2-135m, qwen3-0.6b, qwen3-8b, llama-3.1-8b, qwen3-30b-a3b, "
-    "gpt-oss-20b), a .gguf file or a Hugging Face folder",
+    "model": f"preset name ({', '.join(PRESETS)}), a .gguf file or a Hugging Face folder",
     "load_format": "auto | gguf | hf | dummy (random weights at full size, for benchmarks)",
     "dtype": "auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16 | float16",
     "device": "auto | cpu | cuda[:N]",

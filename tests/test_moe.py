@@ -107,6 +107,9 @@ def test_config_round_trip_and_presets():
     oss = resolve_model("gpt-oss-20b", "dummy").config
     assert 20.8e9 < oss.num_params < 21.0e9 and oss.sliding_window == 128
     assert oss.layer_types[:2] == ("sliding_attention", "full_attention")
+    big = resolve_model("gpt-oss-120b", "dummy").config  # OpenAI's 116.8B total, 5.1B active
+    assert 116.7e9 < big.num_params < 116.9e9 and 5.1e9 < big.num_active_params < 5.2e9
+    assert (big.num_experts, big.num_hidden_layers, len(big.layer_types)) == (128, 36, 36)
 
 
 def test_unsupported_moe_configs_fail_clearly():
