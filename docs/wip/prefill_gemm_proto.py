@@ -5,8 +5,9 @@ kernels that re-read what a GEMM just wrote. Fusing them into GEMM epilogues nee
 (cuBLAS has no SwiGLU epilogue), and it pays only if that GEMM stays near cuBLAS. First probe:
 the gate/up product with SiLU-and-mul in its epilogue (two accumulators a program: the gate
 columns and the matching up columns of ``w13 [2I, H]``; gate and up rounded to the dtype first,
-as the unfused path rounds them), against cuBLAS's gate/up plus our SiLU kernel; and the plain
-GEMM against cuBLAS at every product of the layer.
+as the unfused path rounds them), against cuBLAS's gate/up plus our SiLU kernel; the q/k/v
+product with ``rope_store_kv``'s work (q/k norm, rope, KV store) in its epilogue, against
+cuBLAS plus our rope kernel; and the plain GEMM against cuBLAS at every product of the layer.
 
     python3 docs/wip/prefill_gemm_proto.py --out OUT.json            # GPU: timings
     PYTHONPATH=/tmp/t36 python3 docs/wip/prefill_gemm_proto.py --sass DIR   # CPU: sm_90 SASS
@@ -39,6 +40,8 @@ CONFIGS = [(128, 128, 64, 4, 8), (128, 256, 64, 3, 8), (128, 128, 128, 3, 8), (1
            (64, 128, 64, 4, 4)]  # fmt: skip
 # two accumulators: 128 x 256 tiles spill (Triton 3.6, sm_90: 255 registers, 1,032-byte stack)
 SILU_CONFIGS = [c for c in CONFIGS if c[1] <= 128]
+# the q/k/v epilogue (BLOCK_N = head_dim, as two products of its rotary halves)
+QKV_CONFIGS = [(64, 128, 64, 4, 4), (64, 128, 64, 4, 8), (64, 128, 128, 3, 4), (128, 128, 64, 4, 8)]
 
 
 @triton.jit
@@ -72,6 +75,115 @@ def _gemm(a_desc, w_desc, c_desc, M, N, K, inter, BLOCK_M: tl.constexpr, BLOCK_N
             up = up.to(c_desc.dtype).to(tl.float32)
             acc = gate * tl.sigmoid(gate) * up
         c_desc.store([m0, n0], acc.to(c_desc.dtype))
+
+
+@triton.jit
+def _qkv_rope(a_desc, w_desc, c_desc, positions_ptr, cos_sin_ptr, q_norm_ptr, k_norm_ptr,
+              slot_ptr, k_cache_ptr, v_cache_ptr, M, K, stride_cos_sin, stride_slot,
+              stride_head, eps, NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
+              BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_K: tl.constexpr,
+              GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr):  # fmt: skip
+    """The q/k/v product, one head a tile (BLOCK_N = HEAD_DIM), with ``rope_store_kv``'s work
+    in its epilogue: q and k heads RMS-normed (q/k norm) and rotated, written to the output
+    as rope_store_kv leaves them; k and v rows also stored in the cache at their slots."""
+    HALF: tl.constexpr = HEAD_DIM // 2
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = NUM_Q_HEADS + 2 * NUM_KV_HEADS
+    per_group = GROUP_M * num_n
+    offs_d = tl.arange(0, HALF)
+    # not flatten=True: Triton 3.6's loop fusion fails on this epilogue's branches (an scf.if
+    # region edge mismatch in tritongpu-fuse-nested-loops)
+    for tile in tl.range(tl.program_id(0), num_m * num_n, NUM_PROGRAMS):
+        group = tile // per_group
+        first_m = group * GROUP_M
+        size_m = tl.minimum(num_m - first_m, GROUP_M)
+        m0 = (first_m + tile % size_m) * BLOCK_M
+        head = (tile % per_group) // size_m
+        # the head's two rotary halves as two products: no register shuffle to pair them
+        x1 = tl.zeros([BLOCK_M, HALF], tl.float32)
+        x2 = tl.zeros([BLOCK_M, HALF], tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            a = a_desc.load([m0, k0])
+            x1 = tl.dot(a, w_desc.load([head * HEAD_DIM, k0]).T, x1)
+            x2 = tl.dot(a, w_desc.load([head * HEAD_DIM + HALF, k0]).T, x2)
+        x1 = x1.to(c_desc.dtype).to(tl.float32)  # what the GEMM would have written
+        x2 = x2.to(c_desc.dtype).to(tl.float32)
+        rows = m0 + tl.arange(0, BLOCK_M)
+        if head < NUM_Q_HEADS + NUM_KV_HEADS:  # q or k: norm, then rotate the two halves
+            norm_ptr = q_norm_ptr if head < NUM_Q_HEADS else k_norm_ptr
+            inv_rms = tl.rsqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / HEAD_DIM + eps)
+            x1 = x1 * inv_rms[:, None] * tl.load(norm_ptr + offs_d)[None, :].to(tl.float32)
+            x2 = x2 * inv_rms[:, None] * tl.load(norm_ptr + HALF + offs_d)[None, :].to(tl.float32)
+            table = (
+                cos_sin_ptr + tl.load(positions_ptr + rows).to(tl.int64)[:, None] * stride_cos_sin
+            )
+            cos = tl.load(table + offs_d[None, :])
+            sin = tl.load(table + HALF + offs_d[None, :])
+            x1, x2 = x1 * cos - x2 * sin, x2 * cos + x1 * sin
+        y1 = x1.to(c_desc.dtype)
+        y2 = x2.to(c_desc.dtype)
+        c_desc.store([m0, head * HEAD_DIM], y1)
+        c_desc.store([m0, head * HEAD_DIM + HALF], y2)
+        if head >= NUM_Q_HEADS:  # k or v: also into the cache (slot -1: a padded row)
+            kv_head = (head - NUM_Q_HEADS) % NUM_KV_HEADS
+            cache = k_cache_ptr if head < NUM_Q_HEADS + NUM_KV_HEADS else v_cache_ptr
+            slot = tl.load(slot_ptr + rows).to(tl.int64)
+            ptrs = cache + slot[:, None] * stride_slot + kv_head * stride_head + offs_d[None, :]
+            keep = (slot >= 0)[:, None]
+            tl.store(ptrs, y1, mask=keep)
+            tl.store(ptrs + HALF, y2, mask=keep)
+
+
+def qkv_rope(a, w, rope, *, config=CONFIGS[0], programs=None):
+    """``rope_store_kv``'s inputs after the q/k/v GEMM, in one kernel; ``rope`` is the dict
+    ``make_rope`` returns (positions, table, norms, cache, slots, head counts)."""
+    m, k = a.shape
+    block_m, _, block_k, stages, warps = config
+    d = rope["head_dim"]
+    c = torch.empty(m, w.shape[0], dtype=a.dtype, device=a.device)
+    a_desc = TensorDescriptor.from_tensor(a, [block_m, block_k])
+    w_desc = TensorDescriptor.from_tensor(w, [d // 2, block_k])
+    c_desc = TensorDescriptor.from_tensor(c, [block_m, d // 2])
+    if programs is None:
+        programs = torch.cuda.get_device_properties(a.device).multi_processor_count
+    cache = rope["k_cache"]
+    _qkv_rope[(programs,)](
+        a_desc, w_desc, c_desc, rope["positions"], rope["cos_sin"], rope["q_norm"],
+        rope["k_norm"], rope["slots"], cache, rope["v_cache"], m, k, rope["cos_sin"].stride(0),
+        cache.stride(0), cache.stride(1), 1e-6, rope["heads"], rope["kv_heads"], block_m, d,
+        block_k, 8, programs, num_warps=warps, num_stages=stages,
+    )  # fmt: skip
+    return c
+
+
+def make_rope(m, heads, kv_heads, d, device, generator, dtype=torch.bfloat16):
+    """Inputs of ``rope_store_kv`` for m tokens: positions, a cos/sin table, q/k norm weights,
+    and a cache whose slots are a permutation (a prefill's pages in no order)."""
+    positions = torch.arange(m, device=device)
+    inv = 1e6 ** -(torch.arange(0, d, 2, device=device, dtype=torch.float32) / d)
+    angles = positions[:, None].float() * inv[None, :]
+    cos_sin = torch.cat((angles.cos(), angles.sin()), 1).contiguous()
+    norm = (1 + 0.1 * torch.randn(2, d, device=device, generator=generator)).to(dtype)
+    cache = torch.zeros(2, m, kv_heads, d, dtype=dtype, device=device)
+    slots = torch.randperm(m, device=device, generator=generator)
+    return dict(positions=positions, cos_sin=cos_sin, q_norm=norm[0], k_norm=norm[1],
+                k_cache=cache[0], v_cache=cache[1], slots=slots, heads=heads,
+                kv_heads=kv_heads, head_dim=d)  # fmt: skip
+
+
+def unfused_qkv_rope(a, w, rope, matmul=torch.nn.functional.linear):
+    """The engine's path: the GEMM, then ``rope_store_kv`` on views of its output."""
+    from nanograph.kernels import fused, reference
+
+    heads, kv_heads, d = rope["heads"], rope["kv_heads"], rope["head_dim"]
+    out = matmul(a, w)
+    qkv = out.view(a.shape[0], heads + 2 * kv_heads, d)
+    q, k, v = qkv[:, :heads], qkv[:, heads : heads + kv_heads], qkv[:, heads + kv_heads :]
+    (fused if a.is_cuda else reference).rope_store_kv(
+        q, k, v, rope["positions"], rope["cos_sin"], rope["k_cache"], rope["v_cache"],
+        rope["slots"], q_norm_weight=rope["q_norm"], k_norm_weight=rope["k_norm"], eps=1e-6,
+    )  # fmt: skip
+    return out
 
 
 def gemm(a, w, *, silu_mul=False, config=CONFIGS[0], warp_specialize=False, programs=None):
@@ -108,7 +220,17 @@ def check() -> None:
         torch.testing.assert_close(got, a @ w.T, atol=1e-4, rtol=1e-4)
         got = gemm(a, w, silu_mul=True, config=config, programs=3)
         torch.testing.assert_close(got, unfused_silu_mul(a, w), atol=1e-4, rtol=1e-4)
-    print("plain and silu_mul GEMMs match torch (float32, interpreter)")
+    heads, kv_heads, d = 4, 2, 32  # float32: the interpreter's bf16 dots are not exact
+    a = torch.randn(64, 64, generator=g)
+    w = torch.randn((heads + 2 * kv_heads) * d, 64, generator=g) / 8
+    ropes = [make_rope(64, heads, kv_heads, d, "cpu", torch.Generator().manual_seed(1),
+                       torch.float32) for _ in range(2)]  # fmt: skip
+    want = unfused_qkv_rope(a, w, ropes[0])
+    got = qkv_rope(a, w, ropes[1], config=(32, d, 32, 2, 4), programs=3)
+    for x, y in ((got, want), (ropes[1]["k_cache"], ropes[0]["k_cache"]),
+                 (ropes[1]["v_cache"], ropes[0]["v_cache"])):  # fmt: skip
+        torch.testing.assert_close(x, y, atol=1e-4, rtol=1e-4)
+    print("plain, silu_mul and q/k/v + rope GEMMs match the engine's path (float32, interpreter)")
 
 
 def sass(folder: str) -> None:
@@ -154,6 +276,39 @@ def sass(folder: str) -> None:
                 f.write(re.sub(r"/\*[0-9a-f]{4}\*/", "", text))
             regs = " ".join(re.findall(r"(REG:\d+|STACK:\d+)", usage))
             print(f"{os.path.basename(path)}: {regs}, {text.count('HGMMA')} HGMMA")
+    for config in QKV_CONFIGS:  # the q/k/v product with rope_store_kv's work in its epilogue
+        block_m, _, block_k, stages, warps = config
+        signature = {
+            "a_desc": f"tensordesc<bf16[{block_m},{block_k}]>",
+            "w_desc": f"tensordesc<bf16[64,{block_k}]>",
+            "c_desc": f"tensordesc<bf16[{block_m},64]>",
+            "positions_ptr": "*i64", "cos_sin_ptr": "*fp32", "q_norm_ptr": "*bf16",
+            "k_norm_ptr": "*bf16", "slot_ptr": "*i64", "k_cache_ptr": "*bf16",
+            "v_cache_ptr": "*bf16", "M": "i32", "K": "i32", "stride_cos_sin": "i32",
+            "stride_slot": "i32", "stride_head": "i32", "eps": "fp32",
+        }  # fmt: skip
+        constexprs = {"NUM_Q_HEADS": 16, "NUM_KV_HEADS": 8, "BLOCK_M": block_m,
+                      "HEAD_DIM": 128, "BLOCK_K": block_k, "GROUP_M": 8,
+                      "NUM_PROGRAMS": 132}  # fmt: skip
+        signature |= dict.fromkeys(constexprs, "constexpr")
+        names = list(signature)
+        source = ASTSource(
+            fn=_qkv_rope,
+            signature=signature,
+            constexprs={(names.index(k),): v for k, v in constexprs.items()},
+        )
+        compiled = triton.compile(
+            source,
+            target=GPUTarget("cuda", 90, 32),
+            options={"num_warps": warps, "num_stages": stages},
+        )
+        path = os.path.join(folder, "qkv_rope_" + "_".join(map(str, config)))
+        with open(path + ".cubin", "wb") as f:
+            f.write(compiled.asm["cubin"])
+        usage = subprocess.run([tool, "-res-usage", path + ".cubin"], capture_output=True,
+                               text=True, check=True).stdout  # fmt: skip
+        regs = " ".join(re.findall(r"(REG:\d+|STACK:\d+)", usage))
+        print(f"{os.path.basename(path)}: {regs}")
 
 
 def measure(out: str) -> None:
@@ -173,6 +328,20 @@ def measure(out: str) -> None:
                     arms[f"triton {config} ws={ws}"] = lambda a=a[k], w=w, c=config, ws=ws: gemm(
                         a, w, config=c, warp_specialize=ws
                     )
+            if name == "qkv":  # qwen3-0.6b: 16 q / 8 kv heads of 128, q/k norm
+
+                def rope_arm(fn, rope, a=a[k], w=w):
+                    return lambda: fn(a, w, rope)
+
+                arms["cublas + rope kernel"] = rope_arm("cublas", unfused_qkv_rope)
+                arms["triton + rope kernel"] = rope_arm(
+                    "triton",
+                    lambda a, w, r: unfused_qkv_rope(a, w, r, matmul=lambda a, w: gemm(a, w)),
+                )
+                for config in QKV_CONFIGS:
+                    arms[f"triton rope {config}"] = rope_arm(
+                        f"fused{config}", lambda a, w, r, c=config: qkv_rope(a, w, r, config=c)
+                    )
             if name == "gate_up":
                 want_silu = unfused_silu_mul(a[k], w)
                 arms["cublas + silu kernel"] = lambda a=a[k], w=w: unfused_silu_mul(a, w)
@@ -184,6 +353,8 @@ def measure(out: str) -> None:
                 try:
                     got = fn().float()
                     ref = want_silu if "silu" in label else want
+                    if "rope" in label:  # against the engine's path (outputs and caches)
+                        ref = arms["cublas + rope kernel"]().float()
                     err = (got - ref.float()).abs().max().item()
                     ms = triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
                 except Exception as exc:  # a configuration out of shared memory, say
