@@ -233,16 +233,43 @@ def check() -> None:
     print("plain, silu_mul and q/k/v + rope GEMMs match the engine's path (float32, interpreter)")
 
 
-def sass(folder: str) -> None:
+def _compile_sm90(fn, signature: dict, constexprs: dict, config, path: str) -> None:
+    """Compiles ``fn`` for sm_90 (H100/H200) with ``config``'s stages and warps; writes its
+    SASS to ``path``.sass and prints its registers, stack and HGMMA count."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    os.makedirs(folder, exist_ok=True)
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
                         "cuobjdump")  # fmt: skip
+    signature = signature | dict.fromkeys(constexprs, "constexpr")
+    names = list(signature)
+    source = ASTSource(
+        fn=fn, signature=signature, constexprs={(names.index(k),): v for k, v in constexprs.items()}
+    )
+    compiled = triton.compile(
+        source,
+        target=GPUTarget("cuda", 90, 32),
+        options={"num_warps": config[4], "num_stages": config[3]},
+    )
+    with open(path + ".cubin", "wb") as f:
+        f.write(compiled.asm["cubin"])
+    usage, text = (
+        subprocess.run(
+            [tool, flag, path + ".cubin"], capture_output=True, text=True, check=True
+        ).stdout
+        for flag in ("-res-usage", "-sass")
+    )
+    with open(path + ".sass", "w") as f:
+        f.write(re.sub(r"/\*[0-9a-f]{4}\*/", "", text))
+    regs = " ".join(re.findall(r"(REG:\d+|STACK:\d+)", usage))
+    print(f"{os.path.basename(path)}: {regs}, {text.count('HGMMA')} HGMMA")
+
+
+def sass(folder: str) -> None:
+    os.makedirs(folder, exist_ok=True)
     for silu_mul in (False, True):
         for config in CONFIGS[:3] if not silu_mul else SILU_CONFIGS[:3]:
-            block_m, block_n, block_k, stages, warps = config
+            block_m, block_n, block_k = config[:3]
             signature = {
                 "a_desc": f"tensordesc<bf16[{block_m},{block_k}]>",
                 "w_desc": f"tensordesc<bf16[{block_n},{block_k}]>",
@@ -252,32 +279,10 @@ def sass(folder: str) -> None:
             constexprs = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k,
                           "GROUP_M": 8, "NUM_PROGRAMS": 132, "SILU_MUL": silu_mul,
                           "WARP_SPECIALIZE": False}  # fmt: skip
-            signature |= dict.fromkeys(constexprs, "constexpr")
-            names = list(signature)
-            source = ASTSource(
-                fn=_gemm,
-                signature=signature,
-                constexprs={(names.index(k),): v for k, v in constexprs.items()},
-            )
-            compiled = triton.compile(
-                source,
-                target=GPUTarget("cuda", 90, 32),
-                options={"num_warps": warps, "num_stages": stages},
-            )
-            path = os.path.join(folder, f"gemm_{'silu' if silu_mul else 'plain'}_"
-                                        + "_".join(map(str, config)))  # fmt: skip
-            with open(path + ".cubin", "wb") as f:
-                f.write(compiled.asm["cubin"])
-            usage = subprocess.run([tool, "-res-usage", path + ".cubin"], capture_output=True,
-                                   text=True, check=True).stdout  # fmt: skip
-            text = subprocess.run([tool, "-sass", path + ".cubin"], capture_output=True,
-                                  text=True, check=True).stdout  # fmt: skip
-            with open(path + ".sass", "w") as f:
-                f.write(re.sub(r"/\*[0-9a-f]{4}\*/", "", text))
-            regs = " ".join(re.findall(r"(REG:\d+|STACK:\d+)", usage))
-            print(f"{os.path.basename(path)}: {regs}, {text.count('HGMMA')} HGMMA")
+            name = f"gemm_{'silu' if silu_mul else 'plain'}_" + "_".join(map(str, config))
+            _compile_sm90(_gemm, signature, constexprs, config, os.path.join(folder, name))
     for config in QKV_CONFIGS:  # the q/k/v product with rope_store_kv's work in its epilogue
-        block_m, _, block_k, stages, warps = config
+        block_m, _, block_k = config[:3]
         signature = {
             "a_desc": f"tensordesc<bf16[{block_m},{block_k}]>",
             "w_desc": f"tensordesc<bf16[64,{block_k}]>",
@@ -290,25 +295,8 @@ def sass(folder: str) -> None:
         constexprs = {"NUM_Q_HEADS": 16, "NUM_KV_HEADS": 8, "BLOCK_M": block_m,
                       "HEAD_DIM": 128, "BLOCK_K": block_k, "GROUP_M": 8,
                       "NUM_PROGRAMS": 132}  # fmt: skip
-        signature |= dict.fromkeys(constexprs, "constexpr")
-        names = list(signature)
-        source = ASTSource(
-            fn=_qkv_rope,
-            signature=signature,
-            constexprs={(names.index(k),): v for k, v in constexprs.items()},
-        )
-        compiled = triton.compile(
-            source,
-            target=GPUTarget("cuda", 90, 32),
-            options={"num_warps": warps, "num_stages": stages},
-        )
-        path = os.path.join(folder, "qkv_rope_" + "_".join(map(str, config)))
-        with open(path + ".cubin", "wb") as f:
-            f.write(compiled.asm["cubin"])
-        usage = subprocess.run([tool, "-res-usage", path + ".cubin"], capture_output=True,
-                               text=True, check=True).stdout  # fmt: skip
-        regs = " ".join(re.findall(r"(REG:\d+|STACK:\d+)", usage))
-        print(f"{os.path.basename(path)}: {regs}")
+        name = "qkv_rope_" + "_".join(map(str, config))
+        _compile_sm90(_qkv_rope, signature, constexprs, config, os.path.join(folder, name))
 
 
 def measure(out: str) -> None:
