@@ -13,6 +13,17 @@ cuBLAS plus our rope kernel; and the plain GEMM against cuBLAS at every product 
     PYTHONPATH=/tmp/t36 python3 docs/wip/prefill_gemm_proto.py --sass DIR   # CPU: sm_90 SASS
     TRITON_INTERPRET=1 python3 docs/wip/prefill_gemm_proto.py --check  # CPU: against torch
 
+It then times the whole layer but attention both ways (``unfused_layer``: the engine's nine
+kernels, rmsnorm / q/k/v / rope / o / add_rmsnorm / gate/up / SiLU / down / add; ``fused_layer``:
+four, with the input norms' weights folded into copies of the q/k/v and gate/up weights and
+the rows scaled by 1/rms in the epilogues, the residual adds in the o and down epilogues),
+each fused kernel in its best tiles, and prints what 28 layers would save a forward.
+``--dry`` runs all of it on the CPU at tiny sizes (interpreter, float32) to catch a broken
+script before it costs device time; ``--check`` compares every kernel and the fused layer
+with the engine's path. With Triton 3.6 the norm + gate/up + SiLU kernel compiles at 255
+registers (no stack): if it is slow, a row-rms pre-pass (or atomics in the previous
+epilogue) instead of the in-loop sums of squares.
+
 Decision rule, per token count M: the fused gate/up pays iff its time is under cuBLAS's gate/up
 plus the SiLU kernel's (predicted at M = 8192: 0.136 + 0.036 ms, so the fused kernel needs
 >= ~600 TFLOP/s counting gate/up FLOPs). The plain GEMM's ratio to cuBLAS at the other shapes
@@ -23,6 +34,7 @@ of norms) is worth writing next.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -45,12 +57,16 @@ QKV_CONFIGS = [(64, 128, 64, 4, 4), (64, 128, 64, 4, 8), (64, 128, 128, 3, 4), (
 
 
 @triton.jit
-def _gemm(a_desc, w_desc, c_desc, M, N, K, inter, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-          BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr,
-          SILU_MUL: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):  # fmt: skip
+def _gemm(a_desc, w_desc, c_desc, M, N, K, inter, eps, BLOCK_M: tl.constexpr,
+          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+          NUM_PROGRAMS: tl.constexpr, SILU_MUL: tl.constexpr, NORM: tl.constexpr,
+          RESIDUAL: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):  # fmt: skip
     """Persistent: program p takes output tiles p, p + NUM_PROGRAMS, ... (grouped along M so
     consecutive tiles share weight columns in the L2). SILU_MUL: the output is [M, inter] =
-    silu(A Wg^T) * (A Wu^T) with Wg = w[:inter], Wu = w[inter:]."""
+    silu(A Wg^T) * (A Wu^T) with Wg = w[:inter], Wu = w[inter:]. NORM: A is RMS-normed first,
+    as the rows' sums of squares accumulated over the K loop scaling the products (the norm's
+    weight folded into w's columns by the caller). RESIDUAL: C += the product (the residual
+    stream's add, in place)."""
     num_m = tl.cdiv(M, BLOCK_M)
     num_n = tl.cdiv(inter if SILU_MUL else N, BLOCK_N)
     tiles = num_m * num_n
@@ -65,11 +81,22 @@ def _gemm(a_desc, w_desc, c_desc, M, N, K, inter, BLOCK_M: tl.constexpr, BLOCK_N
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         if SILU_MUL:
             up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        if NORM:
+            squares = tl.zeros([BLOCK_M], tl.float32)
         for k0 in range(0, K, BLOCK_K):
             a = a_desc.load([m0, k0])
             acc = tl.dot(a, w_desc.load([n0, k0]).T, acc)
             if SILU_MUL:
                 up = tl.dot(a, w_desc.load([inter + n0, k0]).T, up)
+            if NORM:
+                squares += tl.sum(a.to(tl.float32) * a.to(tl.float32), 1)
+        if NORM:
+            inv_rms = tl.rsqrt(squares / K + eps)
+            acc = acc * inv_rms[:, None]
+            if SILU_MUL:
+                up = up * inv_rms[:, None]
+        if RESIDUAL:  # as the unfused path: the product rounded, then added in fp32
+            acc = acc.to(c_desc.dtype).to(tl.float32) + c_desc.load([m0, n0]).to(tl.float32)
         if SILU_MUL:  # as the unfused path: gate and up rounded to the dtype, then fp32
             gate = acc.to(c_desc.dtype).to(tl.float32)
             up = up.to(c_desc.dtype).to(tl.float32)
@@ -82,10 +109,11 @@ def _qkv_rope(a_desc, w_desc, c_desc, positions_ptr, cos_sin_ptr, q_norm_ptr, k_
               slot_ptr, k_cache_ptr, v_cache_ptr, M, K, stride_cos_sin, stride_slot,
               stride_head, eps, NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
               BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_K: tl.constexpr,
-              GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr):  # fmt: skip
+              GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr, NORM: tl.constexpr):  # fmt: skip
     """The q/k/v product, one head a tile (BLOCK_N = HEAD_DIM), with ``rope_store_kv``'s work
     in its epilogue: q and k heads RMS-normed (q/k norm) and rotated, written to the output
-    as rope_store_kv leaves them; k and v rows also stored in the cache at their slots."""
+    as rope_store_kv leaves them; k and v rows also stored in the cache at their slots. NORM:
+    the layer's input RMSNorm too, as in ``_gemm``."""
     HALF: tl.constexpr = HEAD_DIM // 2
     num_m = tl.cdiv(M, BLOCK_M)
     num_n = NUM_Q_HEADS + 2 * NUM_KV_HEADS
@@ -102,10 +130,18 @@ def _qkv_rope(a_desc, w_desc, c_desc, positions_ptr, cos_sin_ptr, q_norm_ptr, k_
         # the head's two rotary halves as two products: no register shuffle to pair them
         x1 = tl.zeros([BLOCK_M, HALF], tl.float32)
         x2 = tl.zeros([BLOCK_M, HALF], tl.float32)
+        if NORM:
+            squares = tl.zeros([BLOCK_M], tl.float32)
         for k0 in range(0, K, BLOCK_K):
             a = a_desc.load([m0, k0])
             x1 = tl.dot(a, w_desc.load([head * HEAD_DIM, k0]).T, x1)
             x2 = tl.dot(a, w_desc.load([head * HEAD_DIM + HALF, k0]).T, x2)
+            if NORM:
+                squares += tl.sum(a.to(tl.float32) * a.to(tl.float32), 1)
+        if NORM:
+            inv_rms_in = tl.rsqrt(squares / K + eps)
+            x1 = x1 * inv_rms_in[:, None]
+            x2 = x2 * inv_rms_in[:, None]
         x1 = x1.to(c_desc.dtype).to(tl.float32)  # what the GEMM would have written
         x2 = x2.to(c_desc.dtype).to(tl.float32)
         rows = m0 + tl.arange(0, BLOCK_M)
@@ -134,7 +170,7 @@ def _qkv_rope(a_desc, w_desc, c_desc, positions_ptr, cos_sin_ptr, q_norm_ptr, k_
             tl.store(ptrs + HALF, y2, mask=keep)
 
 
-def qkv_rope(a, w, rope, *, config=CONFIGS[0], programs=None):
+def qkv_rope(a, w, rope, *, config=QKV_CONFIGS[1], programs=None, norm_eps=None):
     """``rope_store_kv``'s inputs after the q/k/v GEMM, in one kernel; ``rope`` is the dict
     ``make_rope`` returns (positions, table, norms, cache, slots, head counts)."""
     m, k = a.shape
@@ -150,8 +186,9 @@ def qkv_rope(a, w, rope, *, config=CONFIGS[0], programs=None):
     _qkv_rope[(programs,)](
         a_desc, w_desc, c_desc, rope["positions"], rope["cos_sin"], rope["q_norm"],
         rope["k_norm"], rope["slots"], cache, rope["v_cache"], m, k, rope["cos_sin"].stride(0),
-        cache.stride(0), cache.stride(1), 1e-6, rope["heads"], rope["kv_heads"], block_m, d,
-        block_k, 8, programs, num_warps=warps, num_stages=stages,
+        cache.stride(0), cache.stride(1), norm_eps or 1e-6, rope["heads"], rope["kv_heads"],
+        block_m, d, block_k, 8, programs, norm_eps is not None, num_warps=warps,
+        num_stages=stages,
     )  # fmt: skip
     return c
 
@@ -186,20 +223,37 @@ def unfused_qkv_rope(a, w, rope, matmul=torch.nn.functional.linear):
     return out
 
 
-def gemm(a, w, *, silu_mul=False, config=CONFIGS[0], warp_specialize=False, programs=None):
-    """``a [M, K] @ w [N, K]^T``, or with ``silu_mul`` silu(gate) * up of it ([M, N / 2])."""
+def gemm(
+    a,
+    w,
+    *,
+    silu_mul=False,
+    config=CONFIGS[0],
+    warp_specialize=False,
+    programs=None,
+    norm_eps=None,
+    residual=None,
+):
+    """``a [M, K] @ w [N, K]^T``, or with ``silu_mul`` silu(gate) * up of it ([M, N / 2]);
+    ``norm_eps``: of rmsnorm(a) (w's columns already scaled by the norm's weight);
+    ``residual``: added into that tensor, in place, and returned."""
     m, k = a.shape
     n = w.shape[0]
     block_m, block_n, block_k, stages, warps = config
     inter = n // 2
-    c = torch.empty(m, inter if silu_mul else n, dtype=a.dtype, device=a.device)
+    c = (
+        residual
+        if residual is not None
+        else torch.empty(m, inter if silu_mul else n, dtype=a.dtype, device=a.device)
+    )
     a_desc = TensorDescriptor.from_tensor(a, [block_m, block_k])
     w_desc = TensorDescriptor.from_tensor(w, [block_n, block_k])
     c_desc = TensorDescriptor.from_tensor(c, [block_m, block_n])
     if programs is None:
         programs = torch.cuda.get_device_properties(a.device).multi_processor_count
-    _gemm[(programs,)](a_desc, w_desc, c_desc, m, n, k, inter, block_m, block_n, block_k, 8,
-                       programs, silu_mul, warp_specialize, num_warps=warps,
+    _gemm[(programs,)](a_desc, w_desc, c_desc, m, n, k, inter, norm_eps or 1e-6, block_m,
+                       block_n, block_k, 8, programs, silu_mul, norm_eps is not None,
+                       residual is not None, warp_specialize, num_warps=warps,
                        num_stages=stages)  # fmt: skip
     return c
 
@@ -209,6 +263,58 @@ def unfused_silu_mul(a, w):
 
     x = torch.nn.functional.linear(a, w)
     return (fused if a.is_cuda else reference).silu_and_mul(x)
+
+
+def _kernels(device_tensor):
+    from nanograph.kernels import fused, reference
+
+    return fused if device_tensor.is_cuda else reference
+
+
+def make_layer(m, device, generator, dtype=torch.bfloat16):
+    """qwen3-0.6b's layer weights (norm weights folded into copies for the fused chain), a
+    residual stream of m tokens, the attention output, and the rope inputs."""
+    h, inter, heads, kv_heads, d = 1024, 3072, 16, 8, 128
+
+    def weight(n, k):
+        return (torch.randn(n, k, device=device, generator=generator) / k**0.5).to(dtype)
+
+    def norm_weight():
+        return (1 + 0.1 * torch.randn(h, device=device, generator=generator)).to(dtype)
+
+    w = dict(qkv=weight((heads + 2 * kv_heads) * d, h), o=weight(h, heads * d),
+             gate_up=weight(2 * inter, h), down=weight(h, inter), ln1=norm_weight(),
+             ln2=norm_weight())  # fmt: skip
+    w["qkv_folded"] = (w["qkv"].float() * w["ln1"].float()).to(dtype)
+    w["gate_up_folded"] = (w["gate_up"].float() * w["ln2"].float()).to(dtype)
+    stream = torch.randn(m, h, device=device, generator=generator).to(dtype)
+    attn = torch.randn(m, heads * d, device=device, generator=generator).to(dtype)
+    return w, stream, attn, make_rope(m, heads, kv_heads, d, device, generator, dtype)
+
+
+def unfused_layer(w, stream, attn, rope, eps=1e-6):
+    """The engine's prefill layer around attention: rmsnorm, q/k/v, rope kernel, (attention
+    given), o, add_rmsnorm, gate/up, SiLU, down, the residual add. Returns (qkv, stream)."""
+    k = _kernels(stream)
+    stream = stream.clone()
+    qkv = unfused_qkv_rope(k.rmsnorm(stream, w["ln1"], eps), w["qkv"], rope)
+    o = torch.nn.functional.linear(attn, w["o"])
+    normed, stream = k.add_rmsnorm(o, stream, w["ln2"], eps)
+    act = k.silu_and_mul(torch.nn.functional.linear(normed, w["gate_up"]))
+    stream.add_(torch.nn.functional.linear(act, w["down"]))  # the next layer's add_rmsnorm
+    return qkv, stream
+
+
+def fused_layer(w, stream, attn, rope, eps=1e-6, configs=None):
+    """The same with four kernels: norm + q/k/v + rope/norms/KV store; o + residual; norm +
+    gate/up + SiLU; down + residual. ``configs``: tiles per kernel (defaults otherwise)."""
+    c = configs or {}
+    stream = stream.clone()
+    qkv = qkv_rope(stream, w["qkv_folded"], rope, norm_eps=eps, **c.get("qkv", {}))
+    gemm(attn, w["o"], residual=stream, **c.get("o", {}))
+    act = gemm(stream, w["gate_up_folded"], silu_mul=True, norm_eps=eps, **c.get("gate_up", {}))
+    gemm(act, w["down"], residual=stream, **c.get("down", {}))
+    return qkv, stream
 
 
 def check() -> None:
@@ -230,7 +336,19 @@ def check() -> None:
     for x, y in ((got, want), (ropes[1]["k_cache"], ropes[0]["k_cache"]),
                  (ropes[1]["v_cache"], ropes[0]["v_cache"])):  # fmt: skip
         torch.testing.assert_close(x, y, atol=1e-4, rtol=1e-4)
-    print("plain, silu_mul and q/k/v + rope GEMMs match the engine's path (float32, interpreter)")
+    cpu = dict(config=(32, 32, 32, 2, 4), programs=3)
+    w, stream, attn, rope = make_layer(64, "cpu", torch.Generator().manual_seed(2), torch.float32)
+    ropes = [dict(rope, k_cache=rope["k_cache"].clone(), v_cache=rope["v_cache"].clone())
+             for _ in range(2)]  # fmt: skip
+    want = unfused_layer(w, stream, attn, ropes[0])
+    configs = {"qkv": dict(config=(32, 128, 32, 2, 4), programs=3), "o": cpu, "gate_up": cpu,
+               "down": cpu}  # fmt: skip
+    got = fused_layer(w, stream, attn, ropes[1], configs=configs)
+    for x, y in (*zip(got, want), (ropes[1]["k_cache"], ropes[0]["k_cache"]),
+                 (ropes[1]["v_cache"], ropes[0]["v_cache"])):  # fmt: skip
+        torch.testing.assert_close(x, y, atol=1e-3, rtol=1e-3)
+    print("plain, silu_mul, q/k/v + rope GEMMs and the fused layer match the engine's path "
+          "(float32, interpreter)")  # fmt: skip
 
 
 def _compile_sm90(fn, signature: dict, constexprs: dict, config, path: str) -> None:
@@ -274,12 +392,15 @@ def sass(folder: str) -> None:
                 "a_desc": f"tensordesc<bf16[{block_m},{block_k}]>",
                 "w_desc": f"tensordesc<bf16[{block_n},{block_k}]>",
                 "c_desc": f"tensordesc<bf16[{block_m},{block_n}]>",
-                "M": "i32", "N": "i32", "K": "i32", "inter": "i32",
+                "M": "i32", "N": "i32", "K": "i32", "inter": "i32", "eps": "fp32",
             }  # fmt: skip
+            # the layer's fused kernels: norm + gate/up + SiLU, and the product + residual
+            norm, residual = silu_mul, not silu_mul
             constexprs = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k,
                           "GROUP_M": 8, "NUM_PROGRAMS": 132, "SILU_MUL": silu_mul,
+                          "NORM": norm, "RESIDUAL": residual,
                           "WARP_SPECIALIZE": False}  # fmt: skip
-            name = f"gemm_{'silu' if silu_mul else 'plain'}_" + "_".join(map(str, config))
+            name = f"gemm_{'norm_silu' if silu_mul else 'residual'}_" + "_".join(map(str, config))
             _compile_sm90(_gemm, signature, constexprs, config, os.path.join(folder, name))
     for config in QKV_CONFIGS:  # the q/k/v product with rope_store_kv's work in its epilogue
         block_m, _, block_k = config[:3]
@@ -294,74 +415,117 @@ def sass(folder: str) -> None:
         }  # fmt: skip
         constexprs = {"NUM_Q_HEADS": 16, "NUM_KV_HEADS": 8, "BLOCK_M": block_m,
                       "HEAD_DIM": 128, "BLOCK_K": block_k, "GROUP_M": 8,
-                      "NUM_PROGRAMS": 132}  # fmt: skip
+                      "NUM_PROGRAMS": 132, "NORM": True}  # fmt: skip
         name = "qkv_rope_" + "_".join(map(str, config))
         _compile_sm90(_qkv_rope, signature, constexprs, config, os.path.join(folder, name))
 
 
-def measure(out: str) -> None:
-    dev = torch.device("cuda")
+def _time_ms(fn) -> float:
+    return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
+
+
+def _best(arms: dict, prefix: str) -> tuple[float, str]:
+    return min((v["ms"], k) for k, v in arms.items() if "ms" in v and k.startswith(prefix))
+
+
+def measure(out: str | None, dry: bool = False) -> None:
+    """Every arm, then the layer chains with each fused kernel's best tiles. ``dry``: tiny
+    sizes on the CPU under the interpreter, each arm run once, to catch a broken script
+    before it costs device time."""
+    dev = torch.device("cpu" if dry else "cuda")
+    dtype = torch.float32 if dry else torch.bfloat16
+    timer = (lambda fn: (fn(), 0.0)[1]) if dry else _time_ms
+    extra = dict(programs=3) if dry else {}
     g = torch.Generator(device=dev).manual_seed(0)
-    rows = []
-    for m in (2048, 8192):
-        a = {k: torch.randn(m, k, device=dev, generator=g).bfloat16() for k in (1024, 2048, 3072)}
+    sizes = (64,) if dry else (2048, 8192)
+    configs = [(32, 32, 32, 2, 4)] if dry else CONFIGS
+    silu_configs = [(32, 32, 32, 2, 4)] if dry else SILU_CONFIGS
+    qkv_configs = [(32, 128, 32, 2, 4)] if dry else QKV_CONFIGS
+    report = {"device": "cpu (dry run)" if dry else torch.cuda.get_device_name(), "rows": [],
+              "layers": []}  # fmt: skip
+    for m in sizes:
+        a = {k: torch.randn(m, k, device=dev, generator=g).to(dtype) for k in (1024, 2048, 3072)}
+        best_tiles = {}
         for name, n, k in PRODUCTS:
-            w = (torch.randn(n, k, device=dev, generator=g) / k**0.5).bfloat16()
-            flops = 2 * m * n * k
-            row = {"M": m, "product": name, "N": n, "K": k, "arms": {}}
-            want = torch.nn.functional.linear(a[k], w)
-            arms = {"cublas": lambda a=a[k], w=w: torch.nn.functional.linear(a, w)}
-            for config in CONFIGS:
+            w = (torch.randn(n, k, device=dev, generator=g) / k**0.5).to(dtype)
+            x = a[k]
+            arms = {"cublas": lambda x=x, w=w: torch.nn.functional.linear(x, w)}
+            tiles_of = {}  # label -> the tiles its kernel ran with
+            for config in configs:
                 for ws in (False, True):
-                    arms[f"triton {config} ws={ws}"] = lambda a=a[k], w=w, c=config, ws=ws: gemm(
-                        a, w, config=c, warp_specialize=ws
-                    )
+                    tiles_of[f"triton {config} ws={ws}"] = config
+                    arms[f"triton {config} ws={ws}"] = (
+                        lambda x=x, w=w, c=config, ws=ws: gemm(x, w, config=c, warp_specialize=ws,
+                                                               **extra))  # fmt: skip
             if name == "qkv":  # qwen3-0.6b: 16 q / 8 kv heads of 128, q/k norm
+                rope = make_rope(m, 16, 8, 128, dev, g, dtype)
 
-                def rope_arm(fn, rope, a=a[k], w=w):
-                    return lambda: fn(a, w, rope)
+                def fresh(rope=rope):  # the same inputs, a cache of its own for each arm
+                    return dict(rope, k_cache=rope["k_cache"].clone(),
+                                v_cache=rope["v_cache"].clone())  # fmt: skip
 
-                arms["cublas + rope kernel"] = rope_arm("cublas", unfused_qkv_rope)
-                arms["triton + rope kernel"] = rope_arm(
-                    "triton",
-                    lambda a, w, r: unfused_qkv_rope(a, w, r, matmul=lambda a, w: gemm(a, w)),
-                )
-                for config in QKV_CONFIGS:
-                    arms[f"triton rope {config}"] = rope_arm(
-                        f"fused{config}", lambda a, w, r, c=config: qkv_rope(a, w, r, config=c)
-                    )
+                arms["cublas + rope kernel"] = functools.partial(unfused_qkv_rope, x, w, fresh())
+                for config in qkv_configs:
+                    tiles_of[f"fused rope {config}"] = config
+                    arms[f"fused rope {config}"] = functools.partial(
+                        qkv_rope, x, w, fresh(), config=config,
+                        **extra)  # fmt: skip
             if name == "gate_up":
-                want_silu = unfused_silu_mul(a[k], w)
-                arms["cublas + silu kernel"] = lambda a=a[k], w=w: unfused_silu_mul(a, w)
-                for config in CONFIGS:
-                    arms[f"triton silu {config}"] = lambda a=a[k], w=w, c=config: gemm(
-                        a, w, silu_mul=True, config=c
+                arms["cublas + silu kernel"] = functools.partial(unfused_silu_mul, x, w)
+                for config in silu_configs:
+                    tiles_of[f"fused silu {config}"] = config
+                    arms[f"fused silu {config}"] = functools.partial(
+                        gemm, x, w, silu_mul=True, config=config, **extra
                     )
+            refs = {label: arms[label]().float() for label in arms if not label.startswith(
+                ("triton", "fused"))}  # fmt: skip
+            row = {"M": m, "product": name, "N": n, "K": k, "arms": {}}
             for label, fn in arms.items():
+                ref = refs["cublas + rope kernel" if "rope" in label else
+                           "cublas + silu kernel" if "silu" in label else "cublas"]  # fmt: skip
                 try:
-                    got = fn().float()
-                    ref = want_silu if "silu" in label else want
-                    if "rope" in label:  # against the engine's path (outputs and caches)
-                        ref = arms["cublas + rope kernel"]().float()
-                    err = (got - ref.float()).abs().max().item()
-                    ms = triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
+                    err = (fn().float() - ref).abs().max().item()
+                    ms = timer(fn)
                 except Exception as exc:  # a configuration out of shared memory, say
                     row["arms"][label] = {"error": f"{type(exc).__name__}: {str(exc)[:160]}"}
                     continue
-                row["arms"][label] = {"ms": ms, "tflops": flops / ms / 1e9, "err": err}
-            best = min((v["ms"], k) for k, v in row["arms"].items()
-                       if "ms" in v and "silu" not in k and k != "cublas")  # fmt: skip
+                row["arms"][label] = {"ms": ms, "tflops": 2 * m * n * k / max(ms, 1e-9) / 1e9,
+                                      "err": err}  # fmt: skip
+            plain = _best(row["arms"], "triton (")
+            best_tiles[name] = {"config": tiles_of[plain[1]]}
             print(f"M={m} {name}: cuBLAS {row['arms']['cublas']['ms']:.4f} ms, best Triton "
-                  f"{best[0]:.4f} ({best[1]})")  # fmt: skip
-            if name == "gate_up":
-                fused = min((v["ms"], k) for k, v in row["arms"].items()
-                            if "ms" in v and k.startswith("triton silu"))  # fmt: skip
-                print(f"  gate/up + SiLU: cuBLAS + kernel "
-                      f"{row['arms']['cublas + silu kernel']['ms']:.4f} ms, fused {fused[0]:.4f}"
-                      f" ({fused[1]})")  # fmt: skip
-            rows.append(row)
-    with open(out, "w") as f:
-        json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
+                  f"{plain[0]:.4f} ({plain[1]})")  # fmt: skip
+            for fused_prefix, unfused in (("fused rope", "cublas + rope kernel"),
+                                          ("fused silu", "cublas + silu kernel")):  # fmt: skip
+                if unfused in row["arms"]:
+                    fused = _best(row["arms"], fused_prefix)
+                    best_tiles[name] = {"config": tiles_of[fused[1]]}
+                    print(f"  {unfused}: {row['arms'][unfused]['ms']:.4f} ms, fused "
+                          f"{fused[0]:.4f} ({fused[1]})")  # fmt: skip
+            report["rows"].append(row)
+        # the whole layer but attention: the engine's 9 kernels against the fused 4
+        w, stream, attn, rope = make_layer(m, dev, g, dtype)
+        tiles = {name: dict(best_tiles[name], **extra) for name in best_tiles}
+        chains = {
+            "unfused": functools.partial(unfused_layer, w, stream, attn, rope),
+            "fused": functools.partial(fused_layer, w, stream, attn, rope, configs=tiles),
+        }
+        want = chains["unfused"]()
+        layer = {"M": m, "tiles": {k: list(v["config"]) for k, v in best_tiles.items()}}
+        for label, fn in chains.items():
+            got = fn()
+            layer[label] = {
+                "ms": timer(fn),
+                "err": max((x.float() - y.float()).abs().max().item() for x, y in zip(got, want)),
+            }
+        print(f"M={m} layer without attention: unfused {layer['unfused']['ms']:.4f} ms, fused "
+              f"{layer['fused']['ms']:.4f} ms (28 layers: "
+              f"{28 * (layer['unfused']['ms'] - layer['fused']['ms']):+.2f} ms a forward "
+              "saved)")  # fmt: skip
+        report["layers"].append(layer)
+    if out:
+        with open(out, "w") as f:
+            json.dump(report, f, indent=1)
 
 
 if __name__ == "__main__":
@@ -369,10 +533,11 @@ if __name__ == "__main__":
     parser.add_argument("--check", action="store_true")
     parser.add_argument("--sass")
     parser.add_argument("--out")
+    parser.add_argument("--dry", action="store_true", help="the --out run on CPU, tiny sizes")
     args = parser.parse_args()
     if args.check:
         check()
     if args.sass:
         sass(args.sass)
-    if args.out:
-        measure(args.out)
+    if args.out or args.dry:
+        measure(args.out, dry=args.dry)
