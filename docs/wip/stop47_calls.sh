@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The next device session's calls (stop 46 had no device; docs/wip/README.md, "Where stop 46
+# left it", says what each answers). One stage a call, each under 10 minutes; from the repo
+# root, NANOGRAPH_COMMIT exported, the Triton cache unpacked (mkdir -p ~/.triton && tar xzf
+# .triton_cache.tgz -C ~/.triton):
+#   bash docs/wip/stop47_calls.sh tests $OUT/r   # ~6 min: what stops 44-46 changed, on main
+#   bash docs/wip/stop47_calls.sh sweep $OUT/r   # ~6 min: qkv_o_graph_sweep.py, then --30b
+#   bash docs/wip/stop47_calls.sh lazy $OUT/r    # ~7 min: lazy_rescale_call.sh (prepare ab/)
+#   bash docs/wip/stop47_calls.sh gemm $OUT/r    # ~4 min: prefill_gemm_proto.py
+# Then tar $OUT/r into one file (only a few files come back from $OUT).
+set -uo pipefail
+stage=$1 out=$(mkdir -p "$2" && cd "$2" && pwd)
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+case $stage in
+  tests)  # parallel groups: correctness does not mind the contention; no timing here
+    groups=(test_moe_gpu.py test_gemv_gpu.py test_kernels_attention.py
+      "test_engine_gpu.py test_hardening_gpu.py")
+    for i in "${!groups[@]}"; do
+      files=$(printf 'tests/gpu/%s ' ${groups[$i]})
+      timeout 500 python3 -m pytest -q -p no:cacheprovider -rfE $files > "$out/tests_$i.log" 2>&1 &
+    done
+    wait
+    for i in "${!groups[@]}"; do
+      echo "== ${groups[$i]}"; grep -E "^(FAILED|ERROR)|passed|failed" "$out/tests_$i.log" | tail -6
+    done ;;
+  sweep)
+    timeout 280 python3 docs/wip/qkv_o_graph_sweep.py > "$out/sweep_8b.log" 2>&1
+    tail -n 25 "$out/sweep_8b.log"
+    timeout 280 python3 docs/wip/qkv_o_graph_sweep.py --30b > "$out/sweep_30b.log" 2>&1
+    tail -n 25 "$out/sweep_30b.log" ;;
+  lazy)
+    bash docs/wip/lazy_rescale_call.sh "$out" ;;
+  gemm)
+    timeout 560 python3 docs/wip/prefill_gemm_proto.py --out "$out/gemm.json" 2>&1 \
+      | grep -v -i warn | tee "$out/gemm.log" | tail -n 30 ;;
+  *) echo "unknown stage $stage (tests, sweep, lazy, gemm)" >&2; exit 2 ;;
+esac
