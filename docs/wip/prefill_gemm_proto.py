@@ -21,8 +21,8 @@ each fused kernel in its best tiles, and prints what 28 layers would save a forw
 ``--dry`` runs all of it on the CPU at tiny sizes (interpreter, float32) to catch a broken
 script before it costs device time; ``--check`` compares every kernel and the fused layer
 with the engine's path. With Triton 3.6 the norm + gate/up + SiLU kernel compiles at 255
-registers (no stack): if it is slow, a row-rms pre-pass (or atomics in the previous
-epilogue) instead of the in-loop sums of squares.
+registers (no stack) when it sums the squares in its K loop, 168-175 when a pre-pass kernel
+(``row_inv_rms``) gives it 1/rms: the layer is timed both ways.
 
 Decision rule, per token count M: the fused gate/up pays iff its time is under cuBLAS's gate/up
 plus the SiLU kernel's (predicted at M = 8192: 0.136 + 0.036 ms, so the fused kernel needs
@@ -57,16 +57,17 @@ QKV_CONFIGS = [(64, 128, 64, 4, 4), (64, 128, 64, 4, 8), (64, 128, 128, 3, 4), (
 
 
 @triton.jit
-def _gemm(a_desc, w_desc, c_desc, M, N, K, inter, eps, BLOCK_M: tl.constexpr,
+def _gemm(a_desc, w_desc, c_desc, rms_ptr, M, N, K, inter, eps, BLOCK_M: tl.constexpr,
           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
           NUM_PROGRAMS: tl.constexpr, SILU_MUL: tl.constexpr, NORM: tl.constexpr,
           RESIDUAL: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):  # fmt: skip
     """Persistent: program p takes output tiles p, p + NUM_PROGRAMS, ... (grouped along M so
     consecutive tiles share weight columns in the L2). SILU_MUL: the output is [M, inter] =
     silu(A Wg^T) * (A Wu^T) with Wg = w[:inter], Wu = w[inter:]. NORM: A is RMS-normed first,
-    as the rows' sums of squares accumulated over the K loop scaling the products (the norm's
-    weight folded into w's columns by the caller). RESIDUAL: C += the product (the residual
-    stream's add, in place)."""
+    the products' rows scaled by 1/rms (the norm's weight folded into w's columns by the
+    caller): 1, from sums of squares accumulated over the K loop; 2, read from ``rms_ptr``
+    (``row_inv_rms``'s pre-pass). RESIDUAL: C += the product (the residual stream's add, in
+    place)."""
     num_m = tl.cdiv(M, BLOCK_M)
     num_n = tl.cdiv(inter if SILU_MUL else N, BLOCK_N)
     tiles = num_m * num_n
@@ -81,17 +82,20 @@ def _gemm(a_desc, w_desc, c_desc, M, N, K, inter, eps, BLOCK_M: tl.constexpr,
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         if SILU_MUL:
             up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-        if NORM:
+        if NORM == 1:
             squares = tl.zeros([BLOCK_M], tl.float32)
         for k0 in range(0, K, BLOCK_K):
             a = a_desc.load([m0, k0])
             acc = tl.dot(a, w_desc.load([n0, k0]).T, acc)
             if SILU_MUL:
                 up = tl.dot(a, w_desc.load([inter + n0, k0]).T, up)
-            if NORM:
+            if NORM == 1:
                 squares += tl.sum(a.to(tl.float32) * a.to(tl.float32), 1)
-        if NORM:
-            inv_rms = tl.rsqrt(squares / K + eps)
+        if NORM != 0:
+            if NORM == 1:
+                inv_rms = tl.rsqrt(squares / K + eps)
+            else:
+                inv_rms = tl.load(rms_ptr + m0 + tl.arange(0, BLOCK_M))
             acc = acc * inv_rms[:, None]
             if SILU_MUL:
                 up = up * inv_rms[:, None]
@@ -232,11 +236,13 @@ def gemm(
     warp_specialize=False,
     programs=None,
     norm_eps=None,
+    inv_rms=None,
     residual=None,
 ):
     """``a [M, K] @ w [N, K]^T``, or with ``silu_mul`` silu(gate) * up of it ([M, N / 2]);
-    ``norm_eps``: of rmsnorm(a) (w's columns already scaled by the norm's weight);
-    ``residual``: added into that tensor, in place, and returned."""
+    ``norm_eps``: of rmsnorm(a) (w's columns already scaled by the norm's weight), or the same
+    with the rows' 1/rms given (``inv_rms``, from ``row_inv_rms``); ``residual``: added into
+    that tensor, in place, and returned."""
     m, k = a.shape
     n = w.shape[0]
     block_m, block_n, block_k, stages, warps = config
@@ -251,10 +257,11 @@ def gemm(
     c_desc = TensorDescriptor.from_tensor(c, [block_m, block_n])
     if programs is None:
         programs = torch.cuda.get_device_properties(a.device).multi_processor_count
-    _gemm[(programs,)](a_desc, w_desc, c_desc, m, n, k, inter, norm_eps or 1e-6, block_m,
-                       block_n, block_k, 8, programs, silu_mul, norm_eps is not None,
-                       residual is not None, warp_specialize, num_warps=warps,
-                       num_stages=stages)  # fmt: skip
+    norm = 2 if inv_rms is not None else int(norm_eps is not None)
+    rms = inv_rms if inv_rms is not None else c
+    _gemm[(programs,)](a_desc, w_desc, c_desc, rms, m, n, k, inter, norm_eps or 1e-6, block_m,
+                       block_n, block_k, 8, programs, silu_mul, norm, residual is not None,
+                       warp_specialize, num_warps=warps, num_stages=stages)  # fmt: skip
     return c
 
 
@@ -305,14 +312,40 @@ def unfused_layer(w, stream, attn, rope, eps=1e-6):
     return qkv, stream
 
 
-def fused_layer(w, stream, attn, rope, eps=1e-6, configs=None):
+@triton.jit
+def _row_inv_rms(x_ptr, out_ptr, M, K, eps, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    squares = tl.zeros([BLOCK_M], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        cols = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(
+            x_ptr + rows[:, None].to(tl.int64) * K + cols[None, :],
+            mask=(rows < M)[:, None] & (cols < K)[None, :],
+            other=0.0,
+        ).to(tl.float32)
+        squares += tl.sum(x * x, 1)
+    tl.store(out_ptr + rows, tl.rsqrt(squares / K + eps), mask=rows < M)
+
+
+def row_inv_rms(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """1/rms of each row of a contiguous [M, K] ``x``, fp32 [M]: the norm's pre-pass."""
+    m, k = x.shape
+    out = torch.empty(m, dtype=torch.float32, device=x.device)
+    _row_inv_rms[(triton.cdiv(m, 16),)](x, out, m, k, eps, 16, 256, num_warps=4)
+    return out
+
+
+def fused_layer(w, stream, attn, rope, eps=1e-6, configs=None, prepass=False):
     """The same with four kernels: norm + q/k/v + rope/norms/KV store; o + residual; norm +
-    gate/up + SiLU; down + residual. ``configs``: tiles per kernel (defaults otherwise)."""
+    gate/up + SiLU; down + residual. ``configs``: tiles per kernel (defaults otherwise);
+    ``prepass``: the gate/up kernel's 1/rms from ``row_inv_rms`` (a fifth kernel) instead of
+    sums of squares in its K loop."""
     c = configs or {}
     stream = stream.clone()
     qkv = qkv_rope(stream, w["qkv_folded"], rope, norm_eps=eps, **c.get("qkv", {}))
     gemm(attn, w["o"], residual=stream, **c.get("o", {}))
-    act = gemm(stream, w["gate_up_folded"], silu_mul=True, norm_eps=eps, **c.get("gate_up", {}))
+    norm = {"inv_rms": row_inv_rms(stream, eps)} if prepass else {"norm_eps": eps}
+    act = gemm(stream, w["gate_up_folded"], silu_mul=True, **norm, **c.get("gate_up", {}))
     gemm(act, w["down"], residual=stream, **c.get("down", {}))
     return qkv, stream
 
@@ -343,10 +376,11 @@ def check() -> None:
     want = unfused_layer(w, stream, attn, ropes[0])
     configs = {"qkv": dict(config=(32, 128, 32, 2, 4), programs=3), "o": cpu, "gate_up": cpu,
                "down": cpu}  # fmt: skip
-    got = fused_layer(w, stream, attn, ropes[1], configs=configs)
-    for x, y in (*zip(got, want), (ropes[1]["k_cache"], ropes[0]["k_cache"]),
-                 (ropes[1]["v_cache"], ropes[0]["v_cache"])):  # fmt: skip
-        torch.testing.assert_close(x, y, atol=1e-3, rtol=1e-3)
+    for prepass in (False, True):
+        got = fused_layer(w, stream, attn, ropes[1], configs=configs, prepass=prepass)
+        for x, y in (*zip(got, want), (ropes[1]["k_cache"], ropes[0]["k_cache"]),
+                     (ropes[1]["v_cache"], ropes[0]["v_cache"])):  # fmt: skip
+            torch.testing.assert_close(x, y, atol=1e-3, rtol=1e-3)
     print("plain, silu_mul, q/k/v + rope GEMMs and the fused layer match the engine's path "
           "(float32, interpreter)")  # fmt: skip
 
@@ -385,22 +419,24 @@ def _compile_sm90(fn, signature: dict, constexprs: dict, config, path: str) -> N
 
 def sass(folder: str) -> None:
     os.makedirs(folder, exist_ok=True)
-    for silu_mul in (False, True):
+    # the layer's fused kernels: the product + residual (norm 0), norm + gate/up + SiLU with
+    # the sums of squares in the K loop (norm 1) or 1/rms from the pre-pass (norm 2)
+    for silu_mul, norm in ((False, 0), (True, 1), (True, 2)):
         for config in CONFIGS[:3] if not silu_mul else SILU_CONFIGS[:3]:
             block_m, block_n, block_k = config[:3]
             signature = {
                 "a_desc": f"tensordesc<bf16[{block_m},{block_k}]>",
                 "w_desc": f"tensordesc<bf16[{block_n},{block_k}]>",
-                "c_desc": f"tensordesc<bf16[{block_m},{block_n}]>",
+                "c_desc": f"tensordesc<bf16[{block_m},{block_n}]>", "rms_ptr": "*fp32",
                 "M": "i32", "N": "i32", "K": "i32", "inter": "i32", "eps": "fp32",
             }  # fmt: skip
-            # the layer's fused kernels: norm + gate/up + SiLU, and the product + residual
-            norm, residual = silu_mul, not silu_mul
+            residual = not silu_mul
             constexprs = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k,
                           "GROUP_M": 8, "NUM_PROGRAMS": 132, "SILU_MUL": silu_mul,
                           "NORM": norm, "RESIDUAL": residual,
                           "WARP_SPECIALIZE": False}  # fmt: skip
-            name = f"gemm_{'norm_silu' if silu_mul else 'residual'}_" + "_".join(map(str, config))
+            kind = f"norm{norm}_silu" if silu_mul else "residual"
+            name = f"gemm_{kind}_" + "_".join(map(str, config))
             _compile_sm90(_gemm, signature, constexprs, config, os.path.join(folder, name))
     for config in QKV_CONFIGS:  # the q/k/v product with rope_store_kv's work in its epilogue
         block_m, _, block_k = config[:3]
@@ -509,6 +545,9 @@ def measure(out: str | None, dry: bool = False) -> None:
         chains = {
             "unfused": functools.partial(unfused_layer, w, stream, attn, rope),
             "fused": functools.partial(fused_layer, w, stream, attn, rope, configs=tiles),
+            "fused, norm pre-pass": functools.partial(
+                fused_layer, w, stream, attn, rope, configs=tiles, prepass=True
+            ),
         }
         want = chains["unfused"]()
         layer = {"M": m, "tiles": {k: list(v["config"]) for k, v in best_tiles.items()}}
@@ -518,10 +557,13 @@ def measure(out: str | None, dry: bool = False) -> None:
                 "ms": timer(fn),
                 "err": max((x.float() - y.float()).abs().max().item() for x, y in zip(got, want)),
             }
-        print(f"M={m} layer without attention: unfused {layer['unfused']['ms']:.4f} ms, fused "
-              f"{layer['fused']['ms']:.4f} ms (28 layers: "
-              f"{28 * (layer['unfused']['ms'] - layer['fused']['ms']):+.2f} ms a forward "
-              "saved)")  # fmt: skip
+        print(
+            f"M={m} layer without attention: unfused {layer['unfused']['ms']:.4f} ms, fused "
+            f"{layer['fused']['ms']:.4f} (norm pre-pass: "
+            f"{layer['fused, norm pre-pass']['ms']:.4f}); 28 layers save "
+            f"{28 * (layer['unfused']['ms'] - layer['fused']['ms']):+.2f} ms a forward "
+            f"({28 * (layer['unfused']['ms'] - layer['fused, norm pre-pass']['ms']):+.2f})"
+        )
         report["layers"].append(layer)
     if out:
         with open(out, "w") as f:
