@@ -493,6 +493,12 @@ def measure(out: str | None, dry: bool = False) -> None:
                     arms[f"triton {config} ws={ws}"] = (
                         lambda x=x, w=w, c=config, ws=ws: gemm(x, w, config=c, warp_specialize=ws,
                                                                **extra))  # fmt: skip
+                # not persistent: a program a tile (the persistent loop then runs once)
+                tiles = triton.cdiv(m, config[0]) * triton.cdiv(n, config[1])
+                tiles_of[f"triton {config} a program a tile"] = config
+                arms[f"triton {config} a program a tile"] = functools.partial(
+                    gemm, x, w, config=config, programs=tiles
+                )
             if name == "qkv":  # qwen3-0.6b: 16 q / 8 kv heads of 128, q/k norm
                 rope = make_rope(m, 16, 8, 128, dev, g, dtype)
 
