@@ -165,19 +165,19 @@ def read_gguf_config(path: str | os.PathLike[str]) -> ModelConfig:
         if token is not None and int(token) not in eos_ids:
             eos_ids.append(int(token))
     bos = _field(reader, "tokenizer.ggml.bos_token_id")
-    moe: dict[str, Any] = {}
+    extra: dict[str, Any] = {}  # the MoE architectures' fields
     if arch in ("qwen3moe", "gpt-oss"):
-        moe = dict(num_experts=int(meta("expert_count")),
+        extra = dict(num_experts=int(meta("expert_count")),
                    num_experts_per_tok=int(meta("expert_used_count")))  # fmt: skip
     if arch == "qwen3moe":
-        moe["moe_intermediate_size"] = int(meta("expert_feed_forward_length"))
+        extra["moe_intermediate_size"] = int(meta("expert_feed_forward_length"))
         # llama.cpp's qwen3moe always renormalises the top-k weights (norm_topk_prob)
-        moe["norm_topk_prob"] = bool(meta("expert_weights_norm", True))
+        extra["norm_topk_prob"] = bool(meta("expert_weights_norm", True))
     if arch == "gpt-oss":
         # llama.cpp's gpt-oss: sliding-window attention on even layers; its YaRN is the
         # released config's (no rounding of the correction range: truncate false)
         layers = int(meta("block_count"))
-        moe |= dict(
+        extra |= dict(
             sliding_window=int(meta("attention.sliding_window")),
             layer_types=tuple(
                 ("sliding_attention", "full_attention")[i % 2] for i in range(layers)
@@ -206,7 +206,7 @@ def read_gguf_config(path: str | os.PathLike[str]) -> ModelConfig:
         qk_norm="blk.0.attn_q_norm.weight" in tensors,
         bos_token_id=None if bos is None else int(bos),
         eos_token_ids=tuple(eos_ids),
-        **moe,
+        **extra,
     )
 
 
@@ -411,38 +411,28 @@ def iter_gguf_weights(
     float32, F16 ones float16, F32 ones float32; the caller converts to its dtype."""
     reader = open_gguf(path)
     config = config or read_gguf_config(path)
-    halves: dict[str, dict[str, torch.Tensor]] = {}
+    halves: dict[str, dict[str, torch.Tensor]] = {}  # gpt-oss: a gate stack awaiting its up
     with ThreadPoolExecutor(_threads(), thread_name_prefix="gguf-dequantize") as pool:
-        yield from _weights(reader, config, path, pool, halves)
+        for tensor in reader.tensors:
+            if tensor.name == "rope_freqs.weight":
+                continue  # folded into config.rope_scaling
+            hf_name = gguf_to_hf_name(tensor.name, config.architecture)
+            if hf_name is None:
+                raise ModelLoadError(
+                    f"{path}: GGUF tensor {tensor.name!r} has no counterpart in nanograph's "
+                    f"{config.architecture} model"
+                )
+            weight = _dequantize(tensor, path, pool)
+            if config.architecture == "llama":
+                if ".self_attn.q_proj." in hf_name:
+                    weight = unpermute_qk(weight, config.num_attention_heads)
+                elif ".self_attn.k_proj." in hf_name:
+                    weight = unpermute_qk(weight, config.num_key_value_heads)
+            if ".mlp.experts.{}." in hf_name:
+                yield from _experts(hf_name, weight, config.architecture, halves)
+            else:
+                yield hf_name, weight
     if halves:
         raise ModelLoadError(
             f"{path}: expert tensors without their gate or up half: {sorted(halves)}"
         )
-
-
-def _weights(
-    reader: GGUFReader,
-    config: ModelConfig,
-    path: str | os.PathLike[str],
-    pool: ThreadPoolExecutor,
-    halves: dict,
-) -> Iterator[tuple[str, torch.Tensor]]:
-    for tensor in reader.tensors:
-        if tensor.name == "rope_freqs.weight":
-            continue  # folded into config.rope_scaling
-        hf_name = gguf_to_hf_name(tensor.name, config.architecture)
-        if hf_name is None:
-            raise ModelLoadError(
-                f"{path}: GGUF tensor {tensor.name!r} has no counterpart in nanograph's "
-                f"{config.architecture} model"
-            )
-        weight = _dequantize(tensor, path, pool)
-        if config.architecture == "llama":
-            if ".self_attn.q_proj." in hf_name:
-                weight = unpermute_qk(weight, config.num_attention_heads)
-            elif ".self_attn.k_proj." in hf_name:
-                weight = unpermute_qk(weight, config.num_key_value_heads)
-        if ".mlp.experts.{}." in hf_name:
-            yield from _experts(hf_name, weight, config.architecture, halves)
-        else:
-            yield hf_name, weight
