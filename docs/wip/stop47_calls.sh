@@ -7,6 +7,8 @@
 #   bash docs/wip/stop47_calls.sh sweep $OUT/r   # ~6 min: qkv_o_graph_sweep.py, then --30b
 #   bash docs/wip/stop47_calls.sh lazy $OUT/r    # ~7 min: lazy_rescale_call.sh (prepare ab/)
 #   bash docs/wip/stop47_calls.sh gemm $OUT/r    # ~4 min: prefill_gemm_proto.py
+#   bash docs/wip/stop47_calls.sh cudnn $OUT/r   # ~2 min: cudnn_prefill_proto.py
+#     (in gemm's call if gemm took under 6 minutes, else a call of its own)
 # Then tar $OUT/r into one file (only a few files come back from $OUT).
 set -uo pipefail
 stage=$1 out=$(mkdir -p "$2" && cd "$2" && pwd)
@@ -33,5 +35,8 @@ case $stage in
   gemm)
     timeout 560 python3 docs/wip/prefill_gemm_proto.py --out "$out/gemm.json" 2>&1 \
       | grep -v -i warn | tee "$out/gemm.log" | tail -n 30 ;;
-  *) echo "unknown stage $stage (tests, sweep, lazy, gemm)" >&2; exit 2 ;;
+  cudnn)
+    timeout 300 python3 docs/wip/cudnn_prefill_proto.py --out "$out/cudnn.json" 2>&1 \
+      | grep -v -i warn | tee "$out/cudnn.log" | tail -n 30 ;;
+  *) echo "unknown stage $stage (tests, sweep, lazy, gemm, cudnn)" >&2; exit 2 ;;
 esac
