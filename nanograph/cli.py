@@ -31,6 +31,9 @@ ENGINE_HELP = {
     "attention_backend": "auto (triton on CUDA, torch_native on CPU) | triton | torch_native",
     "moe_backend": "experts of MoE models: auto (triton on CUDA, torch_native on CPU) | triton "
     "(fused, graph-safe) | torch_native (per-expert loop: an eager break; no full graphs)",
+    "quantization": "mxfp4: keep gpt-oss' experts MXFP4 in memory (~4.25 bits a weight; the "
+    "fused MoE kernels decode them; dummy weights too) | unset: the model's dtype (MXFP4 "
+    "checkpoints dequantized as they load)",
     "seed": "engine seed (sampling of requests without their own seed)",
     "decode_cuda_graph": "full | breakable | tc_piecewise | none | auto (full on CUDA, or "
     "breakable with a host-planned attention/MoE backend; none on CPU)",

@@ -109,11 +109,12 @@ HF_CLASS = {
 }  # fmt: skip
 
 
-def make_hf_model(arch: str, seed: int = 0):
-    """A randomly initialised transformers model of a tiny config (float32)."""
+def make_hf_model(arch: str, seed: int = 0, **overrides):
+    """A randomly initialised transformers model of a tiny config (float32), with
+    ``overrides`` of its config."""
     import transformers
 
-    d = dict(TINY[arch])
+    d = {**TINY[arch], **overrides}
     cls = HF_CLASS[arch]
     config = getattr(transformers, f"{cls}Config")(
         **{k: v for k, v in d.items() if k != "model_type"}

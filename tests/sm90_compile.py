@@ -37,6 +37,7 @@ POINTER = {
     torch.float32: "*fp32",
     torch.int32: "*i32",
     torch.int64: "*i64",
+    torch.uint8: "*u8",
 }
 
 
@@ -303,6 +304,22 @@ def main() -> int:
         logits = torch.zeros(4, experts, dtype=torch.bfloat16)
         check(f"moe route {experts} experts top-{top_k}", moe.route, logits, top_k,
               softmax_first, renormalize)  # fmt: skip
+    # gpt-oss' MXFP4 experts (packed codes and scales), decode and prefill
+    for name, tokens, experts in (("gpt-oss-20b", 4, 32), ("gpt-oss-120b", 512, 128)):
+        hidden = inter = 2880
+        codes13 = torch.zeros(experts, 2 * inter, hidden // 2, dtype=torch.uint8)
+        scales13 = torch.zeros(experts, 2 * inter, hidden // 32, dtype=torch.uint8)
+        codes2 = torch.zeros(experts, hidden, inter // 2, dtype=torch.uint8)
+        scales2 = torch.zeros(experts, hidden, inter // 32, dtype=torch.uint8)
+        b13 = torch.zeros(experts, 2 * inter, dtype=torch.bfloat16)
+        b2 = torch.zeros(experts, hidden, dtype=torch.bfloat16)
+        ids = torch.randint(0, experts, (tokens, 4))
+        weights = torch.ones(tokens, 4, dtype=torch.bfloat16)
+        tiles = moe.choose_tiles(tokens, 4, experts, hidden, inter, torch.device("cuda"), True)
+        check(f"fused_experts {name} MXFP4 {tiles}", moe.fused_experts,
+              torch.zeros(tokens, hidden, dtype=torch.bfloat16), codes13, codes2, b13, b2,
+              weights, ids, "clamped_swiglu", tiles=tiles, w13_scales=scales13,
+              w2_scales=scales2)  # fmt: skip
     print(f"compiled {checked} kernel variants for sm_90; {len(failures)} failed")
     for failure in failures:
         print(failure, file=sys.stderr)

@@ -35,6 +35,7 @@ from nanograph.loader import (  # noqa: E402
     read_hf_config,
     resolve_model,  # noqa: E402
 )
+from nanograph.loader.mxfp4 import Mxfp4Tensor  # noqa: E402
 from nanograph.models import build_model, get_moe_backend  # noqa: E402
 from nanograph.models.config import ModelConfig  # noqa: E402
 from nanograph.models.moe import native_experts, route  # noqa: E402
@@ -238,6 +239,106 @@ def test_fused_experts_match_float64_and_native(case, pairwise):
     torch.testing.assert_close(native, expected, atol=2e-4, rtol=2e-4)
 
 
+def _mxfp4_weight(num_experts: int, n: int, k: int, g: torch.Generator):
+    """(codes [E, N, K / 2], scales [E, N, K / 32], the dense [E, N, K] float32 they encode, as
+    ``loader.mxfp4`` dequantizes a checkpoint's pair)."""
+    codes = torch.randint(0, 256, (num_experts, n, k // 2), dtype=torch.uint8, generator=g)
+    scales = torch.randint(118, 126, (num_experts, n, k // 32), dtype=torch.uint8, generator=g)
+    pair = Mxfp4Tensor(codes.view(num_experts, n, k // 32, 16), scales)
+    return codes, scales, pair.dequantize(CPU, torch.float32).transpose(-1, -2).contiguous()
+
+
+MXFP4_CASES = [c for c in FUSED_CASES if c[0][0] != "one_expert"]
+
+
+@pytest.mark.parametrize(
+    "case, pairwise", MXFP4_CASES,
+    ids=[f"{'pairwise' if p else 'sorted'}-{c[1]}x{c[2]}top{c[3]}-{c[4]}" for c, p in MXFP4_CASES],
+)  # fmt: skip
+@pytest.mark.parametrize("block_k", [32, 64])  # 64: K = 96 ends in a half tile
+@needs_triton
+def test_mxfp4_experts_equal_their_dequantized_weights(case, pairwise, block_k):
+    """The kernels decode MXFP4 tiles to exactly the values ``loader.mxfp4`` dequantizes, so in
+    float32 the packed experts give the dense experts' result: bit for bit on the pairwise path,
+    to float32 rounding on the sorted one (its dot sums a transposed tile in another order)."""
+    routing, tokens, num_experts, top_k, activation = case
+    g = torch.Generator().manual_seed(5)
+    # w13: K = 64 (two scale groups); w2: K = 96, three groups (with 64-wide K tiles, the last
+    # tile half outside the weight)
+    hidden, inter = 64, 96
+    c13, s13, w13 = _mxfp4_weight(num_experts, 2 * inter, hidden, g)
+    c2, s2, w2 = _mxfp4_weight(num_experts, hidden, inter, g)
+    biases = activation == "clamped_swiglu"
+    b13 = torch.randn(num_experts, 2 * inter, generator=g) if biases else None
+    b2 = torch.randn(num_experts, hidden, generator=g) if biases else None
+    weights, ids = _routing(routing, tokens, num_experts, top_k)
+    x = torch.randn(tokens, hidden, generator=g)
+    tiles = moe_kernels.MoeTiles(16, 16 if pairwise else 32, block_k, 1, 1, pairwise)
+    dense = moe_kernels.fused_experts(x, w13, w2, b13, b2, weights, ids, activation, tiles=tiles)
+    packed = moe_kernels.fused_experts(x, c13, c2, b13, b2, weights, ids, activation, tiles=tiles,
+                                       w13_scales=s13, w2_scales=s2)  # fmt: skip
+    if pairwise:
+        assert torch.equal(packed, dense)
+    else:  # the same products, but the interpreter's dot (numpy) sums a transposed tile apart
+        torch.testing.assert_close(packed, dense, rtol=1e-6, atol=1e-6 * dense.abs().max().item())
+    if pairwise:  # the fused decode's residual add, too
+        stream = torch.randn(tokens, hidden, generator=g)
+        expected = stream.clone()
+        moe_kernels.fused_experts(x, w13, w2, b13, b2, weights, ids, activation, tiles=tiles,
+                                  out=expected, accumulate=True)  # fmt: skip
+        moe_kernels.fused_experts(x, c13, c2, b13, b2, weights, ids, activation, tiles=tiles,
+                                  out=stream, accumulate=True, w13_scales=s13,
+                                  w2_scales=s2)  # fmt: skip
+        assert torch.equal(stream, expected)
+
+
+@needs_triton
+def test_mxfp4_decode_covers_every_code_and_scale():
+    """Each of the 256 bytes (both nibbles) under scales from the smallest (0: 2^-127, a float32
+    subnormal) to the largest finite (254), against ``loader.mxfp4``'s dequantization."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def decode(codes_ptr, scales_ptr, out_ptr, ROWS: tl.constexpr, K: tl.constexpr):
+        rows = tl.arange(0, ROWS)
+        codes = tl.load(codes_ptr + rows[:, None] * (K // 2) + tl.arange(0, K // 2)[None, :])
+        scales = tl.load(scales_ptr + rows[:, None] * (K // 32) + tl.arange(0, K // 32)[None, :])
+        values = moe_kernels._mx_decode(codes, scales, ROWS, K)
+        tl.store(out_ptr + rows[:, None] * K + tl.arange(0, K)[None, :], values)
+
+    rows, k = 8, 512  # 256 bytes a row, 16 scale groups
+    codes = torch.arange(256, dtype=torch.uint8).repeat(rows, 1)
+    scale_values = [0, 1, 2, 100, 126, 127, 128, 130, 200, 253, 254, 120, 119, 5, 64, 127]
+    scales = torch.tensor(scale_values, dtype=torch.uint8).roll(1).repeat(rows, 1)
+    for r in range(rows):
+        scales[r] = scales[r].roll(r)
+    out = torch.empty(rows, k)
+    decode[(1,)](codes, scales, out, rows, k)
+    pair = Mxfp4Tensor(codes.view(1, rows, k // 32, 16), scales[None])
+    expected = pair.dequantize(CPU, torch.float32).transpose(-1, -2)[0]
+    assert torch.equal(out, expected)
+
+
+@needs_triton
+def test_mxfp4_experts_refuse_unpaired_weights():
+    g = torch.Generator().manual_seed(0)
+    c13, s13, _ = _mxfp4_weight(2, 16, 64, g)
+    c2, s2, _ = _mxfp4_weight(2, 64, 8 * 4, g)
+    x, (weights, ids) = torch.randn(1, 64), _routing("random", 1, 2, 1)
+    tiles = moe_kernels.MoeTiles(16, 16, 32, 1, 1, True)
+    with pytest.raises(ValueError, match="scales for both"):
+        moe_kernels.fused_experts(x, c13, c2, None, None, weights, ids, "silu", tiles=tiles,
+                                  w13_scales=s13)  # fmt: skip
+    with pytest.raises(ValueError, match="do not pair"):
+        moe_kernels.fused_experts(x, c13, c2, None, None, weights, ids, "silu", tiles=tiles,
+                                  w13_scales=s13[..., :1], w2_scales=s2)  # fmt: skip
+    with pytest.raises(ValueError, match="multiples of 32"):
+        moe_kernels.fused_experts(x, c13, c2, None, None, weights, ids, "silu",
+                                  tiles=moe_kernels.MoeTiles(16, 16, 16, 1, 1, True),
+                                  w13_scales=s13, w2_scales=s2)  # fmt: skip
+
+
 @needs_triton
 @pytest.mark.parametrize("case", [c for c in CASES if c[1] <= 8], ids=lambda c: f"{c[1]}x{c[2]}")
 def test_pairwise_experts_add_into_out(case):
@@ -434,6 +535,106 @@ def test_mxfp4_checkpoint_loads_as_transformers_dequantizes_it(hf_models, mxfp4_
             max_new_tokens=GREEDY.max_tokens, do_sample=False, eos_token_id=None, pad_token_id=0,
         )  # fmt: skip
     assert out.token_ids == expected[0, len(ids) :].tolist()
+
+
+def _mxfp4_llm(folder, **kw):
+    args = dict(moe_backend="triton", page_size=4, kv_cache_bytes=2**20, progress=False)
+    return LLM(str(folder), **{**args, **kw})
+
+
+def _greedy_with_logprobs(llm, prompts):
+    """Greedy tokens, and each step's top-5 log-probabilities (tiny random models often
+    repeat one token: the log-probabilities are what tells two models apart)."""
+    params = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True, logprobs=5)
+    outs = llm.generate(prompts, params)
+    tops = [[[lp for _, lp in step.top] for step in o.logprobs] for o in outs]
+    return [o.token_ids for o in outs], torch.tensor(tops)
+
+
+@needs_triton
+def test_mxfp4_experts_stay_packed_and_match_their_dequantized_model(mxfp4_folder):
+    """``quantization="mxfp4"``: the experts hold the checkpoint's codes and scales as they
+    are (a quarter of float32's bytes and less), and the model computes what the dequantized
+    one computes with the same kernels: logits to float32 rounding, the same greedy tokens."""
+    from safetensors import safe_open
+    from test_model_reference import run_chunks
+
+    packed = _mxfp4_llm(mxfp4_folder, quantization="mxfp4")
+    dense = _mxfp4_llm(mxfp4_folder)
+    experts = packed.engine.model.model.layers[1].mlp
+    assert experts.w13.dtype == experts.w13_scales.dtype == torch.uint8
+    name = "model.layers.1.mlp.experts.down_proj"
+    with safe_open(mxfp4_folder / "model-1.safetensors", "pt") as f:
+        assert torch.equal(experts.w2, f.get_tensor(name + "_blocks").flatten(-2))
+    with safe_open(mxfp4_folder / "model-2.safetensors", "pt") as f:
+        assert torch.equal(experts.w2_scales, f.get_tensor(name + "_scales"))
+    assert packed.engine.weights_bytes < dense.engine.weights_bytes
+    config = packed.engine.model_config
+    assert config.mxfp4_experts
+    assert config.active_weights_bytes(4) < config.replace(
+        mxfp4_experts=False
+    ).active_weights_bytes(4)
+    ids = _prompts()[0]  # 19 tokens: the sorted regime (57 pairs)
+    logits = []
+    for llm in (packed, dense):
+        kv = KVCache(config, num_pages=16, page_size=4, dtype=torch.float32, device=CPU)
+        logits.append(run_chunks(llm.engine.model, kv, ids, [len(ids)]))
+    torch.testing.assert_close(logits[0], logits[1], atol=1e-5, rtol=1e-5)
+    prompts = _prompts()  # greedy decode: the pairwise regime
+    tokens, tops = _greedy_with_logprobs(packed, prompts)
+    dense_tokens, dense_tops = _greedy_with_logprobs(dense, prompts)
+    assert tokens == dense_tokens
+    torch.testing.assert_close(tops, dense_tops, atol=1e-5, rtol=1e-5)
+
+
+@needs_triton
+def test_mxfp4_dummy_experts(tiny_model_dir):
+    """Random MXFP4 experts for benchmarks: codes of every value under one modest scale."""
+    llm = _mxfp4_llm(tiny_model_dir("gpt_oss"), load_format="dummy", quantization="mxfp4")
+    experts = llm.engine.model.model.layers[0].mlp
+    assert bool((experts.w13_scales == 120).all()) and experts.w2.unique().numel() > 200
+    [out] = llm.generate([_prompts()[1]], GREEDY)
+    assert out.ok and len(out.token_ids) == GREEDY.max_tokens
+
+
+@needs_triton
+def test_mxfp4_experts_refuse_what_cannot_hold_them(tiny_model_dir, mxfp4_folder):
+    from nanograph.loader import ModelLoadError
+
+    with pytest.raises(ValueError, match="quantization must be one of"):
+        _mxfp4_llm(mxfp4_folder, quantization="int4")
+    with pytest.raises(ValueError, match="gpt-oss' format; qwen3_moe"):
+        _mxfp4_llm(tiny_model_dir("qwen3_moe"), quantization="mxfp4")
+    with pytest.raises(ValueError, match="gpt-oss' format; llama"):
+        _mxfp4_llm(tiny_model_dir("llama"), quantization="mxfp4")
+    with pytest.raises(ValueError, match="run on the triton MoE backend, not torch_native"):
+        _mxfp4_llm(mxfp4_folder, quantization="mxfp4", moe_backend="torch_native")
+    with pytest.raises(ModelLoadError, match="drop --quantization mxfp4"):
+        _mxfp4_llm(tiny_model_dir("gpt_oss"), quantization="mxfp4")  # a bf16 checkpoint
+
+
+@needs_triton
+def test_mxfp4_experts_tp2_equal_tp1(tmp_path):
+    """Each rank keeps its part of the packed pairs: gate/up by output rows, down by whole
+    scale groups of its input (an expert width of 64: 32 a rank). A width that leaves a rank
+    part of a group is refused."""
+    from conftest import make_hf_model
+
+    dense = tmp_path / "dense"
+    make_hf_model("gpt_oss", intermediate_size=64).save_pretrained(dense)
+    save_mxfp4_copy(dense, tmp_path / "mxfp4")
+    prompts = _prompts()
+    outs = []
+    for tp in (1, 2):
+        with _mxfp4_llm(tmp_path / "mxfp4", quantization="mxfp4", tensor_parallel_size=tp,
+                        distributed_timeout_s=60) as llm:  # fmt: skip
+            outs.append(_greedy_with_logprobs(llm, prompts))
+    assert outs[0][0] == outs[1][0]
+    torch.testing.assert_close(outs[0][1], outs[1][1], atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="multiples of 32"):
+        ModelConfig.from_hf_dict({**TINY["gpt_oss"], "intermediate_size": 64}).replace(
+            mxfp4_experts=True, intermediate_size=16
+        )
 
 
 def test_mxfp4_checkpoint_missing_scales_is_a_clear_error(mxfp4_folder, tmp_path):

@@ -9,6 +9,11 @@
 #   bash docs/wip/stop47_calls.sh gemm $OUT/r    # ~4 min: prefill_gemm_proto.py
 #   bash docs/wip/stop47_calls.sh cudnn $OUT/r   # ~2 min: cudnn_prefill_proto.py
 #     (in gemm's call if gemm took under 6 minutes, else a call of its own)
+#   bash docs/wip/stop47_calls.sh mxfp4 $OUT/r   # ~8 min: gpt-oss' experts kept MXFP4
+#     (after tests: test_moe_gpu.py holds its GPU tests). Predicted, gpt-oss-20b batch 1:
+#     347 tok/s in bf16 (59% of 584); MXFP4 experts are 1.27 of its 7.4 GB a token in bf16
+#     (roofline ~1,100 tok/s) but each code costs ~6 integer/float operations to decode, ~0.5
+#     ms a step of ALU at batch 1: 500-650 tok/s. gpt-oss-120b fits one H200 only this way.
 # Then tar $OUT/r into one file (only a few files come back from $OUT).
 set -uo pipefail
 stage=$1 out=$(mkdir -p "$2" && cd "$2" && pwd)
@@ -35,8 +40,19 @@ case $stage in
   gemm)
     timeout 560 python3 docs/wip/prefill_gemm_proto.py --out "$out/gemm.json" 2>&1 \
       | grep -v -i warn | tee "$out/gemm.log" | tail -n 30 ;;
+  mxfp4)
+    for q in none mxfp4; do
+      flag=$([ $q = mxfp4 ] && echo "--quantization mxfp4")
+      timeout 240 python3 -m nanograph bench decode --models gpt-oss-20b --arms full \
+        --batches 1,8 --moe-backend triton $flag --out "$out/decode_20b_$q.json" \
+        > "$out/decode_20b_$q.log" 2>&1; tail -n 3 "$out/decode_20b_$q.log"
+    done
+    timeout 300 python3 -m nanograph bench prefill --models gpt-oss-120b --arms full,eager \
+      --lengths 256,2048,8192 --quantization mxfp4 --peer-lengths '' \
+      --out "$out/prefill_120b.json" > "$out/prefill_120b.log" 2>&1
+    tail -n 8 "$out/prefill_120b.log" ;;
   cudnn)
     timeout 300 python3 docs/wip/cudnn_prefill_proto.py --out "$out/cudnn.json" 2>&1 \
       | grep -v -i warn | tee "$out/cudnn.log" | tail -n 30 ;;
-  *) echo "unknown stage $stage (tests, sweep, lazy, gemm, cudnn)" >&2; exit 2 ;;
+  *) echo "unknown stage $stage (tests, sweep, lazy, gemm, cudnn, mxfp4)" >&2; exit 2 ;;
 esac

@@ -57,7 +57,8 @@ def roofline_tok_s(weights_bytes: int, bandwidth_bytes_s: float) -> float:
 
 
 def measure_arm(model: str, arm: str, batches: list[int], prompt_len: int, new_tokens: int,
-                repeats: int, moe_backend: str = "auto") -> dict:  # fmt: skip
+                repeats: int, moe_backend: str = "auto",
+                quantization: str | None = None) -> dict:  # fmt: skip
     from nanograph.layers import ops
 
     modifiers = arm.split(":")[1:]
@@ -68,7 +69,8 @@ def measure_arm(model: str, arm: str, batches: list[int], prompt_len: int, new_t
     )
     try:
         return _measure(model, graph_flag(arm), "serial" in modifiers, batches, prompt_len,
-                        new_tokens, repeats, moe_backend, tensor_parallel_size(arm))  # fmt: skip
+                        new_tokens, repeats, moe_backend, tensor_parallel_size(arm),
+                        quantization)  # fmt: skip
     finally:
         ops.use_triton_gemv(True)
         ops.set_fused_decode("auto")
@@ -110,7 +112,8 @@ def step_kernels(llm, batch: int, context: int, repeats: int = 5) -> dict:
 
 
 def _measure(model: str, backend: str, serial: bool, batches: list[int], prompt_len: int,
-             new_tokens: int, repeats: int, moe_backend: str, tp: int) -> dict:  # fmt: skip
+             new_tokens: int, repeats: int, moe_backend: str, tp: int,
+             quantization: str | None = None) -> dict:  # fmt: skip
     from nanograph import LLM, SamplingParams
 
     llm = LLM(
@@ -118,7 +121,7 @@ def _measure(model: str, backend: str, serial: bool, batches: list[int], prompt_
         cuda_graph_bs=tuple(batches), max_num_seqs=max(batches),
         max_model_len=prompt_len + new_tokens + 16, progress=False,
         disable_overlap_schedule=serial, moe_backend=moe_backend, tensor_parallel_size=tp,
-        **STARTUP_CAPTURE,
+        quantization=quantization, **STARTUP_CAPTURE,
     )  # fmt: skip
     params = SamplingParams(max_tokens=new_tokens, temperature=0, ignore_eos=True)
     vocab = llm.engine.model_config.vocab_size
@@ -126,9 +129,10 @@ def _measure(model: str, backend: str, serial: bool, batches: list[int], prompt_
     result = {
         "samples_tok_s": {}, "median_tok_s": {}, "tensor_parallel_size": tp,
         "weights_bytes": llm.engine.weights_bytes,  # rank 0's shard with tensor parallelism
-        # what one decoded token reads (MoE: only its top-k experts)
-        "active_weights_bytes": llm.engine.model_config.num_active_params
-        * llm.engine.dtype.itemsize,
+        # what one decoded token reads (MoE: only its top-k experts; MXFP4 ones at 4.25 bits)
+        "active_weights_bytes": llm.engine.model_config.active_weights_bytes(
+            llm.engine.dtype.itemsize
+        ),
         "load_s": llm.engine.load_seconds,  # weights, KV pool and graph capture
     }  # fmt: skip
     for batch in batches:
@@ -188,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         "eager on CPU]; modifiers :serial (overlap schedule off), :cublas, :unfused, :fused",
     )  # fmt: skip
     parser.add_argument("--moe-backend", default="auto", help="experts of MoE models")
+    parser.add_argument("--quantization", default=None, help="mxfp4: gpt-oss' experts 4-bit")
     parser.add_argument("--prompt-len", type=int, default=512)
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=5)
@@ -219,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.new_tokens,
                 args.repeats,
                 args.moe_backend,
+                args.quantization,
             )
             write(args.out, report)
             print(f"{model} decode={arm}: {entry['arms'][arm]['median_tok_s']}")

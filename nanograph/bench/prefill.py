@@ -151,7 +151,7 @@ def measure_model(model: str, args: argparse.Namespace, lengths: list[int]) -> d
     for arm in args.arms:
         tp = tensor_parallel_size(arm)
         llm = engine_for(model, arm, lengths, args.load_format, moe_backend=args.moe_backend,
-                         tensor_parallel_size=tp)  # fmt: skip
+                         tensor_parallel_size=tp, quantization=args.quantization)  # fmt: skip
         config, dtype = llm.engine.model_config, llm.engine.dtype
         result = entry["arms"][arm] = {"build_s": build_seconds(llm), "tensor_parallel_size": tp,
                                        "load_s": llm.engine.load_seconds}  # fmt: skip
@@ -210,6 +210,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="dummy (random weights) or auto (the model's own, e.g. smollm2-135m's GGUF)",
     )  # fmt: skip
     parser.add_argument("--moe-backend", default="auto", help="experts of MoE models")
+    parser.add_argument(
+        "--quantization", default=None,
+        help="mxfp4: gpt-oss' experts 4-bit (no transformers peer: it takes dense weights)",
+    )  # fmt: skip
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--out", default=default_out("prefill.json"))
     args = parser.parse_args(argv)
@@ -217,8 +221,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args.arms = parse_arms(
         "prefill", args.arms or (",".join(ARMS) if cuda else EAGER), TP_MODIFIERS
     )
+    if args.quantization and args.peer_lengths:
+        raise SystemExit("bench prefill: the transformers peer takes dense weights; with "
+                         "--quantization give --peer-lengths ''")  # fmt: skip
     if args.peer_lengths is None:
-        args.peer_lengths = "256,2048" if cuda else args.lengths
+        args.peer_lengths = "" if args.quantization else "256,2048" if cuda else args.lengths
     return args
 
 

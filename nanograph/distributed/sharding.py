@@ -127,6 +127,12 @@ def _expert_part(
 ) -> torch.Tensor:
     if config.architecture == "gpt_oss":  # [E, H, 2I] interleaved gate/up, [E, I, H] down
         kind = leaf[-1]
+        # MXFP4 pairs kept packed: codes [E, out, groups, 16], scales [E, out, groups];
+        # gate/up by output rows (pairs together), down by whole scale groups of its input
+        if kind in ("gate_up_proj_blocks", "gate_up_proj_scales"):
+            return _part(tensor, 1, rank, size)
+        if kind in ("down_proj_blocks", "down_proj_scales"):
+            return _part(tensor, 2, rank, size)
         if kind == "gate_up_proj":
             return _part(tensor, 2, rank, size)  # interleaved pairs stay together
         if kind == "gate_up_proj_bias":

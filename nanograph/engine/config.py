@@ -17,6 +17,7 @@ from nanograph.models.moe import MOE_BACKENDS
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 GRAPH_CHOICES = ("auto", "full", "breakable", "tc_piecewise", "none")
 SPECULATIVE_ALGORITHMS = ("ngram", "draft_model")
+QUANTIZATIONS = (None, "mxfp4")
 # a verify forward holds k+1 tokens per request; past ~16 drafts acceptance of a whole chain is
 # rare and the verify forward stops being weight-bound, so larger k only costs
 MAX_DRAFT_TOKENS = 16
@@ -56,6 +57,9 @@ class EngineConfig:
     attention_backend: str = "auto"  # auto = triton on CUDA, torch_native on CPU
     # experts of MoE models: auto = triton (graph-safe fused) on CUDA, torch_native on CPU
     moe_backend: str = "auto"
+    # weights kept quantized in memory: mxfp4 (gpt-oss' experts, as its checkpoints hold them,
+    # decoded by the fused MoE kernels); None = the model's dtype (MXFP4 checkpoints dequantized)
+    quantization: str | None = None
     seed: int = 0
     progress: bool = True
     # off: the host reads each step's tokens before it schedules the next step (SGLang's flag);
@@ -128,6 +132,11 @@ class EngineConfig:
         if self.moe_backend not in MOE_BACKENDS:
             raise ValueError(
                 f"moe_backend must be one of {', '.join(MOE_BACKENDS)}, got {self.moe_backend!r}"
+            )
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(
+                f"quantization must be one of {', '.join(map(str, QUANTIZATIONS))}, got "
+                f"{self.quantization!r}"
             )
         self._check_speculative()
         for flag in ("decode_cuda_graph", "prefill_cuda_graph", "speculative_draft_cuda_graph"):

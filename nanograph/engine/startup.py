@@ -111,6 +111,8 @@ class Startup:
         config = self.config
         self.source = resolve_model(config.model, config.load_format)
         self.model_config = self.source.config
+        if config.quantization == "mxfp4":  # experts kept 4-bit (ModelConfig checks the model)
+            self.model_config = self.model_config.replace(mxfp4_experts=True)
         self.attention = get_attention_backend(config.attention_backend, self.device)
         self.moe = (
             get_moe_backend(config.moe_backend, self.device) if self.model_config.is_moe else None

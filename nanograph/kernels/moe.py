@@ -14,6 +14,12 @@ Layouts (fixed; the MoE layer of ``nanograph.models.moe`` holds its weights this
 - ``w13 [E, 2I, H]``: each expert's gate and up rows, either concatenated (gate rows 0..I-1, up
   rows I..2I-1: ``silu``) or interleaved (gate 2j, up 2j+1: gpt-oss' ``clamped_swiglu``, which
   also has biases ``b13 [E, 2I]`` and ``b2 [E, H]``); ``w2 [E, H, I]``.
+- MXFP4 experts (gpt-oss' released weights, kept 4-bit): each of ``w13`` / ``w2`` is its packed
+  codes ``[E, N, K / 2]`` uint8 (two E2M1 values a byte, the low nibble first) with scales
+  ``[E, N, K / 32]`` uint8 (E8M0: one power of two per 32 values along K), the layout of the
+  checkpoint's ``_blocks`` / ``_scales`` pairs. The kernels decode a tile after loading it, so
+  a weight crosses HBM at ~4.25 bits a value; decoded values equal ``loader.mxfp4``'s
+  dequantization exactly (an E2M1 value times a power of two is exact in fp32 and bf16).
 - ``topk_ids [T, K]`` (int64) and ``topk_weights [T, K]``: token t's k-th expert and its weight.
   Flat index ``f = t * K + k`` names one (token, expert) pair.
 
@@ -26,8 +32,9 @@ Invariants:
 - A token's result does not depend on the other tokens of the batch (padding rows, batch
   composition), within a regime; the regime boundary is a decode bucket (8), so a padded decode
   batch and the same batch run eagerly take the same regime.
-- The activation is computed in fp32 and rounded to the weights' dtype before its product (as
-  the unfused gate/up -> activation -> down would store it); products accumulate in fp32.
+- The activation is computed in fp32 and rounded to the activations' dtype (the model's) before
+  its product (as the unfused gate/up -> activation -> down would store it); products
+  accumulate in fp32.
 """
 
 from __future__ import annotations
@@ -41,6 +48,50 @@ import triton.language as tl
 from nanograph.kernels.launch import LaunchCache
 
 ACTIVATIONS = {"none": 0, "silu": 1, "clamped_swiglu": 2}
+MX_BLOCK = 32  # MXFP4 values sharing a scale
+
+
+@triton.jit
+def _e2m1(code):
+    """fp32 values of 4-bit E2M1 codes (int32): the sign in bit 3, magnitudes 0, 0.5, 1, 1.5, 2,
+    3, 4, 6. The code's sign and three magnitude bits, put into a float16's sign, exponent and
+    mantissa, make the value times 2^-14 (0.5 becomes float16's subnormal 2^-15), so a
+    conversion and a power of two decode it exactly, in a few integer operations."""
+    bits = ((code & 8) << 12) | ((code & 7) << 9)
+    return bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32) * 16384.0
+
+
+@triton.jit
+def _mx_decode(codes, scales, ROWS: tl.constexpr, BLOCK_K: tl.constexpr):
+    """codes [ROWS, BLOCK_K / 2] uint8 and scales [ROWS, BLOCK_K / 32] uint8 (E8M0: 2^(s - 127))
+    -> the [ROWS, BLOCK_K] fp32 values they encode (value 2j from byte j's low nibble)."""
+    codes = codes.to(tl.int32)
+    values = tl.join(_e2m1(codes & 15), _e2m1(codes >> 4)).reshape(ROWS, BLOCK_K)
+    s = scales.to(tl.int32)
+    # 2^(s - 127) built from its bits: s is the float32 exponent field (s = 0: the subnormal
+    # 2^-127, whose only set bit is the mantissa's top one)
+    scale = tl.where(s == 0, 0x400000, s << 23).to(tl.float32, bitcast=True)
+    groups: tl.constexpr = BLOCK_K // 32
+    values = values.reshape(ROWS, groups, 32) * scale[:, :, None]
+    return values.reshape(ROWS, BLOCK_K)
+
+
+@triton.jit
+def _load_mx_rows(w_rows, ws_rows, k0, K, row_mask, ROWS: tl.constexpr, BLOCK_K: tl.constexpr,
+                  STREAM: tl.constexpr):  # fmt: skip
+    """Columns k0 .. k0 + BLOCK_K of MXFP4 weight rows as a [ROWS, BLOCK_K] fp32 tile: ``w_rows``
+    points at each row's codes, ``ws_rows`` at its scales. STREAM: read once (evict first)."""
+    kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+    ks = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+    code_mask = row_mask[:, None] & (kb < K // 2)[None, :]
+    if STREAM:
+        codes = tl.load(w_rows[:, None] + kb[None, :], mask=code_mask, other=0,
+                        eviction_policy="evict_first")  # fmt: skip
+    else:
+        codes = tl.load(w_rows[:, None] + kb[None, :], mask=code_mask, other=0)
+    scale_mask = row_mask[:, None] & (ks < K // 32)[None, :]
+    scales = tl.load(ws_rows[:, None] + ks[None, :], mask=scale_mask, other=127)
+    return _mx_decode(codes, scales, ROWS, BLOCK_K)
 
 
 @dataclass(frozen=True)
@@ -60,7 +111,13 @@ PAIRWISE_MAX_TOKENS = 8
 
 
 def choose_tiles(
-    num_tokens: int, top_k: int, num_experts: int, hidden: int, inter: int, device: torch.device
+    num_tokens: int,
+    top_k: int,
+    num_experts: int,
+    hidden: int,
+    inter: int,
+    device: torch.device,
+    mxfp4: bool = False,
 ) -> MoeTiles:
     """Static launch configuration from static sizes (``inter``: an expert's width). Pairwise:
     gate/up in 16-row programs over 256-wide K blocks in 4 warps, 3 stages (swept inside a CUDA
@@ -74,8 +131,9 @@ def choose_tiles(
     if device.type != "cuda":  # the interpreter: small tiles keep CPU tests fast
         return MoeTiles(16, 16 if pairwise else 32, 32, 1, 1, pairwise)
     if pairwise:
+        down = _down_tiles(hidden, inter, top_k, device, mxfp4)
         return MoeTiles(block_m=1, block_n=16, block_k=256, num_warps=4, num_stages=3,
-                        pairwise=True, down=_down_tiles(hidden, inter, top_k, device))  # fmt: skip
+                        pairwise=True, down=down)  # fmt: skip
     mean_rows = num_tokens * top_k / num_experts
     block_m = 16 if mean_rows <= 16 else 32 if mean_rows <= 64 else 64
     return MoeTiles(block_m=block_m, block_n=64, block_k=64)
@@ -183,13 +241,14 @@ def align_by_expert(
 # The pair count changes with the batch: not specialized, so a new batch size compiles nothing.
 @triton.jit(do_not_specialize=["num_pairs"])
 def _moe_gemm_kernel(
-    a_ptr, w_ptr, bias_ptr, c_ptr, sorted_ids_ptr, block_expert_ptr, topk_weights_ptr,
-    num_pairs, N, K, stride_am, stride_we, stride_wn, stride_wk, stride_be, stride_cm,
-    gate_stride, up_offset, alpha, limit,
+    a_ptr, w_ptr, ws_ptr, bias_ptr, c_ptr, sorted_ids_ptr, block_expert_ptr, topk_weights_ptr,
+    num_pairs, N, K, stride_am, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_be,
+    stride_cm, gate_stride, up_offset, alpha, limit,
     A_ROW_DIV: tl.constexpr,  # a's row of flat index f: f // A_ROW_DIV (top_k: token rows)
     ACT: tl.constexpr,  # 0: a as is; 1: silu(gate) * up; 2: gpt-oss clamped SwiGLU
     HAS_BIAS: tl.constexpr,
     MUL_WEIGHT: tl.constexpr,  # scale row f by topk_weights[f]
+    MXFP4: tl.constexpr,  # w: packed codes, ws: their scales (module docstring)
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -209,6 +268,9 @@ def _moe_gemm_kernel(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_valid = offs_n < N
     w_base = w_ptr + expert * stride_we + offs_n[None, :] * stride_wn
+    if MXFP4:
+        w_rows = w_ptr + expert * stride_we + offs_n.to(tl.int64) * stride_wn
+        ws_rows = ws_ptr + expert * stride_se + offs_n.to(tl.int64) * stride_sn
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
@@ -219,10 +281,13 @@ def _moe_gemm_kernel(
         else:
             act = _activation(a_ptr + a_rows[:, None] * stride_am, offs_k[None, :], a_mask,
                               gate_stride, up_offset, alpha, limit, ACT)  # fmt: skip
-            a = act.to(w_ptr.dtype.element_ty)
-        w = tl.load(
-            w_base + offs_k[:, None] * stride_wk, mask=k_valid[:, None] & n_valid[None, :], other=0
-        )
+            a = act.to(a_ptr.dtype.element_ty)
+        if MXFP4:  # decoded as [N, K] rows, then turned into the [K, N] operand
+            w = _load_mx_rows(w_rows, ws_rows, k0, K, n_valid, BLOCK_N, BLOCK_K, False)
+            w = tl.trans(w).to(a_ptr.dtype.element_ty)
+        else:
+            w = tl.load(w_base + offs_k[:, None] * stride_wk,
+                        mask=k_valid[:, None] & n_valid[None, :], other=0)  # fmt: skip
         acc = tl.dot(a, w, acc, input_precision=DOT_PRECISION)
     if HAS_BIAS:
         bias = tl.load(bias_ptr + expert * stride_be + offs_n, mask=n_valid, other=0)
@@ -238,24 +303,28 @@ _launch_gemm = LaunchCache(_moe_gemm_kernel)
 
 
 def _grouped_gemm(
-    a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, c: torch.Tensor,
-    sorted_ids: torch.Tensor, block_expert: torch.Tensor, topk_weights: torch.Tensor,
-    tiles: MoeTiles, *, a_row_div: int, act: int, gate_stride: int = 1, up_offset: int = 0,
-    alpha: float = 0.0, limit: float = 0.0, mul_weight: bool = False,
+    a: torch.Tensor, w: torch.Tensor, ws: torch.Tensor | None, bias: torch.Tensor | None,
+    c: torch.Tensor, sorted_ids: torch.Tensor, block_expert: torch.Tensor,
+    topk_weights: torch.Tensor, tiles: MoeTiles, *, a_row_div: int, act: int,
+    gate_stride: int = 1, up_offset: int = 0, alpha: float = 0.0, limit: float = 0.0,
+    mul_weight: bool = False,
 ) -> None:  # fmt: skip
-    num_experts, n, k = w.shape
+    num_experts, n, k = _dense_shape(w, ws)
     grid = (block_expert.shape[0], triton.cdiv(n, tiles.block_n))
     _launch_gemm(
         grid,
-        (a, w, bias if bias is not None else w, c, sorted_ids, block_expert, topk_weights),
+        (a, w, w if ws is None else ws, bias if bias is not None else w, c, sorted_ids,
+         block_expert, topk_weights),
         (
             c.shape[0], n, k, a.stride(0), w.stride(0), w.stride(1), w.stride(2),
+            0 if ws is None else ws.stride(0), 0 if ws is None else ws.stride(1),
             bias.stride(0) if bias is not None else 0, c.stride(0), gate_stride, up_offset,
             float(alpha), float(limit),
         ),
         dict(
             A_ROW_DIV=a_row_div, ACT=act, HAS_BIAS=bias is not None, MUL_WEIGHT=mul_weight,
-            BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
+            MXFP4=ws is not None, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
+            BLOCK_K=tiles.block_k,
             # fp32: exact products, as kernels.attention (tf32x3 tiles overflowed shared memory
             # there on the H200); 16-bit: the default
             DOT_PRECISION="ieee" if a.dtype == torch.float32 else None,
@@ -278,9 +347,10 @@ def _activation(a_ptr, k, mask, gate_stride, up_offset, alpha, limit, ACT: tl.co
 
 @triton.jit
 def _pair_gate_up_kernel(
-    x_ptr, w_ptr, bias_ptr, c_ptr, ids_ptr,
-    N, K, stride_xm, stride_we, stride_wn, stride_be, stride_cm,
-    TOP_K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    x_ptr, w_ptr, ws_ptr, bias_ptr, c_ptr, ids_ptr,
+    N, K, stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_be, stride_cm,
+    TOP_K: tl.constexpr, HAS_BIAS: tl.constexpr, MXFP4: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     """c[f, n] = x[f // TOP_K] . w13[ids[f], n] (+ b13[ids[f], n]) for pair f = program 0."""
     pair = tl.program_id(0)
@@ -290,11 +360,16 @@ def _pair_gate_up_kernel(
     expert = tl.load(ids_ptr + pair).to(tl.int64)
     x_row = x_ptr + (pair // TOP_K).to(tl.int64) * stride_xm
     w_rows = w_ptr + expert * stride_we + offs_n.to(tl.int64)[:, None] * stride_wn
+    ws_rows = ws_ptr + expert * stride_se + offs_n.to(tl.int64) * stride_sn
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         k = k0 + offs_k
-        w = tl.load(w_rows + k[None, :], mask=n_mask[:, None] & (k < K)[None, :], other=0,
-                    eviction_policy="evict_first")  # fmt: skip
+        if MXFP4:
+            w = _load_mx_rows(tl.reshape(w_rows, (BLOCK_N,)), ws_rows, k0, K, n_mask, BLOCK_N,
+                              BLOCK_K, True)  # fmt: skip
+        else:
+            w = tl.load(w_rows + k[None, :], mask=n_mask[:, None] & (k < K)[None, :], other=0,
+                        eviction_policy="evict_first")  # fmt: skip
         x = tl.load(x_row + k, mask=k < K, other=0).to(tl.float32)
         acc += w.to(tl.float32) * x[None, :]
     out = tl.sum(acc, 1)
@@ -306,11 +381,11 @@ def _pair_gate_up_kernel(
 
 @triton.jit
 def _pair_down_kernel(
-    a_ptr, w_ptr, bias_ptr, out_ptr, ids_ptr, topk_weights_ptr,
-    N, K, stride_am, stride_we, stride_wn, stride_be, stride_om, gate_stride, up_offset, alpha,
-    limit,
+    a_ptr, w_ptr, ws_ptr, bias_ptr, out_ptr, ids_ptr, topk_weights_ptr,
+    N, K, stride_am, stride_we, stride_wn, stride_se, stride_sn, stride_be, stride_om,
+    gate_stride, up_offset, alpha, limit,
     TOP_K: tl.constexpr, K_PAD: tl.constexpr, ACT: tl.constexpr, HAS_BIAS: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ACCUMULATE: tl.constexpr,
+    MXFP4: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ACCUMULATE: tl.constexpr,
 ):  # fmt: skip
     """out[t, n] = sum_j weight[t, j] * (act(gate_up[t*K + j]) . w2[ids[t, j], n] (+ b2)) for
     token t = program 0: the k experts summed in fp32 in one program. ACCUMULATE:
@@ -334,15 +409,25 @@ def _pair_down_kernel(
     w_rows = (w_ptr + experts[:, None, None] * stride_we
               + offs_n.to(tl.int64)[None, :, None] * stride_wn)  # fmt: skip
     w_mask = j_mask[:, None, None] & n_mask[None, :, None]
+    if MXFP4:  # the k experts' rows as one [K_PAD * BLOCK_N] list of rows
+        rows = experts[:, None] * stride_we + offs_n.to(tl.int64)[None, :] * stride_wn
+        mx_rows = tl.reshape(w_ptr + rows, (K_PAD * BLOCK_N,))
+        rows = experts[:, None] * stride_se + offs_n.to(tl.int64)[None, :] * stride_sn
+        mx_scales = tl.reshape(ws_ptr + rows, (K_PAD * BLOCK_N,))
+        mx_mask = tl.reshape(j_mask[:, None] & n_mask[None, :], (K_PAD * BLOCK_N,))
     acc = tl.zeros((K_PAD, BLOCK_N, BLOCK_K), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):  # pipelined num_stages deep (a launch option)
         k = k0 + offs_k
         k_mask = k < K
         act = _activation(a_rows[:, None], k[None, :], j_mask[:, None] & k_mask[None, :],
                           gate_stride, up_offset, alpha, limit, ACT)  # fmt: skip
-        act = act.to(w_ptr.dtype.element_ty).to(tl.float32) * scales[:, None]
-        w = tl.load(w_rows + k[None, None, :], mask=w_mask & k_mask[None, None, :], other=0,
-                    eviction_policy="evict_first")  # fmt: skip
+        act = act.to(a_ptr.dtype.element_ty).to(tl.float32) * scales[:, None]
+        if MXFP4:
+            w = _load_mx_rows(mx_rows, mx_scales, k0, K, mx_mask, K_PAD * BLOCK_N, BLOCK_K, True)
+            w = tl.reshape(w, (K_PAD, BLOCK_N, BLOCK_K))
+        else:
+            w = tl.load(w_rows + k[None, None, :], mask=w_mask & k_mask[None, None, :], other=0,
+                        eviction_policy="evict_first")  # fmt: skip
         acc += w.to(tl.float32) * act[:, None, :]
     total = tl.sum(tl.sum(acc, 2), 0)
     if HAS_BIAS:
@@ -361,37 +446,49 @@ _launch_pair_down = LaunchCache(_pair_down_kernel)
 
 
 def _pairwise(
-    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, b13: torch.Tensor | None,
-    b2: torch.Tensor | None, weights: torch.Tensor, ids: torch.Tensor, tiles: MoeTiles,
-    act: int, gate_stride: int, up_offset: int, alpha: float, limit: float, out: torch.Tensor,
-    accumulate: bool,
+    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, w13_scales: torch.Tensor | None,
+    w2_scales: torch.Tensor | None, b13: torch.Tensor | None, b2: torch.Tensor | None,
+    weights: torch.Tensor, ids: torch.Tensor, tiles: MoeTiles, act: int, gate_stride: int,
+    up_offset: int, alpha: float, limit: float, out: torch.Tensor, accumulate: bool,
 ) -> None:  # fmt: skip
     num_tokens, top_k = ids.shape
-    two_i, hidden = w13.shape[1], w13.shape[2]
+    _, two_i, hidden = _dense_shape(w13, w13_scales)
     gate_up = x.new_empty((num_tokens * top_k, two_i))
+    ws13 = w13 if w13_scales is None else w13_scales
     _launch_pair_gate_up(
         (num_tokens * top_k, triton.cdiv(two_i, tiles.block_n)),
-        (x, w13, b13 if b13 is not None else w13, gate_up, ids),
-        (two_i, hidden, x.stride(0), w13.stride(0), w13.stride(1),
-         b13.stride(0) if b13 is not None else 0, gate_up.stride(0)),
-        dict(TOP_K=top_k, HAS_BIAS=b13 is not None, BLOCK_N=tiles.block_n,
-             BLOCK_K=tiles.block_k, num_warps=tiles.num_warps, num_stages=tiles.num_stages),
+        (x, w13, ws13, b13 if b13 is not None else w13, gate_up, ids),
+        (two_i, hidden, x.stride(0), w13.stride(0), w13.stride(1), ws13.stride(0),
+         ws13.stride(1), b13.stride(0) if b13 is not None else 0, gate_up.stride(0)),
+        dict(TOP_K=top_k, HAS_BIAS=b13 is not None, MXFP4=w13_scales is not None,
+             BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, num_warps=tiles.num_warps,
+             num_stages=tiles.num_stages),
     )  # fmt: skip
     down = tiles.down or (tiles.block_n, tiles.block_k, tiles.num_warps, tiles.num_stages)
     down_n, down_k, down_warps, down_stages = down
+    ws2 = w2 if w2_scales is None else w2_scales
     _launch_pair_down(
         (num_tokens, triton.cdiv(hidden, down_n)),
-        (gate_up, w2, b2 if b2 is not None else w2, out, ids, weights),
-        (hidden, two_i // 2, gate_up.stride(0), w2.stride(0), w2.stride(1),
-         b2.stride(0) if b2 is not None else 0, out.stride(0), gate_stride, up_offset,
-         float(alpha), float(limit)),
+        (gate_up, w2, ws2, b2 if b2 is not None else w2, out, ids, weights),
+        (hidden, two_i // 2, gate_up.stride(0), w2.stride(0), w2.stride(1), ws2.stride(0),
+         ws2.stride(1), b2.stride(0) if b2 is not None else 0, out.stride(0), gate_stride,
+         up_offset, float(alpha), float(limit)),
         dict(TOP_K=top_k, K_PAD=triton.next_power_of_2(top_k), ACT=act,
-             HAS_BIAS=b2 is not None, BLOCK_N=down_n, BLOCK_K=down_k, ACCUMULATE=accumulate,
-             num_warps=down_warps, num_stages=down_stages),
+             HAS_BIAS=b2 is not None, MXFP4=w2_scales is not None, BLOCK_N=down_n,
+             BLOCK_K=down_k, ACCUMULATE=accumulate, num_warps=down_warps,
+             num_stages=down_stages),
     )  # fmt: skip
 
 
-def _down_tiles(hidden: int, inter: int, top_k: int, device: torch.device) -> tuple[int, ...]:
+def _dense_shape(w: torch.Tensor, scales: torch.Tensor | None) -> tuple[int, int, int]:
+    """[E, N, K] of an expert weight, dense or MXFP4 (packed codes [E, N, K / 2])."""
+    e, n, k = w.shape
+    return (e, n, k) if scales is None else (e, n, 2 * k)
+
+
+def _down_tiles(
+    hidden: int, inter: int, top_k: int, device: torch.device, mxfp4: bool = False
+) -> tuple[int, ...]:
     """The pairwise down projection's (BLOCK_N, BLOCK_K, num_warps, num_stages) on a GPU. Its N
     is the hidden size (2048 on qwen3-30b-a3b), so output rows a program halve from 16 while a
     token's grid would leave an SM without a program; a program's tile is top_k x BLOCK_N x
@@ -406,7 +503,10 @@ def _down_tiles(hidden: int, inter: int, top_k: int, device: torch.device) -> tu
     while block_n > 4 and triton.cdiv(hidden, block_n) < sms:
         block_n //= 2
     block_k = 256 if inter <= 1024 else 512
-    while block_k > 32 and triton.next_power_of_2(top_k) * block_n * block_k > 16384:
+    # MXFP4: decoding a tile takes registers of its own: gpt-oss' dense 4 x 16 x 256 in 4 warps
+    # spills there (sm_90, Triton 3.6: 264 stack instructions), 4 x 16 x 128 does not
+    budget = 8192 if mxfp4 else 16384
+    while block_k > 32 and triton.next_power_of_2(top_k) * block_n * block_k > budget:
         block_k //= 2
     return block_n, block_k, 8 if triton.cdiv(inter, block_k) <= 4 else 4, 2
 
@@ -425,16 +525,25 @@ def fused_experts(
     tiles: MoeTiles | None = None,
     out: torch.Tensor | None = None,
     accumulate: bool = False,
+    w13_scales: torch.Tensor | None = None,
+    w2_scales: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """sum_k topk_weights[t, k] * expert_{topk_ids[t, k]}(x[t]) for ``x [T, H]``; see the
     module docstring for the weight layouts. Returns ``out`` ([T, H] in x's dtype); with
-    ``accumulate`` the sum is added to ``out`` (given; the pairwise path of small batches)."""
+    ``accumulate`` the sum is added to ``out`` (given; the pairwise path of small batches).
+    With ``w13_scales`` / ``w2_scales`` the weights are MXFP4: packed codes and their scales."""
     num_tokens, hidden = x.shape
-    num_experts, two_i, _ = w13.shape
+    num_experts, two_i, _ = _dense_shape(w13, w13_scales)
     top_k = topk_ids.shape[1]
-    if x.stride(-1) != 1 or w13.stride(-1) != 1 or w2.stride(-1) != 1:
+    tensors = (x, w13, w2) + tuple(t for t in (w13_scales, w2_scales) if t is not None)
+    if any(t.stride(-1) != 1 for t in tensors):
         raise ValueError("x and the expert weights must be contiguous in their last dim")
-    tiles = tiles or choose_tiles(num_tokens, top_k, num_experts, hidden, two_i // 2, x.device)
+    if (w13_scales is None) != (w2_scales is None):
+        raise ValueError("MXFP4 experts need scales for both w13 and w2")
+    tiles = tiles or choose_tiles(num_tokens, top_k, num_experts, hidden, two_i // 2, x.device,
+                                  w13_scales is not None)  # fmt: skip
+    if w13_scales is not None:
+        _check_mxfp4(w13, w13_scales, w2, w2_scales, tiles)
     if accumulate and (out is None or not tiles.pairwise):
         raise ValueError("accumulate adds into a given out, on the pairwise path only")
     if out is None:
@@ -445,19 +554,39 @@ def fused_experts(
     weights = topk_weights.reshape(-1).contiguous()
     ids = topk_ids.contiguous()
     if tiles.pairwise:
-        _pairwise(x, w13, w2, b13, b2, weights, ids, tiles, act, gate_stride, up_offset, alpha,
-                  limit, out, accumulate)  # fmt: skip
+        _pairwise(x, w13, w2, w13_scales, w2_scales, b13, b2, weights, ids, tiles, act,
+                  gate_stride, up_offset, alpha, limit, out, accumulate)  # fmt: skip
         return out
     if min(tiles.block_m, tiles.block_n, tiles.block_k) < 16:
         raise ValueError(f"MoE tiles must be >= 16 (tl.dot), got {tiles}")
     num_pairs = num_tokens * top_k
     sorted_ids, block_expert = align_by_expert(ids, num_experts, tiles.block_m)
     gate_up = x.new_empty((num_pairs, two_i))
-    _grouped_gemm(x, w13, b13, gate_up, sorted_ids, block_expert, weights, tiles,
+    _grouped_gemm(x, w13, w13_scales, b13, gate_up, sorted_ids, block_expert, weights, tiles,
                   a_row_div=top_k, act=ACTIVATIONS["none"])  # fmt: skip
     down = x.new_empty((num_pairs, hidden))
     _grouped_gemm(
-        gate_up, w2, b2, down, sorted_ids, block_expert, weights, tiles, a_row_div=1, act=act,
-        gate_stride=gate_stride, up_offset=up_offset, alpha=alpha, limit=limit, mul_weight=True,
+        gate_up, w2, w2_scales, b2, down, sorted_ids, block_expert, weights, tiles, a_row_div=1,
+        act=act, gate_stride=gate_stride, up_offset=up_offset, alpha=alpha, limit=limit,
+        mul_weight=True,
     )  # fmt: skip
     return out.copy_(down.view(num_tokens, top_k, hidden).sum(dim=1, dtype=torch.float32))
+
+
+def _check_mxfp4(
+    w13: torch.Tensor, w13_scales: torch.Tensor, w2: torch.Tensor, w2_scales: torch.Tensor,
+    tiles: MoeTiles,
+) -> None:  # fmt: skip
+    """Packed codes and scales that pair, and K tiles the scale groups divide."""
+    for name, w, scales in (("w13", w13, w13_scales), ("w2", w2, w2_scales)):
+        if w.dtype != torch.uint8 or scales.dtype != torch.uint8:
+            raise ValueError(f"MXFP4 {name} codes and scales must be uint8")
+        e, n, half = w.shape
+        if tuple(scales.shape) != (e, n, 2 * half // MX_BLOCK) or (2 * half) % MX_BLOCK:
+            raise ValueError(
+                f"MXFP4 {name}: codes {tuple(w.shape)} and scales {tuple(scales.shape)} do not "
+                f"pair (codes [E, N, K / 2], scales [E, N, K / {MX_BLOCK}])"
+            )
+    block_ks = [tiles.block_k] + ([tiles.down[1]] if tiles.down else [])
+    if any(k % MX_BLOCK for k in block_ks):
+        raise ValueError(f"MXFP4 experts need K tiles that are multiples of {MX_BLOCK}: {tiles}")

@@ -7,7 +7,8 @@ Invariants:
   not weights of the model: rotary ``inv_freq`` buffers of old checkpoints, and ``lm_head.weight``
   of a tied model (some checkpoints save the shared tensor twice).
 - An MXFP4 ``<name>_blocks`` / ``<name>_scales`` pair (gpt-oss experts) is yielded once, as
-  ``<name>`` with an ``Mxfp4Tensor`` that ``load_weights`` dequantizes on the device; the two
+  ``<name>`` with an ``Mxfp4Tensor`` that ``load_weights`` dequantizes on the device (or
+  copies as it is, into a model that keeps MXFP4 experts); the two
   halves may sit in different shards.
 - Nothing is downloaded: a folder is read from disk or rejected.
 """

@@ -1,4 +1,6 @@
-"""MXFP4 checkpoint tensors (the released gpt-oss experts), dequantized as they load.
+"""MXFP4 checkpoint tensors (the released gpt-oss experts): dequantized as they load, or kept
+packed where the model holds MXFP4 experts (``--quantization mxfp4``: ``load_weights`` copies
+the pair as it is; ``kernels.moe`` decodes it).
 
 The format (OCP microscaling, as gpt-oss stores it): ``<name>_blocks`` ``[..., out, in / 32,
 16]`` uint8 holds two 4-bit E2M1 values a byte (the low nibble first), ``<name>_scales``

@@ -5,7 +5,9 @@ Invariants:
   a wrong shape and a weight the checkpoint lacks are each a ``ModelLoadError`` naming the tensor.
 - Tensors are converted to each parameter's dtype and device by ``copy_``; a checkpoint tensor
   is dropped as soon as it is copied, so host memory stays near one tensor. An MXFP4 tensor is
-  dequantized on the parameter's device, into its dtype, before anything else looks at it.
+  dequantized on the parameter's device, into its dtype, before anything else looks at it,
+  unless its parameter is uint8 (a model that keeps MXFP4 experts): then its codes go there
+  and its scales into the parameter of ``<name>_scales``, both as the checkpoint holds them.
 - A model may pack several Hugging Face tensors into one parameter (q/k/v, gate/up, experts) or
   hold one transposed (gpt-oss experts): it says so through ``HFWeightTargets``. Any other
   module is matched by parameter name.
@@ -27,7 +29,7 @@ import torch
 from torch import nn
 
 from nanograph.loader.errors import ModelLoadError
-from nanograph.loader.mxfp4 import Mxfp4Tensor
+from nanograph.loader.mxfp4 import BLOCKS, SCALES, Mxfp4Tensor
 from nanograph.models.llama import WeightIndex, weight_view
 from nanograph.progress import progress_bar
 
@@ -105,15 +107,22 @@ def load_weights(
                     "not match the config (architecture, tied embeddings, bias, q/k norm)"
                 ) from None
             target = weight_view(param, index)
-            if isinstance(tensor, Mxfp4Tensor):
-                tensor = tensor.dequantize(target.device, target.dtype)
-            tensor = shard(name, tensor)
-            if target.shape != tensor.shape:
+            packed = target.dtype == torch.uint8  # the model keeps MXFP4 codes here
+            if isinstance(tensor, Mxfp4Tensor) and packed:
+                scales = weight_view(*resolve(name + SCALES))
+                _copy(name + SCALES, scales, shard(name + SCALES, tensor.scales))
+                tensor = shard(name + BLOCKS, tensor.blocks).flatten(-2)
+            elif isinstance(tensor, Mxfp4Tensor):
+                tensor = shard(name, tensor.dequantize(target.device, target.dtype))
+            elif packed:
                 raise ModelLoadError(
-                    f"checkpoint tensor {name!r} has shape {tuple(tensor.shape)} but the model "
-                    f"expects {tuple(target.shape)}; the checkpoint does not match the config"
+                    f"checkpoint tensor {name!r} is {tensor.dtype}, but the model keeps MXFP4 "
+                    f"experts, which load from a checkpoint's MXFP4 pairs ({name}{BLOCKS} / "
+                    f"{name}{SCALES}): drop --quantization mxfp4 for this checkpoint"
                 )
-            target.copy_(tensor)
+            else:
+                tensor = shard(name, tensor)
+            _copy(name, target, tensor)
             loaded.add(name)
             if index is None:
                 whole.add(id(param))
@@ -127,10 +136,25 @@ def load_weights(
         )
 
 
+def _copy(name: str, target: torch.Tensor, tensor: torch.Tensor) -> None:
+    if target.shape != tensor.shape:
+        raise ModelLoadError(
+            f"checkpoint tensor {name!r} has shape {tuple(tensor.shape)} but the model "
+            f"expects {tuple(target.shape)}; the checkpoint does not match the config"
+        )
+    target.copy_(tensor)
+
+
+# MXFP4 dummy experts: random codes under the scale 2^-7 (E2M1 values' RMS ~2.9: weights of
+# RMS ~0.023, like the dense init's std)
+DUMMY_MXFP4_SCALE = 127 - 7
+
+
 def init_dummy_weights(model: nn.Module, seed: int = 0) -> None:
     """Random weights for ``--load-format dummy``: matrices and biases ~ N(0, 0.02), norm
-    weights 1. Drawn in place, on the parameters' device and dtype (an 8B model on GPU takes
-    well under a second); the same seed, model and device give the same weights."""
+    weights 1, MXFP4 experts random codes of a similar scale. Drawn in place, on the
+    parameters' device and dtype (an 8B model on GPU takes well under a second); the same
+    seed, model and device give the same weights."""
     generators: dict[torch.device, torch.Generator] = {}
     with torch.no_grad():
         for name, param in model.named_parameters():
@@ -139,4 +163,9 @@ def init_dummy_weights(model: nn.Module, seed: int = 0) -> None:
                 continue
             if param.device not in generators:
                 generators[param.device] = torch.Generator(device=param.device).manual_seed(seed)
-            param.normal_(0.0, DUMMY_INIT_STD, generator=generators[param.device])
+            if name.endswith(SCALES) and param.dtype == torch.uint8:
+                param.fill_(DUMMY_MXFP4_SCALE)
+            elif param.dtype == torch.uint8:  # MXFP4 codes
+                param.random_(0, 256, generator=generators[param.device])
+            else:
+                param.normal_(0.0, DUMMY_INIT_STD, generator=generators[param.device])

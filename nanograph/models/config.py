@@ -57,6 +57,9 @@ class ModelConfig:
     norm_topk_prob: bool = True  # Qwen3-MoE: renormalise the top-k probabilities to sum to 1
     swiglu_limit: float = 7.0  # gpt-oss' clamped SwiGLU
     swiglu_alpha: float = 1.702
+    # the experts' weights stay MXFP4 in memory (gpt-oss; ``--quantization mxfp4``): packed
+    # codes and scales, decoded by the fused MoE kernels; False: the model's dtype
+    mxfp4_experts: bool = False
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
 
@@ -84,6 +87,19 @@ class ModelConfig:
         unknown = set(self.layer_types) - {"full_attention", "sliding_attention"}
         if unknown:
             raise ValueError(f"unsupported layer types {sorted(unknown)}")
+        if self.mxfp4_experts:
+            if self.architecture != "gpt_oss":
+                raise ValueError(
+                    f"MXFP4 experts are gpt-oss' format; {self.architecture} runs unquantized "
+                    "(drop --quantization mxfp4)"
+                )
+            sizes = (self.hidden_size, self.expert_intermediate_size)
+            if any(n % 32 for n in sizes):
+                raise ValueError(
+                    "MXFP4 experts need a hidden size and an expert width (on each tensor-"
+                    "parallel rank) that are multiples of 32 (one scale per 32 values), got "
+                    f"{sizes}"
+                )
 
     @property
     def is_moe(self) -> bool:
@@ -272,6 +288,17 @@ class ModelConfig:
             + emb * (1 if self.tie_word_embeddings else 2)
             + h
         )
+
+    def active_weights_bytes(self, itemsize: int) -> float:
+        """Bytes one decoded token reads: ``num_active_params`` at ``itemsize`` bytes, except
+        MXFP4 experts' matrices at 17/32 of a byte a weight (a 4-bit code, a byte of scale per
+        32)."""
+        total = self.num_active_params * itemsize
+        if self.mxfp4_experts:
+            h, i = self.hidden_size, self.expert_intermediate_size
+            matrices = self.num_hidden_layers * self.num_experts_per_tok * 3 * h * i
+            total -= matrices * (itemsize - 17 / 32)
+        return total
 
     @property
     def num_active_params(self) -> int:

@@ -295,17 +295,23 @@ class CausalLM(nn.Module):
         """Qwen3-MoE: ``mlp.experts.{e}.{gate,up,down}_proj.weight`` (one tensor per expert, as
         checkpoints store them; transformers 5 holds ``mlp.experts.{gate_up,down}_proj``, our
         layout), router ``mlp.gate``. gpt-oss: ``mlp.experts.{gate_up_proj,down_proj}[_bias]`` (all
-        experts, ``[E, in, out]``: our weights transposed), router ``mlp.router``."""
+        experts, ``[E, in, out]``: our weights transposed), router ``mlp.router``; with
+        ``mxfp4_experts``, the checkpoint's ``_blocks`` go into ``w13`` / ``w2`` as they are and
+        ``{gate_up,down}_proj_scales`` into ``w13_scales`` / ``w2_scales``."""
         parts = name.split(".")
         if parts[3:5] != ["mlp", "experts"]:
             return name.replace(".mlp.gate.", ".mlp.router."), index
         prefix = ".".join(parts[:4])
         if self.config.architecture == "gpt_oss":
+            # MXFP4 experts keep the checkpoint's packed pairs in our layout: no transpose
+            dense = None if self.config.mxfp4_experts else Transposed()
             ours = {
-                "gate_up_proj": ("w13", Transposed()),
-                "down_proj": ("w2", Transposed()),
+                "gate_up_proj": ("w13", dense),
+                "down_proj": ("w2", dense),
                 "gate_up_proj_bias": ("w13_bias", None),
                 "down_proj_bias": ("w2_bias", None),
+                "gate_up_proj_scales": ("w13_scales", None),
+                "down_proj_scales": ("w2_scales", None),
             }.get(parts[5])
             if ours is None:
                 return name, index

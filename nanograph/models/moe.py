@@ -6,7 +6,10 @@ Invariants:
   torch ops with static shapes; the triton backend's one-kernel ``kernels.moe.route``).
   Weights are ``w13 [E, 2I, H]`` (gate/up), ``w2 [E, H, I]`` and, for gpt-oss, biases; the
   layout is ``kernels.moe``'s (gpt-oss keeps its checkpoint's interleaved gate/up columns, so
-  its tensors load as transposed views of ours, no copy).
+  its tensors load as transposed views of ours, no copy). With ``mxfp4_experts`` (gpt-oss)
+  ``w13`` / ``w2`` hold MXFP4 codes ``[E, N, K / 2]`` uint8 and ``w13_scales`` / ``w2_scales``
+  their scales ``[E, N, K / 32]`` (``kernels.moe``'s layout, the checkpoint's pairs as they
+  are); only the triton backend runs them.
 - ``triton`` is graph-safe (no host reads, static shapes): captured inline by every graph
   backend. ``torch_native`` is the plain per-expert loop: the host reads how many tokens each
   expert got, so it is a ``split_op``: an eager break under ``breakable``, a split point under
@@ -68,7 +71,7 @@ class TritonMoE(MoEBackend):
     ) -> None:
         args = (x, logits, layer.w13, layer.w2, layer.w13_bias, layer.w2_bias, layer.top_k,
                 layer.softmax_first, layer.renormalize, layer.activation_id, layer.alpha,
-                layer.limit, out, accumulate)  # fmt: skip
+                layer.limit, out, accumulate, layer.w13_scales, layer.w2_scales)  # fmt: skip
         (_fused_moe_op if torch.compiler.is_compiling() else _fused_moe)(*args)
 
 
@@ -102,13 +105,15 @@ def _fused_moe(
     x: torch.Tensor, logits: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     b13: torch.Tensor | None, b2: torch.Tensor | None, top_k: int, softmax_first: bool,
     renormalize: bool, activation: int, alpha: float, limit: float, out: torch.Tensor,
-    accumulate: bool = False,
+    accumulate: bool = False, w13_scales: torch.Tensor | None = None,
+    w2_scales: torch.Tensor | None = None,
 ) -> None:  # fmt: skip
     from nanograph.kernels import moe as kernels  # imports triton: only when used
 
     weights, ids = kernels.route(logits, top_k, softmax_first, renormalize)
     kernels.fused_experts(x, w13, w2, b13, b2, weights, ids, _ACTIVATIONS[activation], alpha,
-                          limit, out=out, accumulate=accumulate)  # fmt: skip
+                          limit, out=out, accumulate=accumulate, w13_scales=w13_scales,
+                          w2_scales=w2_scales)  # fmt: skip
 
 
 # What dynamo records while tracing (tc_piecewise): one opaque node inside a compiled piece.
@@ -186,8 +191,24 @@ class MoE(nn.Module):
         self.activation_id = _ACTIVATIONS.index(config.moe_activation)
         self.alpha, self.limit = config.swiglu_alpha, config.swiglu_limit
         self.router = nn.Linear(hidden, num_experts, bias=gpt_oss)
-        self.w13 = nn.Parameter(torch.empty(num_experts, 2 * inter, hidden))
-        self.w2 = nn.Parameter(torch.empty(num_experts, hidden, inter))
+        if config.mxfp4_experts:
+            if not isinstance(backend, TritonMoE):
+                raise ValueError(
+                    f"MXFP4 experts run on the triton MoE backend, not {backend.name}: use "
+                    "--moe-backend triton, or drop --quantization mxfp4 to dequantize them"
+                )
+
+            def packed(*shape: int) -> nn.Parameter:
+                return nn.Parameter(torch.empty(*shape, dtype=torch.uint8), requires_grad=False)
+
+            self.w13 = packed(num_experts, 2 * inter, hidden // 2)
+            self.w2 = packed(num_experts, hidden, inter // 2)
+            self.w13_scales = packed(num_experts, 2 * inter, hidden // 32)
+            self.w2_scales = packed(num_experts, hidden, inter // 32)
+        else:
+            self.w13 = nn.Parameter(torch.empty(num_experts, 2 * inter, hidden))
+            self.w2 = nn.Parameter(torch.empty(num_experts, hidden, inter))
+            self.w13_scales = self.w2_scales = None
         self.w13_bias = nn.Parameter(torch.empty(num_experts, 2 * inter)) if gpt_oss else None
         self.w2_bias = nn.Parameter(torch.empty(num_experts, hidden)) if gpt_oss else None
 

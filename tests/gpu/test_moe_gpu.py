@@ -270,3 +270,80 @@ def test_mxfp4_checkpoint_dequantizes_on_the_device(model_dirs, tmp_path, dtype)
         del llm
     if dtype == "float32":  # bf16 graphs and eager may round apart
         assert tokens[0] == tokens[1]
+
+
+# ---- MXFP4 experts kept packed (--quantization mxfp4) --------------------------------------
+
+
+def _mxfp4(experts: int, n: int, k: int, g: torch.Generator):
+    """(codes [E, N, K / 2], scales [E, N, K / 32], the dense float32 they encode)."""
+    from nanograph.loader.mxfp4 import Mxfp4Tensor
+
+    codes = torch.randint(0, 256, (experts, n, k // 2), dtype=torch.uint8, generator=g,
+                          device=CUDA)  # fmt: skip
+    scales = torch.randint(118, 124, (experts, n, k // 32), dtype=torch.uint8, generator=g,
+                           device=CUDA)  # fmt: skip
+    dense = Mxfp4Tensor(codes.view(experts, n, k // 32, 16), scales).dequantize(CUDA, torch.float32)
+    return codes, scales, dense.transpose(-1, -2).contiguous()
+
+
+@pytest.mark.parametrize("tokens", [1, 4, 256])
+@pytest.mark.parametrize("experts", [32, 128])  # gpt-oss-20b's and gpt-oss-120b's
+def test_mxfp4_experts_equal_dequantized_ones_on_the_device(tokens, experts):
+    """gpt-oss' layer shapes: the packed experts' kernels (decode in registers) against the same
+    kernels on the dequantized weights, in bfloat16 (the values are exact in both)."""
+    from nanograph.kernels.moe import fused_experts
+
+    hidden = inter = 2880
+    g = torch.Generator(device=CUDA).manual_seed(0)
+    c13, s13, w13 = _mxfp4(experts, 2 * inter, hidden, g)
+    c2, s2, w2 = _mxfp4(experts, hidden, inter, g)
+    b13 = torch.randn(experts, 2 * inter, generator=g, device=CUDA).bfloat16()
+    b2 = torch.randn(experts, hidden, generator=g, device=CUDA).bfloat16()
+    x = torch.randn(tokens, hidden, generator=g, device=CUDA).bfloat16()
+    ids = torch.stack([torch.randperm(experts, device=CUDA)[:4] for _ in range(tokens)])
+    weights = torch.softmax(torch.randn(tokens, 4, generator=g, device=CUDA), -1).bfloat16()
+    args = (b13, b2, weights, ids, "clamped_swiglu")
+    dense = fused_experts(x, w13.bfloat16(), w2.bfloat16(), *args).float()
+    packed = fused_experts(x, c13, c2, *args, w13_scales=s13, w2_scales=s2).float()
+    rel = ((packed - dense).norm() / dense.norm()).item()
+    print(f"\nMXFP4 {experts} experts T={tokens}: rel diff to dequantized {rel:.2e}")
+    # the same products: only the tensor cores' (sorted) or the sums' (pairwise) order differs
+    assert rel < 1e-3
+
+
+def test_mxfp4_engine_graphs_match_eager_and_its_dequantized_model(model_dirs, tmp_path):
+    """A gpt-oss checkpoint in the released form, served with its experts packed: full graphs
+    and eager give the same tokens, and the dequantized model (same kernels) agrees."""
+    from conftest import save_mxfp4_copy
+
+    from nanograph import LLM
+
+    folder = tmp_path / "mxfp4"
+    save_mxfp4_copy(model_dirs["gpt_oss"], folder)
+    prompts, params = requests(4, seed=3)
+    runs = {}
+    for name, kw in (("full", {}), ("eager", dict(decode_cuda_graph="none",
+                                                   prefill_cuda_graph="none"))):  # fmt: skip
+        llm = LLM(str(folder), dtype="float32", quantization="mxfp4", **kw, **SMALL)
+        assert llm.engine.model.model.layers[0].mlp.w13.dtype == torch.uint8
+        runs[name] = [o.token_ids for o in llm.generate(prompts, params)]
+        del llm
+    llm = LLM(str(folder), dtype="float32", **SMALL)
+    runs["dequantized"] = [o.token_ids for o in llm.generate(prompts, params)]
+    assert runs["full"] == runs["eager"] == runs["dequantized"]
+
+
+def test_mxfp4_gpt_oss_20b_dummy_fits_in_a_quarter_of_the_experts_bytes():
+    """The preset with dummy MXFP4 experts: its weights take ~13 GB instead of ~42 (experts at
+    17/32 of a byte a weight), and a decode step runs under full graphs."""
+    from nanograph import LLM, SamplingParams
+
+    llm = LLM("gpt-oss-20b", load_format="dummy", quantization="mxfp4", max_model_len=1024,
+              cuda_graph_bs=(1,), max_num_seqs=1, progress=False,
+              cuda_graph_capture="startup")  # fmt: skip
+    config = llm.engine.model_config
+    experts = config.num_hidden_layers * config.num_experts * 3 * 2880 * 2880
+    assert llm.engine.weights_bytes < (config.num_params - experts) * 2 + experts * 17 / 32 * 1.01
+    [out] = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
+    assert out.ok and len(out.token_ids) == 8
