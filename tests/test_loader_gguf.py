@@ -473,18 +473,33 @@ def assert_runs_like(hf, model, path: Path, seed: int) -> None:
     assert out.token_ids == expected[0, len(ids) :].tolist()
 
 
-def test_gpt_oss_gguf_mxfp4_experts(tmp_path):
-    """MXFP4 expert stacks (the released GGUFs' type) dequantize to what gguf makes of them,
-    re-interleaved and transposed into Hugging Face's layout."""
+@pytest.mark.parametrize("fused", [False, True], ids=["gate-up-apart", "gate-up-fused"])
+def test_gpt_oss_gguf_mxfp4_experts(tmp_path, fused):
+    """MXFP4 expert stacks (the released GGUFs' type) leave the reader as MXFP4 pairs in the
+    safetensors' layout: dequantized, they are what gguf makes of them, re-interleaved and
+    transposed into Hugging Face's layout; kept packed (``mxfp4_experts``), the codes and
+    scales decode to the same weights."""
     from nanograph.loader import load_weights
+    from nanograph.loader.mxfp4 import Mxfp4Tensor
     from nanograph.models import build_model
+    from nanograph.models.moe import get_moe_backend
 
-    _, config, path, written = gpt_oss_gguf(tmp_path / "oss.gguf", mxfp4=True)
+    _, config, path, written = gpt_oss_gguf(tmp_path / "oss.gguf", fused=fused, mxfp4=True)
     model = build_model(config, torch.float32, torch.device("cpu"))
     load_weights(model, iter_gguf_weights(path), progress=False)
     ours = model.hf_state_dict()
     for name, expected in written.items():
         assert torch.equal(ours[name], torch.from_numpy(np.ascontiguousarray(expected))), name
+    packed = build_model(config.replace(mxfp4_experts=True), torch.float32, torch.device("cpu"),
+                         get_moe_backend("triton", torch.device("cpu")))  # fmt: skip
+    load_weights(packed, iter_gguf_weights(path), progress=False)
+    for layer, dense in zip(packed.model.layers, model.model.layers, strict=True):
+        mine, theirs = layer.mlp, dense.mlp
+        for codes, scales, weight in ((mine.w13, mine.w13_scales, theirs.w13),
+                                      (mine.w2, mine.w2_scales, theirs.w2)):  # fmt: skip
+            pair = Mxfp4Tensor(codes.view(*codes.shape[:2], -1, 16), scales)
+            decoded = pair.dequantize(torch.device("cpu"), torch.float32).transpose(-1, -2)
+            assert torch.equal(decoded, weight)
 
 
 def test_gpt_oss_gguf_missing_half_is_a_clear_error(tmp_path):

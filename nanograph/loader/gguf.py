@@ -8,7 +8,10 @@ Invariants:
   architecture only, not qwen2/qwen3) is undone here and nowhere else.
 - ``gguf`` is imported inside functions: ``import nanograph`` works without it.
 - Tensors stream one at a time; a quantised tensor exists in float32 only while it is yielded
-  (gpt-oss' separate gate and up stacks of a layer: until the second is read).
+  (gpt-oss' separate gate and up stacks of a layer: until the second is read). gpt-oss' MXFP4
+  expert stacks are not dequantised here: they leave as ``Mxfp4Tensor`` pairs in the released
+  safetensors' layout (their nibbles reordered), which ``load_weights`` dequantises on the
+  device or keeps packed (``--quantization mxfp4``).
 - One ``GGUFReader`` per file is kept (parsing the metadata of a 49k-token vocabulary takes
   seconds), so reading the config and then the weights parses the file once.
 """
@@ -28,6 +31,7 @@ import numpy as np
 import torch
 
 from nanograph.loader.errors import ModelLoadError
+from nanograph.loader.mxfp4 import Mxfp4Tensor
 from nanograph.models.config import ModelConfig, RopeScaling
 
 if TYPE_CHECKING:
@@ -313,13 +317,15 @@ def gguf_to_hf_name(name: str, architecture: str = "llama") -> str | None:
 
 
 def _experts(
-    name: str, weight: torch.Tensor, architecture: str, halves: dict
-) -> Iterator[tuple[str, torch.Tensor]]:
+    name: str, weight: torch.Tensor | Mxfp4Tensor, architecture: str, halves: dict
+) -> Iterator[tuple[str, torch.Tensor | Mxfp4Tensor]]:
     """A stacked expert tensor (``name`` from ``gguf_to_hf_name``) as the architecture's
     Hugging Face checkpoints hold it. Qwen3-MoE: one tensor per expert (a fused gate_up: the
     transformers-5 tensor, gate rows then up rows, as it is). gpt-oss: all experts in one
     tensor, ``[E, in, out]``, gate and up interleaved in one ``gate_up_proj`` (its weight and
-    its bias); a GGUF's separate gate and up wait in ``halves`` for each other."""
+    its bias); a GGUF's separate gate and up wait in ``halves`` for each other. An MXFP4 stack
+    (``[E, out, groups, 16]`` codes: already ``[E, in, out]`` as a dense shape) has its rows
+    interleaved the same way, and is not transposed."""
     prefix, rest = name.split(".{}.")
     proj, suffix = rest.split(".")
     if architecture != "gpt_oss":
@@ -331,19 +337,52 @@ def _experts(
         return
     hf = f"{prefix}.{'down_proj' if proj == 'down_proj' else 'gate_up_proj'}"
     hf += "_bias" if suffix == "bias" else ""
+    packed = isinstance(weight, Mxfp4Tensor)
     if proj == "down_proj":
-        yield hf, weight if suffix == "bias" else weight.transpose(1, 2)
+        yield hf, weight if suffix == "bias" or packed else weight.transpose(1, 2)
         return
     if proj == "gate_up_proj":
-        gate, up = weight.chunk(2, dim=1)
+        gate, up = _rows(weight, lambda t: t.chunk(2, dim=1))
     else:
         pair = halves.setdefault(hf, {})
         pair[proj] = weight
         if len(pair) < 2:
             return
         gate, up = halves.pop(hf)["gate_proj"], pair["up_proj"]
-    both = torch.stack((gate, up), dim=2).flatten(1, 2)  # rows (or bias entries) interleaved
+    if packed:
+        both = Mxfp4Tensor(*(_interleave(g, u) for g, u in zip(
+            (gate.blocks, gate.scales), (up.blocks, up.scales), strict=True)))  # fmt: skip
+        yield hf, both
+        return
+    both = _interleave(gate, up)  # rows (or bias entries) interleaved
     yield hf, both if suffix == "bias" else both.transpose(1, 2)
+
+
+def _interleave(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return torch.stack((gate, up), dim=2).flatten(1, 2)
+
+
+def _rows(weight: torch.Tensor | Mxfp4Tensor, split) -> tuple:
+    """``split`` applied to a stack's rows: of a tensor, or of both halves of an MXFP4 pair."""
+    if not isinstance(weight, Mxfp4Tensor):
+        return split(weight)
+    return tuple(Mxfp4Tensor(b, s) for b, s in zip(split(weight.blocks), split(weight.scales),
+                                                     strict=True))  # fmt: skip
+
+
+def _mxfp4_pair(tensor: ReaderTensor) -> Mxfp4Tensor:
+    """An MXFP4 stack's bytes as the safetensors pair: llama.cpp's block of 32 values is a scale
+    byte, then 16 bytes holding values 0-15 in their low nibbles and 16-31 in their high ones;
+    the released checkpoints hold value 2j in byte j's low nibble, 2j + 1 in its high one.
+    The 4-bit codes and the E8M0 scale mean the same in both (llama.cpp stores the E2M1 values
+    doubled under a scale halved)."""
+    data = np.asarray(tensor.data, dtype=np.uint8)
+    blocks = data.reshape(*data.shape[:-1], data.shape[-1] // 17, 17)
+    nibbles = blocks[..., 1:]
+    codes = np.concatenate((nibbles & 15, nibbles >> 4), axis=-1)  # values 0..31 in order
+    packed = codes[..., 0::2] | (codes[..., 1::2] << 4)
+    return Mxfp4Tensor(torch.from_numpy(np.ascontiguousarray(packed)),
+                       torch.from_numpy(np.ascontiguousarray(blocks[..., 0])))  # fmt: skip
 
 
 def unpermute_qk(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
@@ -399,6 +438,18 @@ def _dequantize(
         ) from e
 
 
+def _keeps_mxfp4(tensor: ReaderTensor, hf_name: str, config: ModelConfig) -> bool:
+    """A gpt-oss expert weight stack in MXFP4: it leaves as an ``Mxfp4Tensor``."""
+    from gguf import GGMLQuantizationType
+
+    return (
+        tensor.tensor_type == GGMLQuantizationType.MXFP4
+        and config.architecture == "gpt_oss"
+        and ".mlp.experts.{}." in hf_name
+        and hf_name.endswith(".weight")
+    )
+
+
 def _threads() -> int:
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return max(1, min(cpus or 1, DEQUANT_THREADS))
@@ -406,9 +457,10 @@ def _threads() -> int:
 
 def iter_gguf_weights(
     path: str | os.PathLike[str], config: ModelConfig | None = None
-) -> Iterator[tuple[str, torch.Tensor]]:
+) -> Iterator[tuple[str, torch.Tensor | Mxfp4Tensor]]:
     """Yields ``(hf_name, tensor)`` for every weight, in file order. Quantised tensors come out
-    float32, F16 ones float16, F32 ones float32; the caller converts to its dtype."""
+    float32, F16 ones float16, F32 ones float32, gpt-oss' MXFP4 experts as ``Mxfp4Tensor``
+    pairs; the caller converts to its dtype."""
     reader = open_gguf(path)
     config = config or read_gguf_config(path)
     halves: dict[str, dict[str, torch.Tensor]] = {}  # gpt-oss: a gate stack awaiting its up
@@ -422,6 +474,9 @@ def iter_gguf_weights(
                     f"{path}: GGUF tensor {tensor.name!r} has no counterpart in nanograph's "
                     f"{config.architecture} model"
                 )
+            if _keeps_mxfp4(tensor, hf_name, config):
+                yield from _experts(hf_name, _mxfp4_pair(tensor), config.architecture, halves)
+                continue
             weight = _dequantize(tensor, path, pool)
             if config.architecture == "llama":
                 if ".self_attn.q_proj." in hf_name:
