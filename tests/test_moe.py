@@ -637,6 +637,23 @@ def test_mxfp4_experts_tp2_equal_tp1(tmp_path):
         )
 
 
+@needs_triton
+def test_gemv_bench_times_mxfp4_experts_beside_bf16(monkeypatch):
+    """``bench gemv``'s experts of a gpt-oss layer (run here on the CPU, one fake sample a
+    timing): the MXFP4 arm runs its default tiles and every swept down tile, and its result is
+    the dequantized experts' to bf16 rounding."""
+    from nanograph.bench import gemv as bench_gemv
+
+    monkeypatch.setattr(bench_gemv, "graphed_samples", lambda fn, rep_ms: [fn() or 1.0])
+    monkeypatch.setattr(bench_gemv, "ROUTINGS", 2)
+    config = ModelConfig.from_hf_dict({**TINY["gpt_oss"], "intermediate_size": 64})
+    result = bench_gemv.measure_experts(config, sweep=True, rep_ms=1, device="cpu")
+    mx = result["mxfp4"]
+    assert mx["triton_us"] == 500.0 and mx["weight_bytes"] == 3 * 3 * 64 * 64 * 17 / 32
+    assert mx["max_abs_diff_vs_dequantized"] <= 1e-2 * mx["dequantized_max_abs"]
+    assert len(mx["sweep"]) == 18 and mx["best_us"] == 500.0
+
+
 def test_mxfp4_checkpoint_missing_scales_is_a_clear_error(mxfp4_folder, tmp_path):
     import json
     import shutil

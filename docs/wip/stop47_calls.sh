@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The next device session's calls (stop 46 had no device; docs/wip/README.md, "Where stop 46
-# left it", says what each answers). One stage a call, each under 10 minutes; from the repo
+# The next device session's calls (stops 46 and 47 had no device; docs/wip/README.md, "Where
+# stop 46 left it" and "Where stop 47 left it", say what each answers). One stage a call, each under 10 minutes; from the repo
 # root, NANOGRAPH_COMMIT exported, the Triton cache unpacked (mkdir -p ~/.triton && tar xzf
 # .triton_cache.tgz -C ~/.triton):
 #   bash docs/wip/stop47_calls.sh tests $OUT/r   # ~6 min: what stops 44-46 changed, on main
@@ -10,7 +10,8 @@
 #   bash docs/wip/stop47_calls.sh cudnn $OUT/r   # ~2 min: cudnn_prefill_proto.py
 #     (in gemm's call if gemm took under 6 minutes, else a call of its own)
 #   bash docs/wip/stop47_calls.sh mxfp4 $OUT/r   # ~8 min: gpt-oss' experts kept MXFP4
-#     (after tests: test_moe_gpu.py holds its GPU tests). Predicted, gpt-oss-20b batch 1:
+#   bash docs/wip/stop47_calls.sh mxfp4_120b $OUT/r   # ~9 min: gpt-oss-120b on one H200
+#     (both after tests: test_moe_gpu.py holds its GPU tests). Predicted, gpt-oss-20b batch 1:
 #     347 tok/s in bf16 (59% of 584); MXFP4 experts are 1.27 of its 7.4 GB a token in bf16
 #     (roofline ~1,100 tok/s) but each code costs ~6 integer/float operations to decode, ~0.5
 #     ms a step of ALU at batch 1: 500-650 tok/s. gpt-oss-120b fits one H200 only this way.
@@ -40,21 +41,28 @@ case $stage in
   gemm)
     timeout 560 python3 docs/wip/prefill_gemm_proto.py --out "$out/gemm.json" 2>&1 \
       | grep -v -i warn | tee "$out/gemm.log" | tail -n 30 ;;
-  mxfp4)
+  mxfp4)  # the experts alone (bench gemv, tiles swept), then gpt-oss-20b decode, both forms
+    timeout 200 python3 -m nanograph bench gemv --models gpt-oss-20b --sweep \
+      --out "$out/gemv_20b.json" > "$out/gemv_20b.log" 2>&1; grep experts "$out/gemv_20b.log"
     for q in none mxfp4; do
       flag=$([ $q = mxfp4 ] && echo "--quantization mxfp4")
-      timeout 240 python3 -m nanograph bench decode --models gpt-oss-20b --arms full \
+      timeout 170 python3 -m nanograph bench decode --models gpt-oss-20b --arms full \
         --batches 1,8 --moe-backend triton $flag --out "$out/decode_20b_$q.json" \
         > "$out/decode_20b_$q.log" 2>&1; tail -n 3 "$out/decode_20b_$q.log"
-    done
+    done ;;
+  mxfp4_120b)
     # the reference's headline row on one H200: gpt-oss-120b, one request, one output token,
     # chunk 8192, prefill over eager (theirs, TP4 on 4xGB300: full 1.93x, breakable 1.70x)
-    timeout 330 python3 -m nanograph bench prefill --models gpt-oss-120b \
+    timeout 420 python3 -m nanograph bench prefill --models gpt-oss-120b \
       --arms full,breakable,eager --lengths 2048,8192 --quantization mxfp4 --peer-lengths '' \
       --out "$out/prefill_120b.json" > "$out/prefill_120b.log" 2>&1
-    tail -n 8 "$out/prefill_120b.log" ;;
+    tail -n 8 "$out/prefill_120b.log"
+    timeout 150 python3 -m nanograph bench decode --models gpt-oss-120b --arms full \
+      --batches 1 --quantization mxfp4 --out "$out/decode_120b.json" \
+      > "$out/decode_120b.log" 2>&1; tail -n 3 "$out/decode_120b.log" ;;
   cudnn)
     timeout 300 python3 docs/wip/cudnn_prefill_proto.py --out "$out/cudnn.json" 2>&1 \
       | grep -v -i warn | tee "$out/cudnn.log" | tail -n 30 ;;
-  *) echo "unknown stage $stage (tests, sweep, lazy, gemm, cudnn, mxfp4)" >&2; exit 2 ;;
+  *) echo "unknown stage $stage (tests, sweep, lazy, gemm, cudnn, mxfp4, mxfp4_120b)" >&2
+     exit 2 ;;
 esac

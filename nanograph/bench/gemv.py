@@ -12,7 +12,9 @@ product and weight GB/s, medians of graph-replay samples (``bench.common.graphed
 A MoE model's products are q/k/v, o, the router and lm_head, and its ``experts``: the fused
 pairwise MoE of one token (gate/up GEMVs of its k experts, then the down projection that sums
 them), cycling through routings that pick different experts so the weights come from HBM;
-``--sweep`` tries the down projection's tiles there.
+``--sweep`` tries the down projection's tiles there. gpt-oss' experts are also timed kept MXFP4
+(``--quantization mxfp4``: random codes; ``mxfp4``, beside the bf16 ones in the same run), with
+their difference to the same kernels on the dequantized weights.
 
 ``--rows 5,8`` times the same products over a few rows instead (a speculative verify: k + 1
 rows a request), the few-row kernel (``kernels.rows``, up to 16 rows) against cuBLAS under each
@@ -246,6 +248,13 @@ def one_row(args: argparse.Namespace, report: dict) -> None:
             print(f"{model} experts   k={r['top_k']} of {r['experts']}: triton "
                   f"{r['triton_us']:7.1f} us ({r['triton_gbps']:5.0f} GB/s) | best swept "
                   f"{best:7.1f} us | diff {r['max_abs_diff_vs_fp32']:.3g}")  # fmt: skip
+            if "mxfp4" in r:
+                m = r["mxfp4"]
+                print(f"{model} experts   MXFP4: triton {m['triton_us']:7.1f} us "
+                      f"({m['triton_gbps']:5.0f} GB/s) | best swept "
+                      f"{m.get('best_us') or m['triton_us']:7.1f} us | diff to dequantized "
+                      f"{m['max_abs_diff_vs_dequantized']:.3g} of "
+                      f"{m['dequantized_max_abs']:.3g}")  # fmt: skip
             write(args.out, report)
         entry["per_step_us"] = step
         print(f"{model}: products per decode step: cuBLAS {step['cublas'] / 1000:.3f} ms, "
@@ -253,10 +262,10 @@ def one_row(args: argparse.Namespace, report: dict) -> None:
               f"{step['best'] / 1000:.3f} ms")  # fmt: skip
 
 
-def measure_experts(c, sweep: bool, rep_ms: int) -> dict:
+def measure_experts(c, sweep: bool, rep_ms: int, device: str = "cuda") -> dict:
     """One token through a MoE layer's fused experts (``kernels.moe.fused_experts``, pairwise)
     of config ``c``, over ``ROUTINGS`` routings of distinct experts; with ``sweep``, every
-    down-projection tile."""
+    down-projection tile. gpt-oss: the same for its experts kept MXFP4, under ``mxfp4``."""
     from nanograph.kernels import moe, reference
 
     experts, top_k, hidden, inter = (
@@ -264,29 +273,33 @@ def measure_experts(c, sweep: bool, rep_ms: int) -> dict:
     )  # fmt: skip
     activation = c.moe_activation
     gpt_oss = activation == "clamped_swiglu"  # biases
-    g = torch.Generator(device="cuda").manual_seed(0)
-    w13 = torch.randn(experts, 2 * inter, hidden, device="cuda", dtype=torch.bfloat16,
+    g = torch.Generator(device=device).manual_seed(0)
+    w13 = torch.randn(experts, 2 * inter, hidden, device=device, dtype=torch.bfloat16,
                       generator=g) / hidden**0.5  # fmt: skip
-    w2 = torch.randn(experts, hidden, inter, device="cuda", dtype=torch.bfloat16,
+    w2 = torch.randn(experts, hidden, inter, device=device, dtype=torch.bfloat16,
                      generator=g) / inter**0.5  # fmt: skip
-    b13 = torch.zeros(experts, 2 * inter, device="cuda", dtype=torch.bfloat16) if gpt_oss else None
-    b2 = torch.zeros(experts, hidden, device="cuda", dtype=torch.bfloat16) if gpt_oss else None
+    b13 = torch.zeros(experts, 2 * inter, device=device, dtype=torch.bfloat16) if gpt_oss else None
+    b2 = torch.zeros(experts, hidden, device=device, dtype=torch.bfloat16) if gpt_oss else None
     routings = [
-        (torch.full((1, top_k), 1 / top_k, device="cuda", dtype=torch.bfloat16),
-         torch.randperm(experts, device="cuda", generator=g)[:top_k].view(1, top_k))
+        (torch.full((1, top_k), 1 / top_k, device=device, dtype=torch.bfloat16),
+         torch.randperm(experts, device=device, generator=g)[:top_k].view(1, top_k))
         for _ in range(ROUTINGS)
     ]  # fmt: skip
-    x = torch.randn(1, hidden, device="cuda", dtype=torch.bfloat16, generator=g)
+    x = torch.randn(1, hidden, device=device, dtype=torch.bfloat16, generator=g)
     out = torch.empty_like(x)
 
-    def run(tiles: moe.MoeTiles) -> float:
-        def step() -> None:
-            for weights, ids in routings:
-                moe.fused_experts(x, w13, w2, b13, b2, weights, ids, activation, tiles=tiles,
-                                  out=out)  # fmt: skip
+    def timer(w13, w2, **scales):
+        def run(tiles: moe.MoeTiles) -> float:
+            def step() -> None:
+                for weights, ids in routings:
+                    moe.fused_experts(x, w13, w2, b13, b2, weights, ids, activation,
+                                      tiles=tiles, out=out, **scales)  # fmt: skip
 
-        return 1000 * median(graphed_samples(step, rep_ms)) / len(routings)
+            return 1000 * median(graphed_samples(step, rep_ms)) / len(routings)
 
+        return run
+
+    run = timer(w13, w2)
     default = moe.choose_tiles(1, top_k, experts, hidden, inter, x.device)
     weights, ids = routings[0]
     # the project's fp32 reference, from the same bf16 operands (it keeps gate/up and the
@@ -301,6 +314,8 @@ def measure_experts(c, sweep: bool, rep_ms: int) -> dict:
         "default_tiles": dataclasses.asdict(default), "triton_us": run(default),
     }  # fmt: skip
     result["triton_gbps"] = nbytes / (result["triton_us"] * 1e-6) / 1e9
+    if gpt_oss:
+        result["mxfp4"] = _measure_mxfp4_experts(c, x, routings, b13, b2, timer, sweep, g)
     if sweep:
         trials = []
         for block_n in (4, 8, 16):
@@ -314,6 +329,53 @@ def measure_experts(c, sweep: bool, rep_ms: int) -> dict:
                             trials.append({"down": tiles.down, "us": run(tiles)})
                         except Exception as e:  # noqa: BLE001 - out of resources, etc.
                             trials.append({"down": tiles.down, "error": str(e)})
+        ok = sorted((t for t in trials if "us" in t), key=lambda t: t["us"])
+        result["sweep"] = ok + [t for t in trials if "us" not in t]
+        result["best_us"] = ok[0]["us"] if ok else None
+    return result
+
+
+def _measure_mxfp4_experts(c, x, routings, b13, b2, timer, sweep: bool, g) -> dict:
+    """``measure_experts``' token through gpt-oss experts kept MXFP4 (random codes under scales
+    near 2^-7), against the same kernels on their dequantized bf16 weights."""
+    from nanograph.kernels import moe
+    from nanograph.loader.mxfp4 import Mxfp4Tensor
+
+    experts, top_k, hidden, inter = (
+        c.num_experts, c.num_experts_per_tok, c.hidden_size, c.expert_intermediate_size
+    )  # fmt: skip
+
+    def packed(n: int, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        codes = torch.randint(0, 256, (experts, n, k // 2), device=x.device, generator=g,
+                              dtype=torch.uint8)  # fmt: skip
+        scales = torch.randint(118, 123, (experts, n, k // 32), device=x.device, generator=g,
+                               dtype=torch.uint8)  # fmt: skip
+        pair = Mxfp4Tensor(codes.view(experts, n, k // 32, 16), scales)
+        return codes, scales, pair.dequantize(x.device, torch.bfloat16).transpose(-1, -2)
+
+    c13, s13, d13 = packed(2 * inter, hidden)
+    c2, s2, d2 = packed(hidden, inter)
+    run = timer(c13, c2, w13_scales=s13, w2_scales=s2)
+    default = moe.choose_tiles(1, top_k, experts, hidden, inter, x.device, mxfp4=True)
+    weights, ids = routings[0]
+    args = (b13, b2, weights, ids, c.moe_activation)
+    dense = moe.fused_experts(x, d13.contiguous(), d2.contiguous(), *args).float()
+    mine = moe.fused_experts(x, c13, c2, *args, w13_scales=s13, w2_scales=s2).float()
+    nbytes = top_k * 3 * inter * hidden * 17 / 32  # 4-bit codes, a byte of scale per 32
+    result = {
+        "weight_bytes": nbytes, "default_tiles": dataclasses.asdict(default),
+        "max_abs_diff_vs_dequantized": (mine - dense).abs().max().item(),
+        "dequantized_max_abs": dense.abs().max().item(), "triton_us": run(default),
+    }  # fmt: skip
+    result["triton_gbps"] = nbytes / (result["triton_us"] * 1e-6) / 1e9
+    if sweep:
+        trials = []
+        for block_n, block_k, warps in itertools.product((4, 8, 16), (64, 128, 256), (4, 8)):
+            tiles = dataclasses.replace(default, down=(block_n, block_k, warps, 2))
+            try:
+                trials.append({"down": tiles.down, "us": run(tiles)})
+            except Exception as e:  # noqa: BLE001 - out of resources, etc.
+                trials.append({"down": tiles.down, "error": str(e)})
         ok = sorted((t for t in trials if "us" in t), key=lambda t: t["us"])
         result["sweep"] = ok + [t for t in trials if "us" not in t]
         result["best_us"] = ok[0]["us"] if ok else None

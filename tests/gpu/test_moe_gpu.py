@@ -340,8 +340,7 @@ def test_mxfp4_gpt_oss_20b_dummy_fits_in_a_quarter_of_the_experts_bytes():
     from nanograph import LLM, SamplingParams
 
     llm = LLM("gpt-oss-20b", load_format="dummy", quantization="mxfp4", max_model_len=1024,
-              cuda_graph_bs=(1,), max_num_seqs=1, progress=False,
-              cuda_graph_capture="startup")  # fmt: skip
+              **SMALL)  # fmt: skip
     config = llm.engine.model_config
     experts = config.num_hidden_layers * config.num_experts * 3 * 2880 * 2880
     assert llm.engine.weights_bytes < (config.num_params - experts) * 2 + experts * 17 / 32 * 1.01
