@@ -52,35 +52,46 @@ MX_BLOCK = 32  # MXFP4 values sharing a scale
 
 
 @triton.jit
-def _e2m1(code):
-    """fp32 values of 4-bit E2M1 codes (int32): the sign in bit 3, magnitudes 0, 0.5, 1, 1.5, 2,
-    3, 4, 6. The code's sign and three magnitude bits, put into a float16's sign, exponent and
-    mantissa, make the value times 2^-14 (0.5 becomes float16's subnormal 2^-15), so a
-    conversion and a power of two decode it exactly, in a few integer operations."""
-    bits = ((code & 8) << 12) | ((code & 7) << 9)
-    return bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32) * 16384.0
+def _as_value(bits):
+    """A float16 bit pattern (int32) as float32."""
+    return bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _mx_halves(codes, scales, ROWS: tl.constexpr, BLOCK_K: tl.constexpr):
+    """codes [ROWS, BLOCK_K / 2] uint8 and scales [ROWS, BLOCK_K / 32] uint8 (E8M0: 2^(s - 127))
+    -> (low nibbles' values, high nibbles' values), each [ROWS, BLOCK_K / 2] fp32: the values
+    at even and at odd K.
+
+    An E2M1 code's sign and three magnitude bits, put into a float16's sign bit and its bits
+    11-9 (the exponent's low two and the mantissa's top one), read as the value times 2^-14
+    (0.5 as float16's subnormal 2^-15): a few integer operations and a conversion decode it
+    exactly. The 2^14 goes into the scale, 2^(s - 113), built from its float32 exponent field
+    (one a group of 32 values; past s = 240, values beyond 2^113 that no checkpoint holds, it
+    stays 240's)."""
+    b = codes.to(tl.int32)
+    lo = _as_value(((b << 12) & 0x8000) | ((b & 7) << 9))
+    hi = _as_value(((b << 8) & 0x8000) | ((b & 0x70) << 5))
+    scale = (tl.minimum(scales.to(tl.int32) + 14, 254) << 23).to(tl.float32, bitcast=True)
+    groups: tl.constexpr = BLOCK_K // 32
+    lo = (lo.reshape(ROWS, groups, 16) * scale[:, :, None]).reshape(ROWS, BLOCK_K // 2)
+    hi = (hi.reshape(ROWS, groups, 16) * scale[:, :, None]).reshape(ROWS, BLOCK_K // 2)
+    return lo, hi
 
 
 @triton.jit
 def _mx_decode(codes, scales, ROWS: tl.constexpr, BLOCK_K: tl.constexpr):
-    """codes [ROWS, BLOCK_K / 2] uint8 and scales [ROWS, BLOCK_K / 32] uint8 (E8M0: 2^(s - 127))
-    -> the [ROWS, BLOCK_K] fp32 values they encode (value 2j from byte j's low nibble)."""
-    codes = codes.to(tl.int32)
-    values = tl.join(_e2m1(codes & 15), _e2m1(codes >> 4)).reshape(ROWS, BLOCK_K)
-    s = scales.to(tl.int32)
-    # 2^(s - 127) built from its bits: s is the float32 exponent field (s = 0: the subnormal
-    # 2^-127, whose only set bit is the mantissa's top one)
-    scale = tl.where(s == 0, 0x400000, s << 23).to(tl.float32, bitcast=True)
-    groups: tl.constexpr = BLOCK_K // 32
-    values = values.reshape(ROWS, groups, 32) * scale[:, :, None]
-    return values.reshape(ROWS, BLOCK_K)
+    """``_mx_halves`` interleaved back: the [ROWS, BLOCK_K] fp32 values in K order (value 2j
+    from byte j's low nibble), as a tensor-core operand needs them."""
+    lo, hi = _mx_halves(codes, scales, ROWS, BLOCK_K)
+    return tl.join(lo, hi).reshape(ROWS, BLOCK_K)
 
 
 @triton.jit
-def _load_mx_rows(w_rows, ws_rows, k0, K, row_mask, ROWS: tl.constexpr, BLOCK_K: tl.constexpr,
-                  STREAM: tl.constexpr):  # fmt: skip
-    """Columns k0 .. k0 + BLOCK_K of MXFP4 weight rows as a [ROWS, BLOCK_K] fp32 tile: ``w_rows``
-    points at each row's codes, ``ws_rows`` at its scales. STREAM: read once (evict first)."""
+def _load_mx(w_rows, ws_rows, k0, K, row_mask, BLOCK_K: tl.constexpr, STREAM: tl.constexpr):
+    """The codes [rows, BLOCK_K / 2] and scales [rows, BLOCK_K / 32] of columns k0 ..
+    k0 + BLOCK_K of MXFP4 weight rows (``w_rows``: each row's codes, ``ws_rows``: its scales).
+    STREAM: read once (evict first)."""
     kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
     ks = k0 // 32 + tl.arange(0, BLOCK_K // 32)
     code_mask = row_mask[:, None] & (kb < K // 2)[None, :]
@@ -91,7 +102,7 @@ def _load_mx_rows(w_rows, ws_rows, k0, K, row_mask, ROWS: tl.constexpr, BLOCK_K:
         codes = tl.load(w_rows[:, None] + kb[None, :], mask=code_mask, other=0)
     scale_mask = row_mask[:, None] & (ks < K // 32)[None, :]
     scales = tl.load(ws_rows[:, None] + ks[None, :], mask=scale_mask, other=127)
-    return _mx_decode(codes, scales, ROWS, BLOCK_K)
+    return codes, scales
 
 
 @dataclass(frozen=True)
@@ -283,8 +294,8 @@ def _moe_gemm_kernel(
                               gate_stride, up_offset, alpha, limit, ACT)  # fmt: skip
             a = act.to(a_ptr.dtype.element_ty)
         if MXFP4:  # decoded as [N, K] rows, then turned into the [K, N] operand
-            w = _load_mx_rows(w_rows, ws_rows, k0, K, n_valid, BLOCK_N, BLOCK_K, False)
-            w = tl.trans(w).to(a_ptr.dtype.element_ty)
+            codes, scales = _load_mx(w_rows, ws_rows, k0, K, n_valid, BLOCK_K, False)
+            w = tl.trans(_mx_decode(codes, scales, BLOCK_N, BLOCK_K)).to(a_ptr.dtype.element_ty)
         else:
             w = tl.load(w_base + offs_k[:, None] * stride_wk,
                         mask=k_valid[:, None] & n_valid[None, :], other=0)  # fmt: skip
@@ -359,20 +370,30 @@ def _pair_gate_up_kernel(
     n_mask = offs_n < N
     expert = tl.load(ids_ptr + pair).to(tl.int64)
     x_row = x_ptr + (pair // TOP_K).to(tl.int64) * stride_xm
-    w_rows = w_ptr + expert * stride_we + offs_n.to(tl.int64)[:, None] * stride_wn
-    ws_rows = ws_ptr + expert * stride_se + offs_n.to(tl.int64) * stride_sn
-    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        k = k0 + offs_k
-        if MXFP4:
-            w = _load_mx_rows(tl.reshape(w_rows, (BLOCK_N,)), ws_rows, k0, K, n_mask, BLOCK_N,
-                              BLOCK_K, True)  # fmt: skip
-        else:
+    if MXFP4:  # even and odd K apart: a byte's two values meet x[2j] and x[2j + 1]
+        mx_rows = w_ptr + expert * stride_we + offs_n.to(tl.int64) * stride_wn
+        mx_scales = ws_ptr + expert * stride_se + offs_n.to(tl.int64) * stride_sn
+        even = 2 * tl.arange(0, BLOCK_K // 2)
+        acc = tl.zeros((BLOCK_N, BLOCK_K // 2), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            codes, scales = _load_mx(mx_rows, mx_scales, k0, K, n_mask, BLOCK_K, True)
+            lo, hi = _mx_halves(codes, scales, BLOCK_N, BLOCK_K)
+            k = k0 + tl.arange(0, BLOCK_K)
+            x = tl.load(x_row + k, mask=k < K, other=0).to(tl.float32)
+            x_even, x_odd = tl.split(tl.reshape(x, (BLOCK_K // 2, 2)))
+            acc += lo * x_even[None, :]
+            acc += hi * x_odd[None, :]
+        out = tl.sum(acc, 1)
+    else:
+        w_rows = w_ptr + expert * stride_we + offs_n.to(tl.int64)[:, None] * stride_wn
+        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            k = k0 + offs_k
             w = tl.load(w_rows + k[None, :], mask=n_mask[:, None] & (k < K)[None, :], other=0,
                         eviction_policy="evict_first")  # fmt: skip
-        x = tl.load(x_row + k, mask=k < K, other=0).to(tl.float32)
-        acc += w.to(tl.float32) * x[None, :]
-    out = tl.sum(acc, 1)
+            x = tl.load(x_row + k, mask=k < K, other=0).to(tl.float32)
+            acc += w.to(tl.float32) * x[None, :]
+        out = tl.sum(acc, 1)
     if HAS_BIAS:
         out += tl.load(bias_ptr + expert * stride_be + offs_n, mask=n_mask, other=0).to(tl.float32)
     tl.store(c_ptr + pair.to(tl.int64) * stride_cm + offs_n, out.to(c_ptr.dtype.element_ty),
@@ -409,26 +430,35 @@ def _pair_down_kernel(
     w_rows = (w_ptr + experts[:, None, None] * stride_we
               + offs_n.to(tl.int64)[None, :, None] * stride_wn)  # fmt: skip
     w_mask = j_mask[:, None, None] & n_mask[None, :, None]
-    if MXFP4:  # the k experts' rows as one [K_PAD * BLOCK_N] list of rows
+    if MXFP4:  # the k experts' rows as one list; even and odd K apart (as in gate/up)
         rows = experts[:, None] * stride_we + offs_n.to(tl.int64)[None, :] * stride_wn
         mx_rows = tl.reshape(w_ptr + rows, (K_PAD * BLOCK_N,))
         rows = experts[:, None] * stride_se + offs_n.to(tl.int64)[None, :] * stride_sn
         mx_scales = tl.reshape(ws_ptr + rows, (K_PAD * BLOCK_N,))
         mx_mask = tl.reshape(j_mask[:, None] & n_mask[None, :], (K_PAD * BLOCK_N,))
-    acc = tl.zeros((K_PAD, BLOCK_N, BLOCK_K), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):  # pipelined num_stages deep (a launch option)
-        k = k0 + offs_k
-        k_mask = k < K
-        act = _activation(a_rows[:, None], k[None, :], j_mask[:, None] & k_mask[None, :],
-                          gate_stride, up_offset, alpha, limit, ACT)  # fmt: skip
-        act = act.to(a_ptr.dtype.element_ty).to(tl.float32) * scales[:, None]
-        if MXFP4:
-            w = _load_mx_rows(mx_rows, mx_scales, k0, K, mx_mask, K_PAD * BLOCK_N, BLOCK_K, True)
-            w = tl.reshape(w, (K_PAD, BLOCK_N, BLOCK_K))
-        else:
+        even = 2 * tl.arange(0, BLOCK_K // 2)
+        acc = tl.zeros((K_PAD, BLOCK_N, BLOCK_K // 2), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            codes, w_scales = _load_mx(mx_rows, mx_scales, k0, K, mx_mask, BLOCK_K, True)
+            lo, hi = _mx_halves(codes, w_scales, K_PAD * BLOCK_N, BLOCK_K)
+            for odd in tl.static_range(2):
+                k = k0 + even + odd
+                act = _activation(a_rows[:, None], k[None, :], j_mask[:, None] & (k < K)[None, :],
+                                  gate_stride, up_offset, alpha, limit, ACT)  # fmt: skip
+                act = act.to(a_ptr.dtype.element_ty).to(tl.float32) * scales[:, None]
+                w = tl.reshape(hi if odd else lo, (K_PAD, BLOCK_N, BLOCK_K // 2))
+                acc += w * act[:, None, :]
+    else:
+        acc = tl.zeros((K_PAD, BLOCK_N, BLOCK_K), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):  # pipelined num_stages deep (a launch option)
+            k = k0 + offs_k
+            k_mask = k < K
+            act = _activation(a_rows[:, None], k[None, :], j_mask[:, None] & k_mask[None, :],
+                              gate_stride, up_offset, alpha, limit, ACT)  # fmt: skip
+            act = act.to(a_ptr.dtype.element_ty).to(tl.float32) * scales[:, None]
             w = tl.load(w_rows + k[None, None, :], mask=w_mask & k_mask[None, None, :], other=0,
                         eviction_policy="evict_first")  # fmt: skip
-        acc += w.to(tl.float32) * act[:, None, :]
+            acc += w.to(tl.float32) * act[:, None, :]
     total = tl.sum(tl.sum(acc, 2), 0)
     if HAS_BIAS:
         bias = tl.load(bias_ptr + experts[:, None] * stride_be + offs_n[None, :],
