@@ -19,7 +19,8 @@ Layouts (fixed; the MoE layer of ``nanograph.models.moe`` holds its weights this
   ``[E, N, K / 32]`` uint8 (E8M0: one power of two per 32 values along K), the layout of the
   checkpoint's ``_blocks`` / ``_scales`` pairs. The kernels decode a tile after loading it, so
   a weight crosses HBM at ~4.25 bits a value; decoded values equal ``loader.mxfp4``'s
-  dequantization exactly (an E2M1 value times a power of two is exact in fp32 and bf16).
+  dequantization exactly (an E2M1 value times a power of two is exact in fp32 and bf16) for
+  scales up to 240 (``_mx_halves``).
 - ``topk_ids [T, K]`` (int64) and ``topk_weights [T, K]``: token t's k-th expert and its weight.
   Flat index ``f = t * K + k`` names one (token, expert) pair.
 
