@@ -15,6 +15,9 @@
 #     347 tok/s in bf16 (59% of 584); MXFP4 experts are 1.27 of its 7.4 GB a token in bf16
 #     (roofline ~1,100 tok/s) but each code costs ~6 integer/float operations to decode, ~0.5
 #     ms a step of ALU at batch 1: 500-650 tok/s. gpt-oss-120b fits one H200 only this way.
+# They add up to ~45 minutes, more than a session's 30: in this order of value, stop where the
+# time ends: tests (every CUDA change since stop 44, MXFP4 included), mxfp4, gemm + cudnn
+# (issue 18's 30 ms), lazy, mxfp4_120b, sweep.
 # Then tar $OUT/r into one file (only a few files come back from $OUT).
 set -uo pipefail
 stage=$1 out=$(mkdir -p "$2" && cd "$2" && pwd)
