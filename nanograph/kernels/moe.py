@@ -374,7 +374,6 @@ def _pair_gate_up_kernel(
     if MXFP4:  # even and odd K apart: a byte's two values meet x[2j] and x[2j + 1]
         mx_rows = w_ptr + expert * stride_we + offs_n.to(tl.int64) * stride_wn
         mx_scales = ws_ptr + expert * stride_se + offs_n.to(tl.int64) * stride_sn
-        even = 2 * tl.arange(0, BLOCK_K // 2)
         acc = tl.zeros((BLOCK_N, BLOCK_K // 2), dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
             codes, scales = _load_mx(mx_rows, mx_scales, k0, K, n_mask, BLOCK_K, True)
