@@ -315,7 +315,7 @@ def main() -> int:
         b2 = torch.zeros(experts, hidden, dtype=torch.bfloat16)
         ids = torch.randint(0, experts, (tokens, 4))
         weights = torch.ones(tokens, 4, dtype=torch.bfloat16)
-        tiles = moe.choose_tiles(tokens, 4, experts, hidden, inter, torch.device("cuda"), True)
+        tiles = moe.choose_tiles(tokens, 4, experts, hidden, inter, torch.device("cuda"))
         check(f"fused_experts {name} MXFP4 {tiles}", moe.fused_experts,
               torch.zeros(tokens, hidden, dtype=torch.bfloat16), codes13, codes2, b13, b2,
               weights, ids, "clamped_swiglu", tiles=tiles, w13_scales=scales13,

@@ -356,7 +356,7 @@ def _measure_mxfp4_experts(c, x, routings, b13, b2, timer, sweep: bool, g) -> di
     c13, s13, d13 = packed(2 * inter, hidden)
     c2, s2, d2 = packed(hidden, inter)
     run = timer(c13, c2, w13_scales=s13, w2_scales=s2)
-    default = moe.choose_tiles(1, top_k, experts, hidden, inter, x.device, mxfp4=True)
+    default = moe.choose_tiles(1, top_k, experts, hidden, inter, x.device)
     weights, ids = routings[0]
     args = (b13, b2, weights, ids, c.moe_activation)
     dense = moe.fused_experts(x, d13.contiguous(), d2.contiguous(), *args).float()

@@ -123,13 +123,7 @@ PAIRWISE_MAX_TOKENS = 8
 
 
 def choose_tiles(
-    num_tokens: int,
-    top_k: int,
-    num_experts: int,
-    hidden: int,
-    inter: int,
-    device: torch.device,
-    mxfp4: bool = False,
+    num_tokens: int, top_k: int, num_experts: int, hidden: int, inter: int, device: torch.device
 ) -> MoeTiles:
     """Static launch configuration from static sizes (``inter``: an expert's width). Pairwise:
     gate/up in 16-row programs over 256-wide K blocks in 4 warps, 3 stages (swept inside a CUDA
@@ -143,9 +137,8 @@ def choose_tiles(
     if device.type != "cuda":  # the interpreter: small tiles keep CPU tests fast
         return MoeTiles(16, 16 if pairwise else 32, 32, 1, 1, pairwise)
     if pairwise:
-        down = _down_tiles(hidden, inter, top_k, device, mxfp4)
         return MoeTiles(block_m=1, block_n=16, block_k=256, num_warps=4, num_stages=3,
-                        pairwise=True, down=down)  # fmt: skip
+                        pairwise=True, down=_down_tiles(hidden, inter, top_k, device))  # fmt: skip
     mean_rows = num_tokens * top_k / num_experts
     block_m = 16 if mean_rows <= 16 else 32 if mean_rows <= 64 else 64
     return MoeTiles(block_m=block_m, block_n=64, block_k=64)
@@ -417,7 +410,11 @@ def _pair_down_kernel(
     past TOP_K masked): the expert ids are read once, before the loop, so no weight address
     depends on a load inside it, and every iteration has k experts' rows in flight. (A loop
     per expert, then one (expert, K block) loop, streamed qwen3-30b-a3b's down projections at
-    ~1.0 and ~1.2 TB/s.) The routing weight scales the activation operand."""
+    ~1.0 and ~1.2 TB/s.) The routing weight scales the activation operand. MXFP4: the experts
+    one after another inside the K loop (unrolled, so still all in flight), each a [BLOCK_N,
+    BLOCK_K / 2] tile of bytes into one accumulator: a [K_PAD, BLOCK_N, BLOCK_K] tile decoded
+    spilled in gpt-oss' tiles and reshaped through shared memory (sm_90, Triton 3.6: 13
+    instructions a weight against 16)."""
     token = tl.program_id(0)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
@@ -430,24 +427,28 @@ def _pair_down_kernel(
     w_rows = (w_ptr + experts[:, None, None] * stride_we
               + offs_n.to(tl.int64)[None, :, None] * stride_wn)  # fmt: skip
     w_mask = j_mask[:, None, None] & n_mask[None, :, None]
-    if MXFP4:  # the k experts' rows as one list; even and odd K apart (as in gate/up)
-        rows = experts[:, None] * stride_we + offs_n.to(tl.int64)[None, :] * stride_wn
-        mx_rows = tl.reshape(w_ptr + rows, (K_PAD * BLOCK_N,))
-        rows = experts[:, None] * stride_se + offs_n.to(tl.int64)[None, :] * stride_sn
-        mx_scales = tl.reshape(ws_ptr + rows, (K_PAD * BLOCK_N,))
-        mx_mask = tl.reshape(j_mask[:, None] & n_mask[None, :], (K_PAD * BLOCK_N,))
-        even = 2 * tl.arange(0, BLOCK_K // 2)
-        acc = tl.zeros((K_PAD, BLOCK_N, BLOCK_K // 2), dtype=tl.float32)
+    if MXFP4:  # expert by expert (unrolled: all k in flight), even and odd K apart
+        acc = tl.zeros((BLOCK_N, BLOCK_K // 2), dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
-            codes, w_scales = _load_mx(mx_rows, mx_scales, k0, K, mx_mask, BLOCK_K, True)
-            lo, hi = _mx_halves(codes, w_scales, K_PAD * BLOCK_N, BLOCK_K)
-            for odd in tl.static_range(2):
-                k = k0 + even + odd
-                act = _activation(a_rows[:, None], k[None, :], j_mask[:, None] & (k < K)[None, :],
-                                  gate_stride, up_offset, alpha, limit, ACT)  # fmt: skip
-                act = act.to(a_ptr.dtype.element_ty).to(tl.float32) * scales[:, None]
-                w = tl.reshape(hi if odd else lo, (K_PAD, BLOCK_N, BLOCK_K // 2))
-                acc += w * act[:, None, :]
+            k = k0 + offs_k
+            for j in tl.static_range(TOP_K):
+                # expert j's id and weight from the ones read before the loop (loop-invariant:
+                # hoisted, so no weight address waits on a load inside the loop)
+                expert = tl.sum(tl.where(offs_j == j, experts, 0))
+                weight = tl.sum(tl.where(offs_j == j, scales, 0.0))
+                pair = token * TOP_K + j
+                act = _activation(a_ptr + pair.to(tl.int64) * stride_am, k, k < K, gate_stride,
+                                  up_offset, alpha, limit, ACT)  # fmt: skip
+                act = act.to(a_ptr.dtype.element_ty).to(tl.float32) * weight
+                act_even, act_odd = tl.split(tl.reshape(act, (BLOCK_K // 2, 2)))
+                rows = offs_n.to(tl.int64)
+                codes, w_scales = _load_mx(w_ptr + expert * stride_we + rows * stride_wn,
+                                           ws_ptr + expert * stride_se + rows * stride_sn, k0, K,
+                                           n_mask, BLOCK_K, True)  # fmt: skip
+                lo, hi = _mx_halves(codes, w_scales, BLOCK_N, BLOCK_K)
+                acc += lo * act_even[None, :]
+                acc += hi * act_odd[None, :]
+        total = tl.sum(acc, 1)
     else:
         acc = tl.zeros((K_PAD, BLOCK_N, BLOCK_K), dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):  # pipelined num_stages deep (a launch option)
@@ -459,7 +460,7 @@ def _pair_down_kernel(
             w = tl.load(w_rows + k[None, None, :], mask=w_mask & k_mask[None, None, :], other=0,
                         eviction_policy="evict_first")  # fmt: skip
             acc += w.to(tl.float32) * act[:, None, :]
-    total = tl.sum(tl.sum(acc, 2), 0)
+        total = tl.sum(tl.sum(acc, 2), 0)
     if HAS_BIAS:
         bias = tl.load(bias_ptr + experts[:, None] * stride_be + offs_n[None, :],
                        mask=j_mask[:, None] & n_mask[None, :], other=0)  # fmt: skip
@@ -516,9 +517,7 @@ def _dense_shape(w: torch.Tensor, scales: torch.Tensor | None) -> tuple[int, int
     return (e, n, k) if scales is None else (e, n, 2 * k)
 
 
-def _down_tiles(
-    hidden: int, inter: int, top_k: int, device: torch.device, mxfp4: bool = False
-) -> tuple[int, ...]:
+def _down_tiles(hidden: int, inter: int, top_k: int, device: torch.device) -> tuple[int, ...]:
     """The pairwise down projection's (BLOCK_N, BLOCK_K, num_warps, num_stages) on a GPU. Its N
     is the hidden size (2048 on qwen3-30b-a3b), so output rows a program halve from 16 while a
     token's grid would leave an SM without a program; a program's tile is top_k x BLOCK_N x
@@ -533,10 +532,7 @@ def _down_tiles(
     while block_n > 4 and triton.cdiv(hidden, block_n) < sms:
         block_n //= 2
     block_k = 256 if inter <= 1024 else 512
-    # MXFP4: decoding a tile takes registers of its own: gpt-oss' dense 4 x 16 x 256 in 4 warps
-    # spills there (sm_90, Triton 3.6: 264 stack instructions), 4 x 16 x 128 does not
-    budget = 8192 if mxfp4 else 16384
-    while block_k > 32 and triton.next_power_of_2(top_k) * block_n * block_k > budget:
+    while block_k > 32 and triton.next_power_of_2(top_k) * block_n * block_k > 16384:
         block_k //= 2
     return block_n, block_k, 8 if triton.cdiv(inter, block_k) <= 4 else 4, 2
 
@@ -570,8 +566,7 @@ def fused_experts(
         raise ValueError("x and the expert weights must be contiguous in their last dim")
     if (w13_scales is None) != (w2_scales is None):
         raise ValueError("MXFP4 experts need scales for both w13 and w2")
-    tiles = tiles or choose_tiles(num_tokens, top_k, num_experts, hidden, two_i // 2, x.device,
-                                  w13_scales is not None)  # fmt: skip
+    tiles = tiles or choose_tiles(num_tokens, top_k, num_experts, hidden, two_i // 2, x.device)
     if w13_scales is not None:
         _check_mxfp4(w13, w13_scales, w2, w2_scales, tiles)
     if accumulate and (out is None or not tiles.pairwise):
