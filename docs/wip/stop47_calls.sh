@@ -44,14 +44,17 @@ case $stage in
   gemm)
     timeout 560 python3 docs/wip/prefill_gemm_proto.py --out "$out/gemm.json" 2>&1 \
       | grep -v -i warn | tee "$out/gemm.log" | tail -n 30 ;;
-  mxfp4)  # the experts alone (bench gemv, tiles swept), then gpt-oss-20b decode, both forms
-    timeout 200 python3 -m nanograph bench gemv --models gpt-oss-20b --sweep \
+  mxfp4)  # the experts alone (bench gemv), then gpt-oss-20b decode and prefill, both forms
+    timeout 120 python3 -m nanograph bench gemv --models gpt-oss-20b \
       --out "$out/gemv_20b.json" > "$out/gemv_20b.log" 2>&1; grep experts "$out/gemv_20b.log"
     for q in none mxfp4; do
       flag=$([ $q = mxfp4 ] && echo "--quantization mxfp4")
-      timeout 170 python3 -m nanograph bench decode --models gpt-oss-20b --arms full \
+      timeout 150 python3 -m nanograph bench decode --models gpt-oss-20b --arms full \
         --batches 1,8 --moe-backend triton $flag --out "$out/decode_20b_$q.json" \
         > "$out/decode_20b_$q.log" 2>&1; tail -n 3 "$out/decode_20b_$q.log"
+      timeout 120 python3 -m nanograph bench prefill --models gpt-oss-20b --arms full \
+        --lengths 256,2048 --peer-lengths '' $flag --out "$out/prefill_20b_$q.json" \
+        > "$out/prefill_20b_$q.log" 2>&1; tail -n 4 "$out/prefill_20b_$q.log"
     done ;;
   mxfp4_120b)
     # the reference's headline row on one H200: gpt-oss-120b, one request, one output token,
