@@ -11,13 +11,14 @@
 #     (in gemm's call if gemm took under 6 minutes, else a call of its own)
 #   bash docs/wip/stop47_calls.sh mxfp4 $OUT/r   # ~8 min: gpt-oss' experts kept MXFP4
 #   bash docs/wip/stop47_calls.sh mxfp4_120b $OUT/r   # ~9 min: gpt-oss-120b on one H200
+#   bash docs/wip/stop47_calls.sh mxfp4_coverage $OUT/r   # ~6 min: full/breakable/tc_piecewise
 #     (both after tests: test_moe_gpu.py holds its GPU tests). Predicted, gpt-oss-20b batch 1:
 #     347 tok/s in bf16 (59% of 584); MXFP4 experts are 1.27 of its 7.4 GB a token in bf16
 #     (roofline ~1,100 tok/s) but each code costs ~6 integer/float operations to decode, ~0.5
 #     ms a step of ALU at batch 1: 500-650 tok/s. gpt-oss-120b fits one H200 only this way.
 # They add up to ~45 minutes, more than a session's 30: in this order of value, stop where the
 # time ends: tests (every CUDA change since stop 44, MXFP4 included), mxfp4, gemm + cudnn
-# (issue 18's 30 ms), lazy, mxfp4_120b, sweep.
+# (issue 18's 30 ms), lazy, mxfp4_120b, mxfp4_coverage, sweep.
 # Then tar $OUT/r into one file (only a few files come back from $OUT).
 set -uo pipefail
 stage=$1 out=$(mkdir -p "$2" && cd "$2" && pwd)
@@ -66,9 +67,14 @@ case $stage in
     timeout 150 python3 -m nanograph bench decode --models gpt-oss-120b --arms full \
       --batches 1 --quantization mxfp4 --out "$out/decode_120b.json" \
       > "$out/decode_120b.log" 2>&1; tail -n 3 "$out/decode_120b.log" ;;
+  mxfp4_coverage)  # every graph backend holding the packed experts, token-identical to eager
+    timeout 500 python3 -m nanograph bench coverage --models gpt-oss-20b --moe-backends triton \
+      --quantization mxfp4 --out "$out/coverage_mxfp4.json" > "$out/coverage_mxfp4.log" 2>&1
+    tail -n 12 "$out/coverage_mxfp4.log" ;;
   cudnn)
     timeout 300 python3 docs/wip/cudnn_prefill_proto.py --out "$out/cudnn.json" 2>&1 \
       | grep -v -i warn | tee "$out/cudnn.log" | tail -n 30 ;;
-  *) echo "unknown stage $stage (tests, sweep, lazy, gemm, cudnn, mxfp4, mxfp4_120b)" >&2
+  *) echo "unknown stage $stage (tests, sweep, lazy, gemm, cudnn, mxfp4, mxfp4_120b," \
+       "mxfp4_coverage)" >&2
      exit 2 ;;
 esac

@@ -45,7 +45,7 @@ def _engine(model: str, moe: str, backend: str, args: argparse.Namespace):
     from nanograph import LLM
 
     graph = "none" if backend == "eager" else backend
-    extra = {} if moe == DENSE else {"moe_backend": moe}
+    extra = {} if moe == DENSE else {"moe_backend": moe, "quantization": args.quantization}
     return LLM(
         model, load_format="dummy", decode_cuda_graph=graph, prefill_cuda_graph=graph,
         cuda_graph_bs=tuple(args.decode_batches), prefill_graph_tokens=(args.prefill_tokens,),
@@ -203,6 +203,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="nanograph bench coverage", description=__doc__)
     parser.add_argument("--models", default="qwen3-8b,qwen3-30b-a3b,gpt-oss-20b")
     parser.add_argument("--moe-backends", default="triton,torch_native")
+    parser.add_argument(
+        "--quantization", default=None,
+        help="mxfp4: gpt-oss' experts kept 4-bit (give --models gpt-oss-* --moe-backends triton)",
+    )  # fmt: skip
     parser.add_argument("--backends", default=",".join(GRAPH_BACKENDS))
     parser.add_argument("--decode-batches", default="1,4", help="decode shapes captured")
     parser.add_argument(
