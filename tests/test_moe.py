@@ -659,6 +659,30 @@ def test_gemv_bench_times_mxfp4_experts_beside_bf16(monkeypatch):
     assert len(mx["sweep"]) == 18 and mx["best_us"] == 500.0
 
 
+@needs_triton
+def test_bench_decode_and_prefill_take_mxfp4_experts(mxfp4_folder, tmp_path):
+    """``bench decode / prefill --quantization mxfp4`` on the CPU: the engines keep the experts
+    packed, and the roofline counts their bytes at 17/32 of a byte a weight."""
+    import json
+
+    from nanograph.cli import main
+
+    common = ["--models", str(mxfp4_folder), "--arms", "none", "--moe-backend", "triton",
+              "--quantization", "mxfp4"]  # fmt: skip
+    out = tmp_path / "decode.json"
+    assert main(["bench", "decode", *common, "--batches", "1", "--prompt-len", "8",
+                 "--new-tokens", "3", "--repeats", "1", "--out", str(out)]) == 0  # fmt: skip
+    (entry,) = json.loads(out.read_text())["models"].values()
+    packed = read_hf_config(mxfp4_folder).replace(mxfp4_experts=True)
+    assert entry["arms"]["eager"]["active_weights_bytes"] == packed.active_weights_bytes(4)
+    out = tmp_path / "prefill.json"
+    assert main(["bench", "prefill", *common, "--lengths", "16", "--peer-lengths", "",
+                 "--repeats", "1", "--load-format", "auto", "--out", str(out)]) == 0  # fmt: skip
+    with pytest.raises(SystemExit, match="peer takes dense weights"):
+        main(["bench", "prefill", *common, "--lengths", "16", "--peer-lengths", "16",
+              "--out", str(out)])  # fmt: skip
+
+
 def test_mxfp4_checkpoint_missing_scales_is_a_clear_error(mxfp4_folder, tmp_path):
     import json
     import shutil
