@@ -656,7 +656,7 @@ def test_gemv_bench_times_mxfp4_experts_beside_bf16(monkeypatch):
     mx = result["mxfp4"]
     assert mx["triton_us"] == 500.0 and mx["weight_bytes"] == 3 * 3 * 64 * 64 * 17 / 32
     assert mx["max_abs_diff_vs_dequantized"] <= 1e-2 * mx["dequantized_max_abs"]
-    assert len(mx["sweep"]) == 18 and mx["best_us"] == 500.0
+    assert len(mx["sweep"]) == len(result["sweep"]) > 10 and mx["best_us"] == 500.0
 
 
 @needs_triton

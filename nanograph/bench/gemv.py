@@ -317,22 +317,26 @@ def measure_experts(c, sweep: bool, rep_ms: int, device: str = "cuda") -> dict:
     if gpt_oss:
         result["mxfp4"] = _measure_mxfp4_experts(c, x, routings, b13, b2, timer, sweep, g)
     if sweep:
-        trials = []
-        for block_n in (4, 8, 16):
-            for block_k in (128, 256, 512):
-                if triton.next_power_of_2(top_k) * block_n * block_k > 32768:
-                    continue
-                for warps in (4, 8):
-                    for stages in (2, 3):
-                        tiles = dataclasses.replace(default, down=(block_n, block_k, warps, stages))
-                        try:
-                            trials.append({"down": tiles.down, "us": run(tiles)})
-                        except Exception as e:  # noqa: BLE001 - out of resources, etc.
-                            trials.append({"down": tiles.down, "error": str(e)})
-        ok = sorted((t for t in trials if "us" in t), key=lambda t: t["us"])
-        result["sweep"] = ok + [t for t in trials if "us" not in t]
-        result["best_us"] = ok[0]["us"] if ok else None
+        result.update(_sweep_down(run, default, top_k))
     return result
+
+
+def _sweep_down(run, default, top_k: int) -> dict:
+    """Every down-projection tile (``run(tiles)`` -> us) under 32K elements: ``sweep`` (fastest
+    first, failures last) and ``best_us``."""
+    trials = []
+    for block_n, block_k, warps, stages in itertools.product((4, 8, 16), (128, 256, 512), (4, 8),
+                                                             (2, 3)):  # fmt: skip
+        if triton.next_power_of_2(top_k) * block_n * block_k > 32768:
+            continue
+        tiles = dataclasses.replace(default, down=(block_n, block_k, warps, stages))
+        try:
+            trials.append({"down": tiles.down, "us": run(tiles)})
+        except Exception as e:  # noqa: BLE001 - out of resources, etc.
+            trials.append({"down": tiles.down, "error": str(e)})
+    ok = sorted((t for t in trials if "us" in t), key=lambda t: t["us"])
+    return {"sweep": ok + [t for t in trials if "us" not in t],
+            "best_us": ok[0]["us"] if ok else None}  # fmt: skip
 
 
 def _measure_mxfp4_experts(c, x, routings, b13, b2, timer, sweep: bool, g) -> dict:
@@ -369,16 +373,7 @@ def _measure_mxfp4_experts(c, x, routings, b13, b2, timer, sweep: bool, g) -> di
     }  # fmt: skip
     result["triton_gbps"] = nbytes / (result["triton_us"] * 1e-6) / 1e9
     if sweep:
-        trials = []
-        for block_n, block_k, warps in itertools.product((4, 8, 16), (64, 128, 256), (4, 8)):
-            tiles = dataclasses.replace(default, down=(block_n, block_k, warps, 2))
-            try:
-                trials.append({"down": tiles.down, "us": run(tiles)})
-            except Exception as e:  # noqa: BLE001 - out of resources, etc.
-                trials.append({"down": tiles.down, "error": str(e)})
-        ok = sorted((t for t in trials if "us" in t), key=lambda t: t["us"])
-        result["sweep"] = ok + [t for t in trials if "us" not in t]
-        result["best_us"] = ok[0]["us"] if ok else None
+        result.update(_sweep_down(run, default, top_k))
     return result
 
 
