@@ -313,8 +313,9 @@ def test_mxfp4_experts_equal_dequantized_ones_on_the_device(tokens, experts):
 
 
 def test_mxfp4_engine_graphs_match_eager_and_its_dequantized_model(model_dirs, tmp_path):
-    """A gpt-oss checkpoint in the released form, served with its experts packed: full graphs
-    and eager give the same tokens, and the dequantized model (same kernels) agrees."""
+    """A gpt-oss checkpoint in the released form, served with its experts packed: every graph
+    backend and eager give the same tokens in float32 (a bf16 mismatch under one of them is
+    then rounding, not the packed experts), and the dequantized model (same kernels) agrees."""
     from conftest import save_mxfp4_copy
 
     from nanograph import LLM
@@ -323,15 +324,16 @@ def test_mxfp4_engine_graphs_match_eager_and_its_dequantized_model(model_dirs, t
     save_mxfp4_copy(model_dirs["gpt_oss"], folder)
     prompts, params = requests(4, seed=3)
     runs = {}
-    for name, kw in (("full", {}), ("eager", dict(decode_cuda_graph="none",
-                                                   prefill_cuda_graph="none"))):  # fmt: skip
-        llm = LLM(str(folder), dtype="float32", quantization="mxfp4", **kw, **SMALL)
+    for graph in ("full", "breakable", "tc_piecewise", "none"):
+        llm = LLM(str(folder), dtype="float32", quantization="mxfp4", decode_cuda_graph=graph,
+                  prefill_cuda_graph=graph, **SMALL)  # fmt: skip
         assert llm.engine.model.model.layers[0].mlp.w13.dtype == torch.uint8
-        runs[name] = [o.token_ids for o in llm.generate(prompts, params)]
+        runs[graph] = [o.token_ids for o in llm.generate(prompts, params)]
         del llm
     llm = LLM(str(folder), dtype="float32", **SMALL)
     runs["dequantized"] = [o.token_ids for o in llm.generate(prompts, params)]
-    assert runs["full"] == runs["eager"] == runs["dequantized"]
+    for name, tokens in runs.items():
+        assert tokens == runs["none"], f"{name} differs from eager"
 
 
 def test_mxfp4_gpt_oss_20b_dummy_fits_in_a_quarter_of_the_experts_bytes():
