@@ -423,10 +423,6 @@ def _pair_down_kernel(
     pairs = token * TOP_K + offs_j
     experts = tl.load(ids_ptr + pairs, mask=j_mask, other=0).to(tl.int64)
     scales = tl.load(topk_weights_ptr + pairs, mask=j_mask, other=0).to(tl.float32)
-    a_rows = a_ptr + pairs.to(tl.int64) * stride_am  # [K_PAD]
-    w_rows = (w_ptr + experts[:, None, None] * stride_we
-              + offs_n.to(tl.int64)[None, :, None] * stride_wn)  # fmt: skip
-    w_mask = j_mask[:, None, None] & n_mask[None, :, None]
     if MXFP4:  # expert by expert (unrolled: all k in flight), even and odd K apart
         acc = tl.zeros((BLOCK_N, BLOCK_K // 2), dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
@@ -450,6 +446,10 @@ def _pair_down_kernel(
                 acc += hi * act_odd[None, :]
         total = tl.sum(acc, 1)
     else:
+        a_rows = a_ptr + pairs.to(tl.int64) * stride_am  # [K_PAD]
+        w_rows = (w_ptr + experts[:, None, None] * stride_we
+                  + offs_n.to(tl.int64)[None, :, None] * stride_wn)  # fmt: skip
+        w_mask = j_mask[:, None, None] & n_mask[None, :, None]
         acc = tl.zeros((K_PAD, BLOCK_N, BLOCK_K), dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):  # pipelined num_stages deep (a launch option)
             k = k0 + offs_k
