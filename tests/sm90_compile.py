@@ -74,8 +74,15 @@ class CompileOnly:
                 elif isinstance(value, bool):
                     signature[param.name] = "i1"
                 elif isinstance(value, int):
+                    # as a launch specializes: 1 becomes a constant (a unit stride makes a load
+                    # contiguous, so vectorizable), multiples of 16 are marked; neither for a
+                    # do_not_specialize parameter
+                    if value == 1 and not param.do_not_specialize:
+                        signature[param.name] = "constexpr"
+                        constexprs[(i,)] = 1
+                        continue
                     signature[param.name] = "i32" if abs(value) < 2**31 else "i64"
-                    if value % 16 == 0:
+                    if value % 16 == 0 and not param.do_not_specialize:
                         attrs[(i,)] = aligned
                 else:
                     signature[param.name] = "fp32"
