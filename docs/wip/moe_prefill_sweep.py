@@ -7,15 +7,23 @@ experts, random routing, each tile's time (median of graph replays), TFLOP/s, it
 distance from the default tiles', and cuBLAS on the same rows unsorted (gate/up and down as
 two plain GEMMs of T*k rows: the ceiling a grouped GEMM approaches).
 
-    git apply docs/wip/moe_scaled_dot.patch  # MoeTiles.scaled_dot, below
+    git apply docs/wip/moe_prefill.patch  # MoeTiles.act_apart and .scaled_dot
     python3 docs/wip/moe_prefill_sweep.py [--tokens 2048,8192] [--out sweep.json]
 
-MXFP4 cases run each tile twice: tiles decoded by our code, and ``tl.dot_scaled`` (which
-Triton lowers on Hopper to its own upcast before wgmma; ``MoeTiles.scaled_dot``).
+Each tile runs as main runs it, then with ``act_apart`` (the activation in a pass of its own:
+the down GEMM's operand load recomputes it in each of its N / BLOCK_N programs a row block,
+45x for gpt-oss-20b), and for MXFP4 also with ``scaled_dot`` (``tl.dot_scaled``, which Triton
+lowers on Hopper to its own e2m1 upcast before wgmma). sm_90 SASS with Triton 3.6 (with
+``tests/sm90_compile.py`` specializing unit strides as a launch does, stop 48), instructions
+a K step of the loop, 64 x 64 x 64 in 4 warps: bf16 gate/up 98, down 954 (act fused) -> 98
+(apart); MXFP4 ours 367 / 1273 -> 367, dot_scaled 350 / 1303. A K step's wgmma is ~128 cycles
+of the SM's tensor cores; its loop issues ~instructions x 4 warps / 4 schedulers cycles.
 
-Predicted: a 128 x 128 x 64 tile in 8 warps (vLLM's H100/H200 fused-MoE configs at these M) at
-~2x the default's TFLOP/s in bf16; MXFP4 gains more (each weight tile is decoded once per
-BLOCK_M rows, so 128 rows halve the decodes of 64).
+Predicted, gpt-oss-20b, one layer's experts at 2048 tokens: bf16 ~1.6 ms as main runs it (the
+down GEMM issue-bound at ~1.1 ms, gate/up ~0.45 at ~600 TFLOP/s), ~0.75 ms with the activation
+apart (down ~0.23 + ~0.04 for the pass), i.e. ~20 ms off the 100 ms prefill; MXFP4 gains more
+from 128-row tiles (a decoded weight tile feeds twice the MMAs: 363 instructions a step in 8
+warps against 512 tensor cycles) than bf16 does; dot_scaled ~ our decode (350 against 367).
 """
 
 from __future__ import annotations
@@ -31,17 +39,11 @@ from nanograph.kernels import moe
 # (block_m, block_n, block_k, num_warps, num_stages)
 TILES = [
     (64, 64, 64, 4, 3),  # the default
-    (64, 128, 64, 4, 3),
     (64, 128, 64, 4, 4),
-    (64, 128, 64, 8, 4),
     (128, 64, 64, 4, 3),
-    (128, 128, 64, 4, 3),
     (128, 128, 64, 8, 3),
-    (128, 128, 64, 8, 4),
     (64, 256, 64, 8, 3),
     (128, 256, 64, 8, 3),
-    (64, 128, 128, 4, 3),
-    (128, 128, 128, 8, 2),
 ]
 
 MODELS = {  # experts, top_k, hidden, inter, activation
@@ -81,9 +83,13 @@ def _case(model: str, mxfp4: bool, tokens: int, g: torch.Generator) -> dict:
     reference = moe.fused_experts(x, w13, w2, b13, b2, weights, ids, activation, tiles=default,
                                   **scales).float()  # fmt: skip
     rows = []
-    variants = [(t, sd) for t in TILES for sd in ((False, True) if mxfp4 else (False,))]
-    for (bm, bn, bk, warps, stages), scaled_dot in variants:
-        tiles = moe.MoeTiles(bm, bn, bk, warps, stages, scaled_dot=scaled_dot)
+    # (tiles, act_apart, scaled_dot): dot_scaled only with the activation apart (the down
+    # GEMM's fused activation costs ~10x its loop either way)
+    forms = [(False, False), (True, False)] + ([(True, True)] if mxfp4 else [])
+    variants = [(t, apart, sd) for t in TILES for apart, sd in forms]
+    for (bm, bn, bk, warps, stages), act_apart, scaled_dot in variants:
+        tiles = moe.MoeTiles(bm, bn, bk, warps, stages, scaled_dot=scaled_dot,
+                             act_apart=act_apart)  # fmt: skip
         try:
             got = moe.fused_experts(x, w13, w2, b13, b2, weights, ids, activation, tiles=tiles,
                                     **scales).float()  # fmt: skip
@@ -98,11 +104,11 @@ def _case(model: str, mxfp4: bool, tokens: int, g: torch.Generator) -> dict:
                              tflops=flops / ms / 1e9))  # fmt: skip
         except Exception as e:  # noqa: BLE001 - a tile the device refuses is a result too
             rows.append(dict(tiles=[bm, bn, bk, warps, stages], error=f"{type(e).__name__}: {e}"))
-        rows[-1]["scaled_dot"] = scaled_dot
+        rows[-1].update(scaled_dot=scaled_dot, act_apart=act_apart)
         r = rows[-1]
         said = (f"{r['ms']:.3f} ms {r['tflops']:.0f} TFLOP/s rel {r['rel_diff']:.1e}"
                 if "ms" in r else r["error"][:160])  # fmt: skip
-        print(f"  {r['tiles']}{' dot_scaled' if scaled_dot else ''}: {said}", flush=True)
+        print(f"  {r['tiles']}{_form(r)}: {said}", flush=True)
     # cuBLAS on the same rows, unsorted: the ceiling of the two grouped GEMMs
     a = torch.randn(tokens * top_k, hidden, device=dev, dtype=bf, generator=g)
     wa = torch.randn(hidden, 2 * inter, device=dev, dtype=bf, generator=g)
@@ -111,6 +117,10 @@ def _case(model: str, mxfp4: bool, tokens: int, g: torch.Generator) -> dict:
     cublas = median(graphed_samples(lambda: (a @ wa, h @ wb), 200))
     return dict(model=model, mxfp4=mxfp4, tokens=tokens, default=list(_tiles_tuple(default)),
                 rows=rows, cublas_ms=cublas, cublas_tflops=flops / cublas / 1e9)  # fmt: skip
+
+
+def _form(row: dict) -> str:
+    return (" act_apart" if row["act_apart"] else "") + (" dot_scaled" if row["scaled_dot"] else "")
 
 
 def _tiles_tuple(t: moe.MoeTiles) -> tuple:
@@ -132,8 +142,8 @@ def main() -> None:
             r = _case(model, form == "mxfp4", tokens, g)
             ok = [x for x in r["rows"] if "ms" in x]
             best = min(ok, key=lambda x: x["ms"])
-            print(f"  default {ok[0]['ms']:.3f} ms, best {best['tiles']}"
-                  f"{' dot_scaled' if best['scaled_dot'] else ''} {best['ms']:.3f} ms "
+            print(f"  default {ok[0]['ms']:.3f} ms, best {best['tiles']}{_form(best)} "
+                  f"{best['ms']:.3f} ms "
                   f"({ok[0]['ms'] / best['ms']:.2f}x), cuBLAS unsorted {r['cublas_ms']:.3f} ms "
                   f"({r['cublas_tflops']:.0f} TFLOP/s)", flush=True)  # fmt: skip
             results.append(r)

@@ -71,8 +71,8 @@ case $stage in
       --quantization mxfp4 --out "$out/coverage_mxfp4.json" > "$out/coverage_mxfp4.log" 2>&1
     tail -n 12 "$out/coverage_mxfp4.log" ;;
   moe_sweep)  # stop 48: the sorted MoE GEMMs' tiles at prefill sizes, MXFP4 through
-    # tl.dot_scaled too (moe_scaled_dot.patch, applied to the device's copy of the tree)
-    git apply docs/wip/moe_scaled_dot.patch || exit 2
+    # tl.dot_scaled too (moe_prefill.patch, applied to the device copy of the tree)
+    git apply docs/wip/moe_prefill.patch || exit 2
     timeout 540 python3 docs/wip/moe_prefill_sweep.py --out "$out/moe_sweep.json" 2>&1 \
       | grep -v -i warn | tee "$out/moe_sweep.log" | grep -E "^[a-z]|default" ;;
   oss)  # stop 48: MXFP4 experts under every backend in float32; dense gpt-oss-20b under
