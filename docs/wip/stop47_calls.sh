@@ -11,12 +11,12 @@
 #   bash docs/wip/stop47_calls.sh mxfp4 $OUT/r   # ~8 min: gpt-oss' experts kept MXFP4
 #   bash docs/wip/stop47_calls.sh mxfp4_120b $OUT/r   # ~9 min: gpt-oss-120b on one H200
 #   bash docs/wip/stop47_calls.sh mxfp4_coverage $OUT/r   # ~6 min: full/breakable/tc_piecewise
-#   bash docs/wip/stop47_calls.sh moe_sweep $OUT/r   # ~5 min: moe_prefill_sweep.py (stop 48)
-#   bash docs/wip/stop47_calls.sh oss $OUT/r   # ~7 min: MXFP4 backends test, tc_piecewise, 120b
 #     (both after tests: test_moe_gpu.py holds its GPU tests). Predicted, gpt-oss-20b batch 1:
 #     347 tok/s in bf16 (59% of 584); MXFP4 experts are 1.27 of its 7.4 GB a token in bf16
 #     (roofline ~1,100 tok/s) but each code costs ~6 integer/float operations to decode, ~0.5
 #     ms a step of ALU at batch 1: 500-650 tok/s. gpt-oss-120b fits one H200 only this way.
+#   bash docs/wip/stop47_calls.sh moe_sweep $OUT/r   # ~6 min: moe_prefill_sweep.py (stop 48)
+#   bash docs/wip/stop47_calls.sh oss $OUT/r   # ~7 min: MXFP4 backends test, tc_piecewise, 120b
 # They add up to ~45 minutes, more than a session's 30: in this order of value, stop where the
 # time ends: tests (every CUDA change since stop 44, MXFP4 included), mxfp4, gemm + cudnn
 # (issue 18's 30 ms), mxfp4_120b, mxfp4_coverage, sweep.
