@@ -167,9 +167,9 @@ def main() -> int:
     checked = 0
     # Every launch goes through a LaunchCache: give each one a compiling stand-in.
     launches = [attention._launch_attention, fused._launch_norm, fused._launch_silu_and_mul,
-                fused._launch_rope_store_kv, gemv._launch, moe._launch_gemm,
-                moe._launch_pair_gate_up, moe._launch_pair_down, moe._launch_route,
-                rows._launch, argmax._launch]  # fmt: skip
+                fused._launch_rope_store_kv, gemv._launch, moe._launch_gemm, moe._launch_act,
+                moe._launch_pair_gate_up, moe._launch_pair_down, moe._launch_route, rows._launch,
+                argmax._launch]  # fmt: skip
     for launch in launches:
         launch.kernel = CompileOnly(launch.kernel)
     # CPU tensors here: compile the launches a GPU with PDL makes (pdl_wait tiles included)
@@ -292,8 +292,12 @@ def main() -> int:
         ("qwen3-30b-a3b prefill", 256, 128, 8, 2048, 768, "silu", torch.bfloat16),
         ("gpt-oss-20b decode", 4, 32, 4, 2880, 2880, "clamped_swiglu", torch.bfloat16),
         ("gpt-oss-20b prefill", 512, 32, 4, 2880, 2880, "clamped_swiglu", torch.bfloat16),
+        # past 64 and 128 rows an expert: the large tiles
+        ("qwen3-30b-a3b prefill 1600", 1600, 128, 8, 2048, 768, "silu", torch.bfloat16),
+        ("gpt-oss-20b prefill 2048", 2048, 32, 4, 2880, 2880, "clamped_swiglu", torch.bfloat16),
         ("fp32 pairwise", 8, 6, 2, 64, 32, "clamped_swiglu", torch.float32),
         ("fp32 sorted", 40, 6, 2, 64, 32, "silu", torch.float32),
+        ("fp32 sorted 300", 300, 4, 2, 64, 96, "clamped_swiglu", torch.float32),
     ):
         biases = activation == "clamped_swiglu"
         w13 = torch.zeros(experts, 2 * inter, hidden, dtype=dtype)
@@ -303,7 +307,8 @@ def main() -> int:
         ids = torch.randint(0, experts, (tokens, top_k))
         weights = torch.ones(tokens, top_k, dtype=dtype)
         # the tiles choose_tiles picks on a GPU for this many (token, expert) pairs
-        tiles = moe.choose_tiles(tokens, top_k, experts, hidden, inter, torch.device("cuda"))
+        tiles = moe.choose_tiles(tokens, top_k, experts, hidden, inter, torch.device("cuda"),
+                                 dtype)  # fmt: skip
         check(f"fused_experts {name} {tiles}", moe.fused_experts,
               torch.zeros(tokens, hidden, dtype=dtype), w13, w2, b13, b2, weights, ids,
               activation, tiles=tiles)  # fmt: skip
@@ -312,7 +317,8 @@ def main() -> int:
         check(f"moe route {experts} experts top-{top_k}", moe.route, logits, top_k,
               softmax_first, renormalize)  # fmt: skip
     # gpt-oss' MXFP4 experts (packed codes and scales), decode and prefill
-    for name, tokens, experts in (("gpt-oss-20b", 4, 32), ("gpt-oss-120b", 512, 128)):
+    for name, tokens, experts in (("gpt-oss-20b", 4, 32), ("gpt-oss-120b", 512, 128),
+                                  ("gpt-oss-20b", 2048, 32)):  # fmt: skip
         hidden = inter = 2880
         codes13 = torch.zeros(experts, 2 * inter, hidden // 2, dtype=torch.uint8)
         scales13 = torch.zeros(experts, 2 * inter, hidden // 32, dtype=torch.uint8)
@@ -322,7 +328,8 @@ def main() -> int:
         b2 = torch.zeros(experts, hidden, dtype=torch.bfloat16)
         ids = torch.randint(0, experts, (tokens, 4))
         weights = torch.ones(tokens, 4, dtype=torch.bfloat16)
-        tiles = moe.choose_tiles(tokens, 4, experts, hidden, inter, torch.device("cuda"))
+        tiles = moe.choose_tiles(tokens, 4, experts, hidden, inter, torch.device("cuda"),
+                                 mxfp4=True)  # fmt: skip
         check(f"fused_experts {name} MXFP4 {tiles}", moe.fused_experts,
               torch.zeros(tokens, hidden, dtype=torch.bfloat16), codes13, codes2, b13, b2,
               weights, ids, "clamped_swiglu", tiles=tiles, w13_scales=scales13,

@@ -293,6 +293,34 @@ def test_mxfp4_experts_equal_their_dequantized_weights(case, pairwise, block_k):
         )
 
 
+@pytest.mark.parametrize("mxfp4", [False, True], ids=["bf16-tiles", "mxfp4-tiles"])
+@pytest.mark.parametrize("tokens", [200, 300], ids=["64-rows", "128-rows"])
+@needs_triton
+def test_sorted_experts_in_the_gpu_tiles_match_float64(tokens, mxfp4):
+    """The large tiles ``choose_tiles`` picks on a GPU for prefill-sized batches (64 x 128, and
+    128 x 256 / 128 x 128 once experts see 128 rows), run here in float32 against the float64
+    reference: row blocks past an expert's rows, N tiles past the weight's rows (64 < 256), K
+    tiles half outside it (96), and the activation pass before the down GEMM."""
+    num_experts, top_k, hidden, inter = 4, 2, 64, 96
+    tiles = moe_kernels.choose_tiles(tokens, top_k, num_experts, hidden, inter,
+                                     torch.device("cuda"), torch.bfloat16, mxfp4)  # fmt: skip
+    assert tiles.block_m == (64 if tokens == 200 else 128) and not tiles.pairwise
+    g = torch.Generator().manual_seed(8)
+    c13, s13, w13 = _mxfp4_weight(num_experts, 2 * inter, hidden, g)
+    c2, s2, w2 = _mxfp4_weight(num_experts, hidden, inter, g)
+    b13 = torch.randn(num_experts, 2 * inter, generator=g)
+    b2 = torch.randn(num_experts, hidden, generator=g)
+    weights, ids = _routing("random", tokens, num_experts, top_k)
+    x = 4 * torch.randn(tokens, hidden, generator=g)  # reach the clamps
+    f64 = [t.double() for t in (x, w13, w2, b13, b2, weights)]
+    expected = reference.fused_experts(*f64, ids, "clamped_swiglu").float()
+    packed = dict(w13_scales=s13, w2_scales=s2) if mxfp4 else {}
+    a13, a2 = (c13, c2) if mxfp4 else (w13, w2)
+    got = moe_kernels.fused_experts(x, a13, a2, b13, b2, weights, ids, "clamped_swiglu",
+                                    tiles=tiles, **packed)  # fmt: skip
+    torch.testing.assert_close(got, expected, atol=2e-4 * expected.abs().max().item(), rtol=2e-4)
+
+
 @needs_triton
 def test_mxfp4_decode_covers_every_code_and_scale():
     """Each of the 256 bytes (both nibbles) under scales from the smallest (0: 2^-127, a float32

@@ -7,8 +7,10 @@ one program per token), then the experts in two static regimes chosen by token c
   sums them weighted: two kernels, no sorting, no metadata. A token reads only its experts.
 - More tokens: the (token, expert) pairs are sorted by expert into blocks of BLOCK_M rows with
   device-side torch ops, then two grouped GEMMs (``tl.dot``) run per block with the block's
-  expert weights: gate/up, then down with the activation fused into its operand load and the
-  routing weight applied; a reduction over k returns to token order.
+  expert weights: gate/up, an elementwise pass for the activation, then down with the routing
+  weight applied; a reduction over k returns to token order. (The activation fused into the
+  down GEMM's operand load was recomputed by each of its N / BLOCK_N programs a row block, 45x
+  on gpt-oss-20b: stop 49 measured the pass apart 3.1x faster a layer, ``choose_tiles``.)
 
 Layouts (fixed; the MoE layer of ``nanograph.models.moe`` holds its weights this way):
 - ``w13 [E, 2I, H]``: each expert's gate and up rows, either concatenated (gate rows 0..I-1, up
@@ -48,7 +50,7 @@ import triton.language as tl
 
 from nanograph.kernels.launch import LaunchCache
 
-ACTIVATIONS = {"none": 0, "silu": 1, "clamped_swiglu": 2}
+ACTIVATIONS = {"silu": 1, "clamped_swiglu": 2}  # the kernels' ACT
 MX_BLOCK = 32  # MXFP4 values sharing a scale
 
 
@@ -123,16 +125,24 @@ PAIRWISE_MAX_TOKENS = 8
 
 
 def choose_tiles(
-    num_tokens: int, top_k: int, num_experts: int, hidden: int, inter: int, device: torch.device
-) -> MoeTiles:
+    num_tokens: int, top_k: int, num_experts: int, hidden: int, inter: int, device: torch.device,
+    dtype: torch.dtype = torch.bfloat16, mxfp4: bool = False,
+) -> MoeTiles:  # fmt: skip
     """Static launch configuration from static sizes (``inter``: an expert's width). Pairwise:
     gate/up in 16-row programs over 256-wide K blocks in 4 warps, 3 stages (swept inside a CUDA
     graph of qwen3-30b-a3b-shaped decode layers on the H200, stop 44: 34.1 against 35.0 us a
     layer for the batch-1 GEMV's 16 x 512 in 8 warps, 4 stages; the engine's decode graph
     2.390 against 2.415 ms at batch 1, 8.04 against 8.28 at batch 8, gpt-oss-20b 2.435
     against 2.474), and ``_down_tiles`` for the down projection. Sorted: rows per block from
-    the mean rows per expert (tl.dot needs >= 16). ``device`` may be CUDA without a GPU
-    (``tests/sm90_compile.py`` compiling ahead)."""
+    the mean rows per expert (tl.dot needs >= 16), and from 128 rows an expert the tiles that
+    won stop 49's sweep on the H100 (``docs/wip/moe_prefill_sweep.py``, one layer's experts at
+    2048 / 8192 tokens, ms): bf16 128 x 256 x 64 in 8 warps (gpt-oss-20b 1.33 / 3.97 against
+    64 x 64's 1.90 / 8.26, qwen3-30b-a3b 0.83 / 2.00 against 0.99 / 3.27), MXFP4 128 x 128
+    (2.02 / 6.39 against 2.52 / 9.91, and 128 x 256's 2.65 / 8.23); between 64 and 128
+    rows 64 x 128 in 4 warps, 4 stages (qwen3-30b-a3b at 2048 tokens: 0.91 against 64 x 64's
+    0.99). float32 (exact products, not a speed path) keeps 64 x 64 tiles: the large ones
+    overflow shared memory. ``device`` may be CUDA without a GPU (``tests/sm90_compile.py``
+    compiling ahead)."""
     pairwise = num_tokens <= PAIRWISE_MAX_TOKENS
     if device.type != "cuda":  # the interpreter: small tiles keep CPU tests fast
         return MoeTiles(16, 16 if pairwise else 32, 32, 1, 1, pairwise)
@@ -140,8 +150,12 @@ def choose_tiles(
         return MoeTiles(block_m=1, block_n=16, block_k=256, num_warps=4, num_stages=3,
                         pairwise=True, down=_down_tiles(hidden, inter, top_k, device))  # fmt: skip
     mean_rows = num_tokens * top_k / num_experts
-    block_m = 16 if mean_rows <= 16 else 32 if mean_rows <= 64 else 64
-    return MoeTiles(block_m=block_m, block_n=64, block_k=64)
+    if mean_rows <= 64 or dtype == torch.float32:
+        block_m = 16 if mean_rows <= 16 else 32 if mean_rows <= 64 else 64
+        return MoeTiles(block_m=block_m, block_n=64, block_k=64)
+    if mean_rows < 128:
+        return MoeTiles(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=4)
+    return MoeTiles(block_m=128, block_n=128 if mxfp4 else 256, block_k=64, num_warps=8)
 
 
 @triton.jit
@@ -248,9 +262,8 @@ def align_by_expert(
 def _moe_gemm_kernel(
     a_ptr, w_ptr, ws_ptr, bias_ptr, c_ptr, sorted_ids_ptr, block_expert_ptr, topk_weights_ptr,
     num_pairs, N, K, stride_am, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_be,
-    stride_cm, gate_stride, up_offset, alpha, limit,
+    stride_cm,
     A_ROW_DIV: tl.constexpr,  # a's row of flat index f: f // A_ROW_DIV (top_k: token rows)
-    ACT: tl.constexpr,  # 0: a as is; 1: silu(gate) * up; 2: gpt-oss clamped SwiGLU
     HAS_BIAS: tl.constexpr,
     MUL_WEIGHT: tl.constexpr,  # scale row f by topk_weights[f]
     MXFP4: tl.constexpr,  # w: packed codes, ws: their scales (module docstring)
@@ -259,7 +272,7 @@ def _moe_gemm_kernel(
     BLOCK_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
-    """c[f, n] = sum_k act(a)[f // A_ROW_DIV, k] * w[e, n, k] (+ bias[e, n]) (* weight[f]) for
+    """c[f, n] = sum_k a[f // A_ROW_DIV, k] * w[e, n, k] (+ bias[e, n]) (* weight[f]) for
     the BLOCK_M sorted rows f of this program's block, all routed to expert e."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -281,12 +294,7 @@ def _moe_gemm_kernel(
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_valid = offs_k < K
         a_mask = row_valid[:, None] & k_valid[None, :]
-        if ACT == 0:
-            a = tl.load(a_ptr + a_rows[:, None] * stride_am + offs_k[None, :], mask=a_mask, other=0)
-        else:
-            act = _activation(a_ptr + a_rows[:, None] * stride_am, offs_k[None, :], a_mask,
-                              gate_stride, up_offset, alpha, limit, ACT)  # fmt: skip
-            a = act.to(a_ptr.dtype.element_ty)
+        a = tl.load(a_ptr + a_rows[:, None] * stride_am + offs_k[None, :], mask=a_mask, other=0)
         if MXFP4:  # decoded as [N, K] rows, then turned into the [K, N] operand
             codes, scales = _load_mx(w_rows, ws_rows, k0, K, n_valid, BLOCK_K, False)
             w = tl.trans(_mx_decode(codes, scales, BLOCK_N, BLOCK_K)).to(a_ptr.dtype.element_ty)
@@ -310,9 +318,7 @@ _launch_gemm = LaunchCache(_moe_gemm_kernel)
 def _grouped_gemm(
     a: torch.Tensor, w: torch.Tensor, ws: torch.Tensor | None, bias: torch.Tensor | None,
     c: torch.Tensor, sorted_ids: torch.Tensor, block_expert: torch.Tensor,
-    topk_weights: torch.Tensor, tiles: MoeTiles, *, a_row_div: int, act: int,
-    gate_stride: int = 1, up_offset: int = 0, alpha: float = 0.0, limit: float = 0.0,
-    mul_weight: bool = False,
+    topk_weights: torch.Tensor, tiles: MoeTiles, *, a_row_div: int, mul_weight: bool = False,
 ) -> None:  # fmt: skip
     num_experts, n, k = _dense_shape(w, ws)
     grid = (block_expert.shape[0], triton.cdiv(n, tiles.block_n))
@@ -323,11 +329,10 @@ def _grouped_gemm(
         (
             c.shape[0], n, k, a.stride(0), w.stride(0), w.stride(1), w.stride(2),
             0 if ws is None else ws.stride(0), 0 if ws is None else ws.stride(1),
-            bias.stride(0) if bias is not None else 0, c.stride(0), gate_stride, up_offset,
-            float(alpha), float(limit),
+            bias.stride(0) if bias is not None else 0, c.stride(0),
         ),
         dict(
-            A_ROW_DIV=a_row_div, ACT=act, HAS_BIAS=bias is not None, MUL_WEIGHT=mul_weight,
+            A_ROW_DIV=a_row_div, HAS_BIAS=bias is not None, MUL_WEIGHT=mul_weight,
             MXFP4=ws is not None, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
             BLOCK_K=tiles.block_k,
             # fp32: exact products, as kernels.attention (tf32x3 tiles overflowed shared memory
@@ -348,6 +353,23 @@ def _activation(a_ptr, k, mask, gate_stride, up_offset, alpha, limit, ACT: tl.co
     gate = tl.minimum(gate, limit)
     up = tl.minimum(tl.maximum(up, -limit), limit)
     return (up + 1.0) * gate * tl.sigmoid(gate * alpha)
+
+
+@triton.jit
+def _activation_kernel(
+    a_ptr, c_ptr, N, stride_am, stride_cm, gate_stride, up_offset, alpha, limit,
+    ACT: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """c[f, :N] = act(gate_up[f]) rounded to c's dtype, for row f = program 0."""
+    row = tl.program_id(0).to(tl.int64)
+    k = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = k < N
+    act = _activation(a_ptr + row * stride_am, k, mask, gate_stride, up_offset, alpha, limit, ACT)
+    tl.store(c_ptr + row * stride_cm + k, act.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+_launch_act = LaunchCache(_activation_kernel)
+ACT_BLOCK = 1024
 
 
 @triton.jit
@@ -566,7 +588,8 @@ def fused_experts(
         raise ValueError("x and the expert weights must be contiguous in their last dim")
     if (w13_scales is None) != (w2_scales is None):
         raise ValueError("MXFP4 experts need scales for both w13 and w2")
-    tiles = tiles or choose_tiles(num_tokens, top_k, num_experts, hidden, two_i // 2, x.device)
+    tiles = tiles or choose_tiles(num_tokens, top_k, num_experts, hidden, two_i // 2, x.device,
+                                  x.dtype, mxfp4=w13_scales is not None)  # fmt: skip
     if w13_scales is not None:
         _check_mxfp4(w13, w13_scales, w2, w2_scales, tiles)
     if accumulate and (out is None or not tiles.pairwise):
@@ -588,13 +611,17 @@ def fused_experts(
     sorted_ids, block_expert = align_by_expert(ids, num_experts, tiles.block_m)
     gate_up = x.new_empty((num_pairs, two_i))
     _grouped_gemm(x, w13, w13_scales, b13, gate_up, sorted_ids, block_expert, weights, tiles,
-                  a_row_div=top_k, act=ACTIVATIONS["none"])  # fmt: skip
-    down = x.new_empty((num_pairs, hidden))
-    _grouped_gemm(
-        gate_up, w2, w2_scales, b2, down, sorted_ids, block_expert, weights, tiles, a_row_div=1,
-        act=act, gate_stride=gate_stride, up_offset=up_offset, alpha=alpha, limit=limit,
-        mul_weight=True,
+                  a_row_div=top_k)  # fmt: skip
+    acts = x.new_empty((num_pairs, two_i // 2))
+    _launch_act(
+        (num_pairs, triton.cdiv(two_i // 2, ACT_BLOCK)), (gate_up, acts),
+        (two_i // 2, gate_up.stride(0), acts.stride(0), gate_stride, up_offset, float(alpha),
+         float(limit)),
+        dict(ACT=act, BLOCK=ACT_BLOCK, num_warps=4),
     )  # fmt: skip
+    down = x.new_empty((num_pairs, hidden))
+    _grouped_gemm(acts, w2, w2_scales, b2, down, sorted_ids, block_expert, weights, tiles,
+                  a_row_div=1, mul_weight=True)  # fmt: skip
     return out.copy_(down.view(num_tokens, top_k, hidden).sum(dim=1, dtype=torch.float32))
 
 
