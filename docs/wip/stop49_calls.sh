@@ -14,7 +14,9 @@ set -uo pipefail
 stage=$1 out=$(mkdir -p "$2" && cd "$2" && pwd)
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,power.limit --format=csv > "$out/gpu_$stage.txt"
-git diff --quiet -- nanograph || git checkout -- nanograph  # a patch left by an earlier call
+# a sweep's patch left by an earlier call (not `git checkout`: the device's .git is the last
+# landed commit, so that would also take off this tree's own changes, as it did in stop 49)
+git apply --check -R docs/wip/moe_prefill.patch 2>/dev/null && git apply -R docs/wip/moe_prefill.patch
 sweep() {
   git apply docs/wip/moe_prefill.patch || exit 2
   timeout 560 python3 docs/wip/moe_prefill_sweep.py --cases "$1" --out "$out/moe_$stage.json" 2>&1 \
@@ -48,6 +50,12 @@ case $stage in
   moe_prefill)
     prefill_pair gpt-oss-20b mxfp4 --quantization mxfp4
     prefill_pair qwen3-30b-a3b bf16 ;;
+  moe_all)  # what fits one call: tests, then each pair while under ~7 minutes
+    timeout 240 python3 -m pytest -q -p no:cacheprovider -rfE tests/gpu/test_moe_gpu.py \
+      > "$out/test_moe_gpu.log" 2>&1; tail -n 3 "$out/test_moe_gpu.log"
+    prefill_pair gpt-oss-20b bf16
+    [ $SECONDS -lt 380 ] && prefill_pair gpt-oss-20b mxfp4 --quantization mxfp4
+    [ $SECONDS -lt 420 ] && prefill_pair qwen3-30b-a3b bf16 ;;
   oss120)
     timeout 500 python3 -m nanograph bench prefill --models gpt-oss-120b --arms full,eager \
       --lengths 2048,8192 --quantization mxfp4 --peer-lengths '' \
