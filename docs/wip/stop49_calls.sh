@@ -9,7 +9,8 @@
 #     against main (docs/wip/act_apart.patch: this stop's change, taken off a copy of the tree)
 #   bash docs/wip/stop49_calls.sh moe_prefill $OUT/r # ~6 min: gpt-oss-20b MXFP4, qwen3-30b-a3b
 #   bash docs/wip/stop49_calls.sh oss120 $OUT/r  # ~5 min, H200 only: gpt-oss-120b prefill over eager
-# The sweeps apply moe_prefill.patch to the device copy and take it off again at the end.
+# The sweeps (moe_bf16, moe_mxfp4) apply moe_prefill.patch, which fits ee1fb97 only: main has
+# the activation pass it prototyped (a015a3c). moe_all ran the tests before the pairs.
 set -uo pipefail
 stage=$1 out=$(mkdir -p "$2" && cd "$2" && pwd)
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
