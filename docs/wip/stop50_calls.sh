@@ -7,6 +7,8 @@
 #   bash docs/wip/stop49_calls.sh moe_prefill $OUT/r  # ~6 min: gpt-oss-20b MXFP4, qwen3-30b-a3b
 #   bash docs/wip/stop50_calls.sh coverage $OUT/r  # ~8 min: the MoE rows of the coverage table
 #     with the triton MoE (its 256-token prefill cells predate the sorted GEMMs' tiles)
+#   bash docs/wip/stop50_calls.sh native $OUT/r    # ~5 min: docs/wip/native_moe_time.py (the
+#     native MoE's loop before and after this stop), coverage of torch_native under breakable
 #   bash docs/wip/stop49_calls.sh oss120 $OUT/r    # ~5 min, H200 only
 set -uo pipefail
 stage=$1 out=$(mkdir -p "$2" && cd "$2" && pwd)
@@ -36,6 +38,14 @@ case $stage in
       timeout 270 python3 -m nanograph bench coverage --models $m --moe-backends triton \
         --out "$out/coverage_$m.json" > "$out/coverage_$m.log" 2>&1
       tail -n 5 "$out/coverage_$m.log"
+    done ;;
+  native)  # the native MoE's two launches an expert: one layer's time, then breakable over eager
+    cp docs/wip/native_moe_time.py /tmp/native_moe_time.py
+    timeout 120 python3 /tmp/native_moe_time.py 2>&1 | grep -v -i warn | tee "$out/native_moe_time.log"
+    for m in qwen3-30b-a3b gpt-oss-20b; do
+      timeout 200 python3 -m nanograph bench coverage --models $m --moe-backends torch_native \
+        --backends breakable --out "$out/coverage_native_$m.json" > "$out/coverage_native_$m.log" 2>&1
+      tail -n 4 "$out/coverage_native_$m.log"
     done ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;
 esac
