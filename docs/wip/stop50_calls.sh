@@ -9,6 +9,8 @@
 #     with the triton MoE (its 256-token prefill cells predate the sorted GEMMs' tiles)
 #   bash docs/wip/stop50_calls.sh native $OUT/r    # ~5 min: docs/wip/native_moe_time.py (the
 #     native MoE's loop before and after this stop), coverage of torch_native under breakable
+#   bash docs/wip/stop50_calls.sh tma $OUT/r       # ~4 min: docs/wip/moe_tma_sweep.py
+#   bash docs/wip/stop50_calls.sh short $OUT/r     # ~9 min: tests (300 s), native time, coverage
 #   bash docs/wip/stop49_calls.sh oss120 $OUT/r    # ~5 min, H200 only
 set -uo pipefail
 stage=$1 out=$(mkdir -p "$2" && cd "$2" && pwd)
@@ -47,5 +49,16 @@ case $stage in
         --backends breakable --out "$out/coverage_native_$m.json" > "$out/coverage_native_$m.log" 2>&1
       tail -n 4 "$out/coverage_native_$m.log"
     done ;;
+  tma)  # docs/wip/moe_tma_sweep.py: the sorted MoE GEMMs with weights (and A) through TMA
+    timeout 300 python3 docs/wip/moe_tma_sweep.py --out "$out/tma.json" 2>&1 | grep -v -i warn \
+      | tee "$out/tma.log" | tail -n 30 ;;
+  short)  # one call when little device time is left: the tests, then the native MoE's time
+    TEST_TIMEOUT=300 bash "$0" tests "$out"
+    cp docs/wip/native_moe_time.py /tmp/native_moe_time.py
+    timeout 90 python3 /tmp/native_moe_time.py 2>&1 | grep -v -i warn | tee "$out/native_moe_time.log"
+    timeout 150 python3 -m nanograph bench coverage --models qwen3-30b-a3b --moe-backends \
+      torch_native --backends breakable --out "$out/coverage_native_qwen3-30b-a3b.json" \
+      > "$out/coverage_native_qwen3-30b-a3b.log" 2>&1
+    tail -n 4 "$out/coverage_native_qwen3-30b-a3b.log" ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;
 esac
