@@ -67,5 +67,7 @@ for name, (e, k, h, inter, bias, act) in SHAPES.items():
         outs = [torch.zeros(tokens, h, device=dev, dtype=dt) for _ in range(2)]
         ms = [timed(fn, args, o) for fn, o in ((before, outs[0]), (native_experts, outs[1]))]
         diff = (outs[0].float() - outs[1].float()).abs().max().item()
-        print(f"{name} {tokens} tokens: before {ms[0]:.3f} ms, now {ms[1]:.3f} ms a layer "
-              f"({ms[0] / ms[1]:.2f}x); max |diff| {diff:.3g}, equal {torch.equal(*outs)}")
+        print(
+            f"{name} {tokens} tokens: before {ms[0]:.3f} ms, now {ms[1]:.3f} ms a layer "
+            f"({ms[0] / ms[1]:.2f}x); max |diff| {diff:.3g}, equal {torch.equal(*outs)}"
+        )
