@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Stop 50's device calls, run back to back (the machine goes after 30 s idle). From the repo
 # root with NANOGRAPH_COMMIT exported:
-#   bash docs/wip/stop50_calls.sh tests $OUT/r     # ~8 min: every tests/gpu file in parallel
-#     groups (a015a3c's sorted regime never ran beyond 42 of test_moe_gpu.py's 43), then the
+#   bash docs/wip/stop50_calls.sh tests $OUT/r     # ~6 min: run_device.sh tests-parallel
+#     (every tests/gpu file but tensor parallelism, five groups) (a015a3c's sorted regime never ran beyond 42 of test_moe_gpu.py's 43), then the
 #     Triton cache into $OUT/triton_cache.tgz
 #   bash docs/wip/stop49_calls.sh moe_prefill $OUT/r  # ~6 min: gpt-oss-20b MXFP4, qwen3-30b-a3b
 #   bash docs/wip/stop50_calls.sh coverage $OUT/r  # ~8 min: the MoE rows of the coverage table
@@ -18,21 +18,8 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,power.limit --format=csv > "$out/gpu_$stage.txt"
 [ -f .triton_cache.tgz ] && mkdir -p ~/.triton && tar xzf .triton_cache.tgz -C ~/.triton
 case $stage in
-  tests)  # parallel groups: correctness does not mind the contention; no timing here
-    groups=(test_moe_gpu.py "test_fused_decode_gpu.py test_gemv_gpu.py"
-      "test_kernels_attention.py test_kernels_fused.py"
-      "test_engine_gpu.py test_hardening_gpu.py test_front_gpu.py"
-      "test_runners_gpu.py test_graph_backends.py test_graph_memory.py"
-      "test_spec_gpu.py test_sampling_gpu.py test_prefix_gpu.py test_live_capture_gpu.py test_tensor_parallel_gpu.py")
-    for i in "${!groups[@]}"; do
-      files=$(printf 'tests/gpu/%s ' ${groups[$i]})
-      timeout "${TEST_TIMEOUT:-450}" python3 -m pytest -q -p no:cacheprovider -rfE $files \
-        > "$out/tests_$i.log" 2>&1 &
-    done
-    wait
-    for i in "${!groups[@]}"; do
-      echo "== ${groups[$i]}"; grep -E "^(FAILED|ERROR)|passed|failed" "$out/tests_$i.log" | tail -6
-    done
+  tests)  # run_device.sh's parallel groups (every tests/gpu file but tensor parallelism)
+    bash benchmarks/run_device.sh tests-parallel "$out"
     (cd ~/.triton && tar czf "$out/../triton_cache.tgz" --exclude='*.llir' --exclude='*.ttir' \
       --exclude='*.ttgir' --exclude='*.ptx' --exclude='*.source' cache) ;;
   coverage)

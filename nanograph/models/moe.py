@@ -144,29 +144,28 @@ def native_experts(
     scales = weights.reshape(-1)[order].to(x.dtype)[:, None]
     starts = itertools.accumulate(counts, initial=0)
     spans = [(e, start, c) for e, (start, c) in enumerate(zip(starts, counts)) if c]
-    gate_up = rows.new_empty(rows.shape[0], w13.shape[1])
-    for expert, start, count in spans:
-        _linear_into(gate_up[start : start + count], rows[start : start + count], w13[expert],
-                     None if b13 is None else b13[expert])  # fmt: skip
+    gate_up = _products(rows, w13, b13, spans)
     act = reference.moe_activation(gate_up, _ACTIVATIONS[activation], alpha, limit)
-    down = torch.empty_like(rows)
-    for expert, start, count in spans:
-        _linear_into(down[start : start + count], act[start : start + count], w2[expert],
-                     None if b2 is None else b2[expert])  # fmt: skip
+    down = _products(act, w2, b2, spans)
     # back to pair order, then a sum over k: deterministic (an index_add_ of duplicate token
     # rows would add in any order on CUDA)
     by_pair = torch.empty_like(down).index_copy_(0, order, down * scales)
     out.add_(by_pair.view(-1, top_k, by_pair.shape[1]).sum(dim=1, dtype=torch.float32))
 
 
-def _linear_into(
-    out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
-) -> None:
-    """out = F.linear(x, weight, bias), written in place (the same addmm / mm)."""
-    if bias is None:
-        torch.mm(x, weight.t(), out=out)
-    else:
-        torch.addmm(bias, x, weight.t(), out=out)
+def _products(
+    x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, spans: list[tuple[int, int, int]]
+) -> torch.Tensor:
+    """F.linear(x[rows], w[e], b[e]) for each (expert e, start, count) span of rows, each
+    written into its slice of one output (``mm`` / ``addmm`` with ``out=``: no copy)."""
+    out = x.new_empty(x.shape[0], w.shape[1])
+    for expert, start, count in spans:
+        rows = slice(start, start + count)
+        if b is None:
+            torch.mm(x[rows], w[expert].t(), out=out[rows])
+        else:
+            torch.addmm(b[expert], x[rows], w[expert].t(), out=out[rows])
+    return out
 
 
 def route(
