@@ -109,7 +109,7 @@ if SMOKE:
 if "--ncu" in sys.argv:
     # the default graph replayed a few times, for a profiler's view of its kernels (Nsight
     # Compute, ``--graph-profiling node``: each node alone, so no PDL overlap, but each kernel's
-    # own duration, stalls and SASS hot spots; docs/wip/README.md has the command)
+    # own duration, stalls and SASS hot spots; docs/wip/HISTORY.md, stop 45, has the command)
     timed(tiles, "default (under a profiler: not a timing)", rep_ms=1)
     sys.exit(0)
 print(f"defaults: {tiles}", flush=True)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The next device session's calls (stops 46 and 47 had no device; docs/wip/README.md, "Where
+# The next device session's calls (stops 46 and 47 had no device; docs/wip/HISTORY.md, "Where
 # stop 46 left it" and "Where stop 47 left it", say what each answers). One stage a call, each under 10 minutes; from the repo
 # root, NANOGRAPH_COMMIT exported, the Triton cache unpacked (mkdir -p ~/.triton && tar xzf
 # .triton_cache.tgz -C ~/.triton):
