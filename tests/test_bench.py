@@ -227,6 +227,15 @@ def test_bench_prefill_engine_recomputes_a_repeated_prompt(tiny_model_dir):
     assert llm.engine.config.disable_prefix_caching  # else every repeat is a cache hit
 
 
+def test_a_bench_refuses_to_time_a_rejected_request(tiny_model_dir, tmp_path, capsys):
+    """A prompt as long as the context is rejected by the engine in microseconds: a bench that
+    timed it would report that as the prefill's latency."""
+    argv = ["bench", "host", "--model", str(tiny_model_dir("llama")), "--tokens", "512",
+            "--repeats", "1", "--out", str(tmp_path / "host.json")]  # fmt: skip
+    assert main(argv) != 0
+    assert "1 of 1 requests failed, first: the prompt has 512 tokens" in capsys.readouterr().err
+
+
 def test_bench_spec_runs_on_cpu_and_records_its_cost_model(tiny_model_dir, tmp_path):
     out = tmp_path / "spec.json"
     tiny = str(tiny_model_dir("qwen3"))

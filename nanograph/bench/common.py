@@ -174,6 +174,16 @@ def _copy_seconds(nbytes: int, dev: torch.device, repeats: int) -> list[float]:
     return [s / inner for s in timed(copies, repeats, warmup=1)]
 
 
+def generate(llm: Any, prompts: list, params: Any) -> list:
+    """``llm.generate``, raising where a request failed: a bench must never time a rejection
+    (a prompt at the model's context length, a KV pool too small) as if it were work."""
+    outs = llm.generate(prompts, params)
+    failed = [o.error for o in outs if not o.ok]
+    if failed:
+        raise RuntimeError(f"{len(failed)} of {len(outs)} requests failed, first: {failed[0]}")
+    return outs
+
+
 def sync() -> None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()

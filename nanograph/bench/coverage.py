@@ -26,6 +26,7 @@ from nanograph.bench.common import (
     default_out,
     environment,
     free_engine,
+    generate,
     median,
     timed,
     write,
@@ -62,15 +63,15 @@ def _measure(llm, args: argparse.Namespace) -> dict:
     vocab = llm.engine.model_config.vocab_size
     greedy = SamplingParams(max_tokens=args.new_tokens, temperature=0, ignore_eos=True)
     batch = _prompts(vocab, args.mixed_lengths)
-    tokens = [o.token_ids for o in llm.generate(batch, greedy)]
+    tokens = [o.token_ids for o in generate(llm, batch, greedy)]
     prompt = _prompts(vocab, [args.decode_prompt])
     decode = []
     for _ in range(args.repeats):
-        out = llm.generate(prompt, greedy)[0]
+        out = generate(llm, prompt, greedy)[0]
         decode.append(out.decode_tokens_per_s)
     first = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
     long_prompt = _prompts(vocab, [args.prefill_tokens - 1])
-    prefill = [1000 * s for s in timed(lambda: llm.generate(long_prompt, first), args.repeats)]
+    prefill = [1000 * s for s in timed(lambda: generate(llm, long_prompt, first), args.repeats)]
     return {
         "tokens": tokens,
         "decode_tok_s": decode, "decode_tok_s_median": median(decode),

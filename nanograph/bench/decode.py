@@ -39,6 +39,7 @@ from nanograph.bench.common import (
     figure,
     figure_path,
     free_engine,
+    generate,
     graph_flag,
     measure_copy_bandwidth,
     median,
@@ -139,10 +140,10 @@ def _measure(model: str, backend: str, serial: bool, batches: list[int], prompt_
         prompts = [torch.randint(0, vocab, (prompt_len,), generator=g).tolist()
                    for _ in range(batch)]  # fmt: skip
         # warm-up long enough for the allocator, clocks and every kernel variant to settle
-        llm.generate(prompts, SamplingParams(max_tokens=32, temperature=0, ignore_eos=True))
+        generate(llm, prompts, SamplingParams(max_tokens=32, temperature=0, ignore_eos=True))
         samples = []
         for _ in range(repeats):
-            outs = llm.generate(prompts, params)
+            outs = generate(llm, prompts, params)
             first = min(o.ttft_s for o in outs)  # relative to each arrival; arrivals ~equal
             span = max(o.ttft_s + (len(o.token_ids) - 1) / o.decode_tokens_per_s for o in outs)
             samples.append(sum(len(o.token_ids) - 1 for o in outs) / (span - first))

@@ -33,6 +33,7 @@ from nanograph.bench.common import (
     default_out,
     environment,
     free_engine,
+    generate,
     graph_flag,
     parse_arms,
     sync,
@@ -161,7 +162,7 @@ def engine_steps(llm, length: int, decode_batch: int, steps: int, trace: str | N
             activities.append(ProfilerActivity.CPU)  # the host side of each gap
         with profile(activities=activities) as prof:
             start = time.perf_counter()
-            llm.generate(prompts, params)
+            generate(llm, prompts, params)
             sync()
             wall = time.perf_counter() - start
         if trace:

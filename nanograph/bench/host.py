@@ -23,6 +23,7 @@ from nanograph.bench.common import (
     default_out,
     environment,
     free_engine,
+    generate,
     graph_flag,
     median,
     parse_arms,
@@ -58,7 +59,7 @@ def profile_arm(args: argparse.Namespace, arm: str) -> dict:
     params = SamplingParams(max_tokens=new_tokens, temperature=0, ignore_eos=True)
 
     def call() -> None:
-        llm.generate(prompts, params)
+        generate(llm, prompts, params)
 
     seconds = timed(call, args.repeats, warmup=3)
     profiler = cProfile.Profile()

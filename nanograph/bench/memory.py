@@ -19,6 +19,7 @@ from nanograph.bench.common import (
     figure,
     figure_path,
     free_engine,
+    generate,
     require_cuda,
     write,
 )
@@ -40,7 +41,7 @@ def measure(model: str, backend: str, chunk: int, ceiling: int | None) -> dict:
     torch.cuda.synchronize()
     resident = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
-    llm.generate([prompt], SamplingParams(max_tokens=1, temperature=0, ignore_eos=True))
+    generate(llm, [prompt], SamplingParams(max_tokens=1, temperature=0, ignore_eos=True))
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated()
     runner = llm.engine.runner.graph_runners.get("prefill")

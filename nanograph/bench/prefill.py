@@ -35,6 +35,7 @@ from nanograph.bench.common import (
     figure,
     figure_path,
     free_engine,
+    generate,
     graph_flag,
     load_average,
     median,
@@ -80,7 +81,7 @@ def engine_call(llm) -> Callable[[list[int]], object]:
     from nanograph import SamplingParams
 
     params = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
-    return lambda prompt: llm.generate([prompt], params)
+    return lambda prompt: generate(llm, [prompt], params)
 
 
 def build_peer(config, dtype: torch.dtype, hf_state: dict) -> tuple[dict, Callable]:

@@ -35,7 +35,7 @@ import statistics
 import time
 from pathlib import Path
 
-from nanograph.bench.common import default_out, environment, figure, write
+from nanograph.bench.common import default_out, environment, figure, generate, write
 from nanograph.bench.serve_client import (
     LaunchedServer,
     forward_counts,
@@ -60,9 +60,9 @@ def offline(flags: str, saturation: dict[str, tuple[list, list]], batch1: dict[s
     params = lambda n: SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
     result: dict = {}
     for key, (requests, warm) in saturation.items():
-        llm.generate([p for p, _ in warm], params(8))  # warm-up at the full batch
+        generate(llm, [p for p, _ in warm], params(8))  # warm-up at the full batch
         start = time.perf_counter()
-        outs = llm.generate([p for p, _ in requests], [params(n) for _, n in requests])
+        outs = generate(llm, [p for p, _ in requests], [params(n) for _, n in requests])
         seconds = time.perf_counter() - start
         tokens = sum(len(o.token_ids) for o in outs)
         result[f"{key}_generate"] = {
@@ -71,9 +71,9 @@ def offline(flags: str, saturation: dict[str, tuple[list, list]], batch1: dict[s
             "output_throughput": tokens / seconds,
         }
     for dataset, (prompt, output_len) in batch1.items():
-        llm.generate([prompt], params(8))  # warm-up
+        generate(llm, [prompt], params(8))  # warm-up
         rates = [
-            llm.generate([prompt], params(output_len))[0].decode_tokens_per_s for _ in range(3)
+            generate(llm, [prompt], params(output_len))[0].decode_tokens_per_s for _ in range(3)
         ]
         result[f"{dataset}_batch1_step_ms"] = 1000 / statistics.median(rates)
     return result

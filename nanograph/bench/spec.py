@@ -53,6 +53,7 @@ from nanograph.bench.common import (
     environment,
     figure,
     free_engine,
+    generate,
     median,
     timed,
 )
@@ -228,14 +229,14 @@ def measure_arm(args: argparse.Namespace, arm: str, batches: list[int]) -> dict:
     for batch in batches:
         prompts = [torch.randint(0, vocab, (args.prompt_len,), generator=g).tolist()
                    for _ in range(batch)]  # fmt: skip
-        llm.generate(prompts, SamplingParams(max_tokens=16, temperature=0, ignore_eos=True))
+        generate(llm, prompts, SamplingParams(max_tokens=16, temperature=0, ignore_eos=True))
         stats = engine.speculative.stats if engine.speculative is not None else None
         counters = ("requests", "emitted_tokens", "draft_tokens", "accepted_tokens", "steps",
                     "verify_forwards", "all_accepted")  # fmt: skip
         before = [getattr(stats, c) for c in counters] if stats else []
         samples = []
         for _ in range(args.repeats):
-            outs = llm.generate(prompts, params)
+            outs = generate(llm, prompts, params)
             first = min(o.ttft_s for o in outs)
             span = max(o.ttft_s + (len(o.token_ids) - 1) / o.decode_tokens_per_s for o in outs)
             samples.append(sum(len(o.token_ids) - 1 for o in outs) / (span - first))

@@ -28,6 +28,7 @@ from nanograph.bench.common import (
     default_out,
     environment,
     figure,
+    generate,
     graph_flag,
     parse_arms,
     write,
@@ -61,7 +62,7 @@ def _measure(args: argparse.Namespace, start: float) -> dict:
     for name, length in (("short", args.short), ("long", args.long), ("short_again", args.short)):
         prompt = [(7 * i + 3) % vocab for i in range(length)]
         t0 = time.perf_counter()
-        out = llm.generate([prompt], params)[0]
+        out = generate(llm, [prompt], params)[0]
         requests[name] = {"tokens": length, "latency_s": time.perf_counter() - t0,
                           "ttft_s": out.ttft_s}  # fmt: skip
     engine = llm.engine
