@@ -10,6 +10,7 @@
 #   bash docs/wip/stop50_calls.sh native $OUT/r    # ~5 min: docs/wip/native_moe_time.py (the
 #     native MoE's loop before and after this stop), coverage of torch_native under breakable
 #   bash docs/wip/stop50_calls.sh tma $OUT/r       # ~4 min: docs/wip/moe_tma_sweep.py
+#   bash docs/wip/stop50_calls.sh gluon $OUT/r     # ~3 min: docs/wip/gluon_attention_proto.py
 #   bash docs/wip/stop50_calls.sh short $OUT/r     # ~9 min: tests (300 s), native time, coverage
 #   bash docs/wip/stop49_calls.sh oss120 $OUT/r    # ~5 min, H200 only
 set -uo pipefail
@@ -39,6 +40,9 @@ case $stage in
   tma)  # docs/wip/moe_tma_sweep.py: the sorted MoE GEMMs with weights (and A) through TMA
     timeout 300 python3 docs/wip/moe_tma_sweep.py --out "$out/tma.json" 2>&1 | grep -v -i warn \
       | tee "$out/tma.log" | tail -n 30 ;;
+  gluon)  # docs/wip/gluon_attention_proto.py: FA3-style Hopper attention against ours and SDPA's
+    timeout 280 python3 docs/wip/gluon_attention_proto.py --out "$out/gluon_attention.json" 2>&1 \
+      | grep -v -i warn | tee "$out/gluon_attention.log" | tail -n 40 ;;
   short)  # one call when little device time is left: the tests, then the native MoE's time
     TEST_TIMEOUT=300 bash "$0" tests "$out"
     cp docs/wip/native_moe_time.py /tmp/native_moe_time.py
