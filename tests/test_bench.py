@@ -236,6 +236,63 @@ def test_a_bench_refuses_to_time_a_rejected_request(tiny_model_dir, tmp_path, ca
     assert "1 of 1 requests failed, first: the prompt has 512 tokens" in capsys.readouterr().err
 
 
+def test_bench_prefill_frees_an_arms_engine_before_building_the_next(tiny_model_dir, monkeypatch):
+    """Each arm's engine is gone before the next one loads: a loop that kept its name bound
+    held two models' weights at once (gpt-oss-20b's second arm ran out of an H100's memory)."""
+    import argparse
+    import gc
+    import weakref
+
+    from nanograph.bench import prefill
+
+    built = []
+
+    def engine_for(*args, **kwargs):
+        gc.collect()
+        assert all(ref() is None for ref in built), "the previous arm's engine is still alive"
+        llm = real_engine_for(*args, **kwargs)
+        built.append(weakref.ref(llm.engine))
+        return llm
+
+    real_engine_for = prefill.engine_for
+    monkeypatch.setattr(prefill, "engine_for", engine_for)
+    args = argparse.Namespace(arms=["eager", "eager"], load_format="auto", moe_backend="auto",
+                              quantization=None, peer_lengths="", repeats=1)  # fmt: skip
+    entry = prefill.measure_model(str(tiny_model_dir("llama")), args, [8])
+    assert len(built) == 2 and entry["arms"]["eager"]["median_ms"]
+
+
+def test_bench_coverage_frees_each_engine_before_building_the_next(monkeypatch, tmp_path):
+    import argparse
+    import gc
+    import weakref
+
+    from nanograph.bench import coverage
+
+    class Engine:  # what run_model touches of an LLM, weakly referable
+        def close(self):
+            pass
+
+    built = []
+
+    def engine(model, moe, backend, args):
+        gc.collect()
+        assert all(ref() is None for ref in built), "the previous engine is still alive"
+        llm = Engine()
+        built.append(weakref.ref(llm))
+        return llm
+
+    measured = {"tokens": [[1]], "decode_tok_s_median": 1.0, "prefill_ms_median": 1.0}
+    monkeypatch.setattr(coverage, "_engine", engine)
+    monkeypatch.setattr(coverage, "_measure", lambda llm, args: measured)
+    monkeypatch.setattr(coverage, "_path_record", lambda llm, path: {"captured": True})
+    report = {"models": {}}
+    args = argparse.Namespace(backends=["full", "breakable"], out=str(tmp_path / "c.json"))
+    coverage.run_model("m", "triton", args, report)
+    assert len(built) == 3
+    assert set(report["models"]["m"]["triton"]) == {"eager", "full", "breakable"}
+
+
 def test_bench_spec_runs_on_cpu_and_records_its_cost_model(tiny_model_dir, tmp_path):
     out = tmp_path / "spec.json"
     tiny = str(tiny_model_dir("qwen3"))

@@ -253,7 +253,11 @@ def write(out: str | Path, report: dict[str, Any]) -> Path:
 
 
 def free_engine(llm: Any) -> None:
-    """Drop an engine and give its memory back before the next arm builds one."""
+    """Close an engine and give its memory back before the next arm builds one. The caller's
+    own names keep the engine alive through this call: a loop that builds the next engine
+    closes this one, deletes every name holding it (the engine, its runners, closures over
+    it), then calls ``free_engine(None)``, or the old weights sit beside the new ones (stop 51:
+    gpt-oss-20b's breakable arm ran out of an H100's memory for this)."""
     import gc
 
     if llm is not None:

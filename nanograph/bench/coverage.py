@@ -122,7 +122,9 @@ def run_model(model: str, moe: str, args: argparse.Namespace, report: dict) -> N
     entry = report["models"].setdefault(model, {}).setdefault(moe, {})
     llm = _engine(model, moe, "eager", args)
     reference = _measure(llm, args)
-    free_engine(llm)
+    llm.close()
+    del llm  # before the next engine is built
+    free_engine(None)
     entry["eager"] = {path: {"captured": None, "speedup": 1.0} for path in PATHS}
     entry["eager"]["measured"] = reference
     for backend in args.backends:
@@ -137,7 +139,9 @@ def run_model(model: str, moe: str, args: argparse.Namespace, report: dict) -> N
             path: _cell(reference, measured, _path_record(llm, path), path) for path in PATHS
         }
         entry[backend]["measured"] = measured
-        free_engine(llm)
+        llm.close()
+        del llm
+        free_engine(None)
         for path in PATHS:
             c = entry[backend][path]
             print(f"{model} moe={moe} {backend} {path}: captured={c['captured']} "

@@ -173,8 +173,9 @@ def measure_model(model: str, args: argparse.Namespace, lengths: list[int]) -> d
             result["replays"], result["fallbacks"] = runner.replays, runner.fallbacks
         if peer_lengths and "peer" not in entry and tp == 1:
             hf_state = {name: t.clone() for name, t in llm.engine.model.hf_state_dict().items()}
-        del calls, results
-        free_engine(llm)
+        llm.close()
+        del llm, calls, results, runner  # before the next arm's engine is built
+        free_engine(None)
     if peer_lengths and "peer" not in entry and hf_state is not None:
         entry["peer"], call = build_peer(config, dtype, hf_state)
         measure({PEER: call}, {PEER: peer_lengths}, config.vocab_size, args.repeats,
