@@ -236,6 +236,22 @@ def test_a_bench_refuses_to_time_a_rejected_request(tiny_model_dir, tmp_path, ca
     assert "1 of 1 requests failed, first: the prompt has 512 tokens" in capsys.readouterr().err
 
 
+def test_bench_host_profiles_the_moe_backend_it_is_given(tiny_model_dir, tmp_path, monkeypatch):
+    from nanograph.bench import prefill
+
+    backends = []
+    real = prefill.engine_for
+    monkeypatch.setattr(
+        prefill, "engine_for", lambda *a, **kw: backends.append(kw) or real(*a, **kw)
+    )
+    out = tmp_path / "host.json"
+    argv = ["bench", "host", "--model", str(tiny_model_dir("qwen3_moe")), "--tokens", "8",
+            "--moe-backend", "torch_native", "--repeats", "1", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    assert backends == [{"moe_backend": "torch_native"}]
+    assert "native_experts" in json.loads(out.read_text())["arms"]["eager"]["profile"]
+
+
 def test_bench_prefill_frees_an_arms_engine_before_building_the_next(tiny_model_dir, monkeypatch):
     """Each arm's engine is gone before the next one loads: a loop that kept its name bound
     held two models' weights at once (gpt-oss-20b's second arm ran out of an H100's memory)."""

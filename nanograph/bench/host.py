@@ -32,15 +32,17 @@ from nanograph.bench.common import (
 )
 
 
-def engine_for(model: str, workload: str, arm: str, tokens: int, batch: int, new_tokens: int):
+def engine_for(model: str, workload: str, arm: str, tokens: int, batch: int, new_tokens: int,
+               moe_backend: str = "auto"):  # fmt: skip
     from nanograph import LLM
 
     if workload == "prefill":
         from nanograph.bench.prefill import engine_for as prefill_engine
 
-        return prefill_engine(model, arm, [tokens])
+        return prefill_engine(model, arm, [tokens], moe_backend=moe_backend)
     return LLM(
         model, load_format="dummy", decode_cuda_graph=graph_flag(arm), prefill_cuda_graph="none",
+        moe_backend=moe_backend,
         cuda_graph_bs=(batch,), max_num_seqs=batch, max_model_len=tokens + new_tokens + 16,
         progress=False, disable_prefix_caching=True,  # repeated prompts must be recomputed
         **STARTUP_CAPTURE,
@@ -50,7 +52,8 @@ def engine_for(model: str, workload: str, arm: str, tokens: int, batch: int, new
 def profile_arm(args: argparse.Namespace, arm: str) -> dict:
     from nanograph import SamplingParams
 
-    llm = engine_for(args.model, args.workload, arm, args.tokens, args.batch, args.new_tokens)
+    llm = engine_for(args.model, args.workload, arm, args.tokens, args.batch, args.new_tokens,
+                     args.moe_backend)  # fmt: skip
     g = torch.Generator().manual_seed(0)
     vocab = llm.engine.model_config.vocab_size
     count = 1 if args.workload == "prefill" else args.batch
@@ -91,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=256, help="prompt tokens")
     parser.add_argument("--batch", type=int, default=1, help="decode requests")
     parser.add_argument("--new-tokens", type=int, default=64, help="decode tokens per request")
+    parser.add_argument("--moe-backend", default="auto", help="experts of MoE models")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--top", type=int, default=25, help="profile rows per arm")
     parser.add_argument("--out", default=default_out("host.json"))
