@@ -7,6 +7,7 @@
 # then, from the repo root with NANOGRAPH_COMMIT exported:
 #   bash docs/wip/stop51_calls.sh native_ab $OUT/r   # ~6 min: both trees alternating, twice
 #   bash docs/wip/stop51_calls.sh host $OUT/r        # ~2 min: cProfile, eager against breakable
+#   bash docs/wip/stop51_calls.sh extend $OUT/r      # ~3 min: docs/wip/gluon_extend_proto.py
 # Predicted: if the break itself costs nothing beyond the loop, breakable/eager is the same in
 # both trees and above 1.4x; a ratio that drops with the new loop points at the loop's `out=`
 # buffers (allocated per call) or its sync inside a break.
@@ -34,5 +35,10 @@ case $stage in
         --out "$out/host_$m.json" > "$out/host_$m.log" 2>&1
       grep "^==" "$out/host_$m.log"
     done ;;
+  extend)  # the Gluon attention behind the engine's extend interface (varlen, paged prefix,
+    # sentinel slots, a graph replayed with other lengths) against paged_attention(new_kv=...)
+    export PYTHONPATH=$PWD
+    timeout 280 python3 docs/wip/gluon_extend_proto.py --out "$out/extend.json" 2>&1 \
+      | grep -v -i warn | tee "$out/extend.log" | tail -n 40 ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;
 esac
