@@ -376,8 +376,8 @@ def _sass_loop(sass: str) -> dict:
     ins = [(int(a, 16), " ".join(t.split())) for a, t in found]
     at = {a: i for i, (a, _) in enumerate(ins)}
 
-    def target(i):
-        m = re.search(r"BRA (0x[0-9a-f]+)", ins[i][1])
+    def target(i):  # "BRA 0x..", or "BRA P2, 0x.." (a branch also taken on a uniform P2)
+        m = re.search(r"BRA (?:!?U?P\d, )?(0x[0-9a-f]+)", ins[i][1])
         return at.get(int(m.group(1), 16)) if m else None
 
     loops = [(target(i), i) for i in range(len(ins)) if target(i) is not None and target(i) < i]

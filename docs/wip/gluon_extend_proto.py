@@ -73,11 +73,10 @@ longer ordered heaviest-first strictly by tile (the reversed flat order is the s
 shorter key loop per tile, so the per-tile start is a larger share). (c) the prefix blocks load
 8 pages each through the single producer warp: if the producer keeps up (8 TMA issues + 8
 scalar page loads a block vs ~1 us of MMA a block), the rate matches (a)'s; if the dependent
-page-id loads stall it, the prefix blocks run ~10-20% slower. A risk to all of this: --compile's
-loop analysis (gluon_attention_proto.py's) reads 829 instructions on both paths of the key loop
-against that prototype's 456 (unmasked) / 816 (masked); ptxas laid the two arms out differently
-(one 281-instruction forward jump inside the loop, an unconditional one): if the unmasked
-blocks really run ~830 instructions, (a) lands nearer 0.65 / 1.15 ms. Read the SASS first.
+page-id loads stall it, the prefix blocks run ~10-20% slower. The key loop's paths (--compile,
+gluon_attention_proto.py's analysis): 459 instructions on the unmasked path, 829 on the masked
+one, against that prototype's 456 / 816 (ptxas branches to the unmasked arm with a
+`@P1 BRA P2, target` the analysis first did not parse, reading 829 on both paths).
 """
 
 from __future__ import annotations
