@@ -65,11 +65,13 @@ def profile_arm(args: argparse.Namespace, arm: str) -> dict:
         generate(llm, prompts, params)
 
     seconds = timed(call, args.repeats, warmup=3)
+    before = _allocator_counts()
     profiler = cProfile.Profile()
     profiler.enable()
     for _ in range(args.repeats):
         call()
     profiler.disable()
+    after = _allocator_counts()
     text = io.StringIO()
     pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(args.top)
     free_engine(llm)
@@ -79,7 +81,20 @@ def profile_arm(args: argparse.Namespace, arm: str) -> dict:
         "median_ms": per_call_ms,
         "per_token_ms": per_call_ms / new_tokens,
         "profile": text.getvalue(),
+        # device allocations a call makes: cudaMalloc/cudaFree inside a forward (the caching
+        # allocator short of cached blocks) cost host time and synchronise the device
+        "allocator_per_call": {k: (after[k] - before[k]) / args.repeats for k in after},
     }
+
+
+_ALLOCATOR_KEYS = ("num_device_alloc", "num_device_free", "num_alloc_retries")
+
+
+def _allocator_counts() -> dict[str, int]:
+    if not torch.cuda.is_available():
+        return {}
+    stats = torch.cuda.memory_stats()
+    return {k: stats.get(k, 0) for k in _ALLOCATOR_KEYS}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -107,5 +122,8 @@ def main(argv: list[str] | None = None) -> int:
         write(args.out, report)
         print(f"== {args.model} {args.workload} {arm}: {result['median_ms']:.2f} ms per call "
               f"({result['per_token_ms']:.3f} ms per token)")  # fmt: skip
+        if result["allocator_per_call"]:
+            counts = ", ".join(f"{k} {v:g}" for k, v in result["allocator_per_call"].items())
+            print(f"== allocator per call: {counts}")
         print(result["profile"])
     return 0
