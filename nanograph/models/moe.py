@@ -22,7 +22,6 @@ Invariants:
 
 from __future__ import annotations
 
-import itertools
 from abc import ABC, abstractmethod
 
 import torch
@@ -142,11 +141,9 @@ def native_experts(
     tokens = order // top_k
     rows = x[tokens]
     scales = weights.reshape(-1)[order].to(x.dtype)[:, None]
-    starts = itertools.accumulate(counts, initial=0)
-    spans = [(e, start, c) for e, (start, c) in enumerate(zip(starts, counts)) if c]
-    gate_up = _products(rows, w13, b13, spans)
+    gate_up = _products(rows, w13, b13, counts)
     act = reference.moe_activation(gate_up, _ACTIVATIONS[activation], alpha, limit)
-    down = _products(act, w2, b2, spans)
+    down = _products(act, w2, b2, counts)
     # back to pair order, then a sum over k: deterministic (an index_add_ of duplicate token
     # rows would add in any order on CUDA)
     by_pair = torch.empty_like(down).index_copy_(0, order, down * scales)
@@ -154,17 +151,22 @@ def native_experts(
 
 
 def _products(
-    x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, spans: list[tuple[int, int, int]]
+    x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, counts: list[int]
 ) -> torch.Tensor:
-    """F.linear(x[rows], w[e], b[e]) for each (expert e, start, count) span of rows, each
-    written into its slice of one output (``mm`` / ``addmm`` with ``out=``: no copy)."""
+    """F.linear(rows, w[e], b[e]) for each expert e's ``counts[e]`` consecutive rows of x, each
+    written into its slice of one output (``mm`` / ``addmm`` with ``out=``: no copy). The
+    per-expert views come from one ``split`` / ``unbind`` each: on CUDA this loop is bound by
+    the host's per-op cost, and indexing every view separately took ~40% of it."""
     out = x.new_empty(x.shape[0], w.shape[1])
-    for expert, start, count in spans:
-        rows = slice(start, start + count)
-        if b is None:
-            torch.mm(x[rows], w[expert].t(), out=out[rows])
+    xs, outs, ws = x.split(counts), out.split(counts), w.unbind(0)
+    bs = b.unbind(0) if b is not None else None
+    for expert, count in enumerate(counts):
+        if not count:
+            continue
+        if bs is None:
+            torch.mm(xs[expert], ws[expert].t(), out=outs[expert])
         else:
-            torch.addmm(b[expert], x[rows], w[expert].t(), out=out[rows])
+            torch.addmm(bs[expert], xs[expert], ws[expert].t(), out=outs[expert])
     return out
 
 

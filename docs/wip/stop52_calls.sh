@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Stop 52's last device call, from the repo root with NANOGRAPH_COMMIT exported:
+#   bash docs/wip/stop52_calls.sh verify $OUT/r   # ~6 min
+# 1. test_moe_gpu.py's native-MoE tests (the loop's per-expert views now come from one split /
+#    unbind: a CUDA path, verified here before it is called done);
+# 2. native_moe_time.py: one layer, before stop 50 / stop 50 / now. PREDICTED at 256 tokens:
+#    now 25-35% below stop 50 (gpt-oss-20b ~3.0 -> ~2.1 ms, qwen3-30b-a3b ~8.4 -> ~5.8 ms), the
+#    share the CPU machine's host-cost check measured (0.29 -> 0.21 ms, 0.81 -> 0.54 ms);
+# 3. gluon_extend_proto.py with graph-replay timing (stop 52's launch timing synced inside).
+set -uo pipefail
+stage=$1 out=$(mkdir -p "$2" && cd "$2" && pwd)
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,power.limit --format=csv > "$out/gpu_$stage.txt"
+case $stage in
+  verify)
+    timeout 240 python3 -m pytest -q -p no:cacheprovider -rfE tests/gpu/test_moe_gpu.py -k native \
+      > "$out/test_moe_native.log" 2>&1; tail -n 3 "$out/test_moe_native.log"
+    cp docs/wip/native_moe_time.py /tmp/native_moe_time.py
+    timeout 120 python3 /tmp/native_moe_time.py 2>&1 | grep -v -i warn | tee "$out/native_moe_time.log"
+    timeout 200 python3 docs/wip/gluon_extend_proto.py --out "$out/extend.json" 2>&1 \
+      | grep -v -i warn | tee "$out/extend.log" | tail -n 42 ;;
+  *) echo "unknown stage $stage" >&2; exit 2 ;;
+esac
