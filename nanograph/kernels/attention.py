@@ -45,6 +45,7 @@ Invariants:
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 import torch
@@ -769,7 +770,10 @@ def paged_attention(
     (``AttentionTiles.new_keys``, no window) reads a request's keys past its cached prefix
     from these rows through TMA descriptors instead of gathering them from the pages (in the
     cache's dtype, laid out as TMA needs: contiguous heads, 16-byte aligned rows; else the
-    cache is read).
+    cache is read). On Hopper, an extend with ``new_kv`` that ``kernels.attention_hopper``
+    supports (bf16, head_dim 128, 16-slot pages, no window, sinks or softcap) runs its requests
+    of at least ``MIN_QUERY_LEN`` (128) query tokens in that module's Gluon kernel (FA3's
+    structure) and the shorter ones here.
     """
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[1]
@@ -815,6 +819,18 @@ def paged_attention(
                                  f"(a row per row of q), got {list(x.shape)}")  # fmt: skip
     if num_tokens == 0 or num_seqs == 0:
         return out
+    hopper = None
+    if tiles is None and max_query_len is None and rope is None:
+        hopper = _hopper_extend(q, k_cache, v_cache, new_kv, out, page_size, sliding_window,
+                                sinks, softcap)  # fmt: skip
+    if hopper is not None:  # the long requests there, the short ones in Triton's launches
+        short = hopper.MIN_QUERY_LEN - 1
+        launches = [(t, (a, min(b, short))) for t, (a, b) in launches if a <= short]
+        if hi >= hopper.MIN_QUERY_LEN:
+            hopper.extend_attention(
+                q, new_kv, k_cache, v_cache, page_table, seq_lens, query_lens, query_start_loc,
+                scale, out, min_q_len=max(lo, hopper.MIN_QUERY_LEN),
+            )  # fmt: skip
     launched = True
     for launch_tiles, (min_q_len, max_q_len) in launches:
         launched &= _launch(
@@ -825,6 +841,20 @@ def paged_attention(
     if not launched:  # compiled only (start-up): what follows reads defined values
         out.zero_()
     return out
+
+
+def _hopper_extend(q, k_cache, v_cache, new_kv, out, page_size, sliding_window, sinks,
+                   softcap):  # fmt: skip
+    """``kernels.attention_hopper`` where it supports this extend (its docstring says when),
+    else None. Imported here, on a CUDA extend only: it needs Triton's Gluon."""
+    if new_kv is None or not q.is_cuda or os.environ.get("NANOGRAPH_HOPPER_ATTENTION") == "0":
+        return None
+    try:
+        from nanograph.kernels import attention_hopper
+    except ImportError:  # a Triton without Gluon's Hopper layer
+        return None
+    args = (q, k_cache, v_cache, new_kv, out, page_size, sliding_window, sinks, softcap)
+    return attention_hopper if attention_hopper.supported(*args) else None
 
 
 def _rope_store_kv(q, k_cache, v_cache, rope: RopeStore, out: torch.Tensor) -> None:

@@ -177,6 +177,72 @@ def test_new_keys_replay_in_a_cuda_graph_and_take_the_direct_path():
     assert torch.all(out[3000:] == 0)
 
 
+def _hopper_module():
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        return None
+    try:
+        from nanograph.kernels import attention_hopper
+    except ImportError:
+        return None
+    return attention_hopper
+
+
+@pytest.mark.skipif(_hopper_module() is None, reason="needs sm_90 and Triton's Gluon")
+@pytest.mark.parametrize(
+    ("contexts", "queries", "layout", "sentinels", "pad"),
+    [
+        ([0], [8192], QWEN3_06B, 0, 0),
+        ([0, 0, 0, 0], [2048] * 4, QWEN3_8B, 0, 0),
+        ([4096], [4096], QWEN3_06B, 0, 0),
+        # box edges: requests of 128 +- 1 tokens, unaligned prefixes, short ones for Triton's
+        # launch, the last request's box ending on its last row before NaN padding rows
+        ([0, 100, 7, 0, 3000, 16, 0], [129, 128, 130, 127, 1000, 300, 1], QWEN3_06B, 2, 77),
+        ([0, 16, 100, 1000, 3000], [1, 17, 300, 1024, 2000], QWEN3_8B, 2, 128),
+        ([5], [200], QWEN3_8B, 0, 300),
+    ],
+    ids=["06b-8k", "8b-4x2k", "06b-prefix4k", "06b-edges", "8b-mixed", "8b-one-short-padded"],
+)  # fmt: skip
+def test_hopper_extend_takes_the_long_requests(contexts, queries, layout, sentinels, pad,
+                                               monkeypatch):  # fmt: skip
+    """On sm_90, an extend given ``new_kv`` (bf16, head_dim 128) runs its requests of at least
+    MIN_QUERY_LEN tokens in the Gluon kernel and the rest in Triton's; together they match the
+    reference, with padding rows NaN in the new rows and nothing written outside the requests."""
+    hopper = _hopper_module()
+    calls = []
+    real_extend = hopper.extend_attention
+    monkeypatch.setattr(hopper, "extend_attention", lambda *a, **k: calls.append(1) or
+                        real_extend(*a, **k))  # fmt: skip
+    batch = _batch(contexts, queries, layout=layout, sentinels=sentinels, pad=pad,
+                   seed=len(contexts) + pad)  # fmt: skip
+    hq, hkv, d = layout["num_q_heads"], layout["num_kv_heads"], layout["head_dim"]
+    new_kv, want = _new_rows(batch, row_stride=(hq + 2 * hkv) * d)
+    got = paged_attention(batch.q, batch.k_cache, batch.v_cache, *batch.metadata(),
+                          batch.page_size, d**-0.5, new_kv=new_kv)  # fmt: skip
+    torch.cuda.synchronize()
+    assert calls == [1]
+    real = int(batch.num_tokens[0])
+    torch.testing.assert_close(got[:real].float(), want[:real], atol=2e-2, rtol=2e-2)
+    assert torch.all(got[real:] == 0)
+
+
+@pytest.mark.skipif(_hopper_module() is None, reason="needs sm_90 and Triton's Gluon")
+def test_hopper_extend_can_be_turned_off(monkeypatch):
+    hopper = _hopper_module()
+    batch = _batch([0], [512], layout=QWEN3_06B)
+    new_kv, _ = _new_rows(batch)
+    args = (batch.q, batch.k_cache, batch.v_cache, *batch.metadata(), 16, 128**-0.5)
+    calls = []
+    real_extend = hopper.extend_attention
+    monkeypatch.setattr(hopper, "extend_attention", lambda *a, **k: calls.append(1) or
+                        real_extend(*a, **k))  # fmt: skip
+    on = paged_attention(*args, new_kv=new_kv)
+    monkeypatch.setenv("NANOGRAPH_HOPPER_ATTENTION", "0")
+    off = paged_attention(*args, new_kv=new_kv)
+    torch.cuda.synchronize()
+    assert calls == [1]
+    torch.testing.assert_close(on.float(), off.float(), atol=2e-2, rtol=2e-2)
+
+
 def test_float32_decode_takes_the_one_exact_variant():
     """float32 launches one configuration for every batch (flat, one slice: numerics checks
     compile one variant); decode of requests up to 5k tokens through it matches the
