@@ -820,7 +820,8 @@ def paged_attention(
     if num_tokens == 0 or num_seqs == 0:
         return out
     hopper = None
-    if tiles is None and max_query_len is None and rope is None:
+    # an extend (the static hint is N there, or None) with room for a request Gluon takes
+    if tiles is None and rope is None and (max_query_len or MAX_QUERY_LEN) >= 128:
         hopper = _hopper_extend(q, k_cache, v_cache, new_kv, out, page_size, sliding_window,
                                 sinks, softcap)  # fmt: skip
     if hopper is not None:  # the long requests there, the short ones in Triton's launches

@@ -216,13 +216,16 @@ def test_hopper_extend_takes_the_long_requests(contexts, queries, layout, sentin
                    seed=len(contexts) + pad)  # fmt: skip
     hq, hkv, d = layout["num_q_heads"], layout["num_kv_heads"], layout["head_dim"]
     new_kv, want = _new_rows(batch, row_stride=(hq + 2 * hkv) * d)
-    got = paged_attention(batch.q, batch.k_cache, batch.v_cache, *batch.metadata(),
-                          batch.page_size, d**-0.5, new_kv=new_kv)  # fmt: skip
-    torch.cuda.synchronize()
-    assert calls == [1]
     real = int(batch.num_tokens[0])
-    torch.testing.assert_close(got[:real].float(), want[:real], atol=2e-2, rtol=2e-2)
-    assert torch.all(got[real:] == 0)
+    # no hint, and the engine's extend hint (max_query_len = N, the runners' static buffers)
+    for hint in (None, batch.q.shape[0]):
+        got = paged_attention(batch.q, batch.k_cache, batch.v_cache, *batch.metadata(),
+                              batch.page_size, d**-0.5, new_kv=new_kv,
+                              max_query_len=hint)  # fmt: skip
+        torch.cuda.synchronize()
+        torch.testing.assert_close(got[:real].float(), want[:real], atol=2e-2, rtol=2e-2)
+        assert torch.all(got[real:] == 0)
+    assert calls == [1, 1]
 
 
 @pytest.mark.skipif(_hopper_module() is None, reason="needs sm_90 and Triton's Gluon")
