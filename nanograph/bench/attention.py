@@ -1,4 +1,4 @@
-"""``nanograph bench attention``: the Triton paged-attention kernel against each of torch SDPA's
+"""``nanograph bench attention``: our paged-attention kernels against each of torch SDPA's
 fused backends (flash, cuDNN, memory-efficient; one that cannot run a shape is recorded as such,
 and the ratio is against the fastest that can).
 
@@ -9,11 +9,14 @@ qwen3-30b-a3b's 32 q heads, 4 kv heads, head_dim 128):
   prefix), reported in TFLOP/s;
 - decode: 1 request at 32k context, 128 requests at 2k, and the latency-bound small cases (1 at
   512 in all three layouts, 1 at 4k, 8 at 1k), reported in GB/s of KV read.
-SDPA runs the same work on contiguous K/V (``enable_gqa``, causal for extend; K/V expanded to the
-q heads, outside timing, for a backend without GQA), so the gap is the price of paging plus
-kernel quality. Both are timed as CUDA-graph replays (as the engine runs them): medians of
-``bench.common.graphed_samples``, the L2 flushed by a read before each sample (results before
-95c599c used do_bench's zeroing flush, whose dirty write-backs fell inside the timed kernel).
+On sm_90, an extend that ``kernels.attention_hopper`` supports is timed twice: ``triton`` (the
+Triton kernel, the Hopper one switched off) and ``hopper`` (the Gluon kernel, what the engine
+runs there). SDPA runs the same work on contiguous K/V (``enable_gqa``, causal for extend;
+K/V expanded to the q heads, outside timing, for a backend without GQA), so the gap is the
+price of paging plus kernel quality. All are timed as CUDA-graph replays (as the engine runs
+them): medians of ``bench.common.graphed_samples``, the L2 flushed by a read before each
+sample (results before 95c599c used do_bench's zeroing flush, whose dirty write-backs fell
+inside the timed kernel).
 Ceilings are the H200's measured ~790 TFLOP/s bf16 dense and ~4.3 TB/s copy; this device's copy
 bandwidth is measured too.
 ``--sweep`` also times a grid of launch configurations per case (to tune ``choose_tiles``).
@@ -49,6 +52,8 @@ HEAD_LAYOUTS = {
     "qwen3-30b-a3b": {"num_q_heads": 32, "num_kv_heads": 4, "head_dim": 128},
 }
 PAGE_SIZE = 16
+HOPPER_SWITCH = "NANOGRAPH_HOPPER_ATTENTION"
+MIN_HOPPER_QUERY = 128  # kernels.attention_hopper.MIN_QUERY_LEN (not imported: needs Gluon)
 CEILING_TFLOPS = 790.0  # H200 bf16 dense, measured
 CEILING_GBPS = 4300.0  # H200 device copy, measured
 
@@ -113,7 +118,36 @@ def _paged_batch(case: Case) -> PagedBatch:
     )  # fmt: skip
 
 
-def _triton_fn(case: Case, batch: PagedBatch, tiles=None) -> Callable[[], torch.Tensor]:
+@contextlib.contextmanager
+def _hopper_allowed(allowed: bool):
+    """paged_attention's Hopper extend (``kernels.attention_hopper``) on or off inside."""
+    before = os.environ.get(HOPPER_SWITCH)
+    os.environ[HOPPER_SWITCH] = "1" if allowed else "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[HOPPER_SWITCH]
+        else:
+            os.environ[HOPPER_SWITCH] = before
+
+
+def _hopper_supported(case: Case, batch: PagedBatch) -> bool:
+    """Whether paged_attention runs this case's requests in the Hopper (Gluon) kernel."""
+    from nanograph.kernels.attention import hopper_extend
+
+    if case.kind == "decode" or case.new_tokens < MIN_HOPPER_QUERY:
+        return False
+    slots = batch.slot_mapping
+    new_kv = (batch.k_cache[slots], batch.v_cache[slots])
+    args = (batch.q, batch.k_cache, batch.v_cache, new_kv, batch.q, PAGE_SIZE, 0, None, 0.0)
+    return hopper_extend(*args) is not None
+
+
+def _triton_fn(
+    case: Case, batch: PagedBatch, tiles=None, hopper: bool = False
+) -> Callable[[], torch.Tensor]:
+    """paged_attention on the case; ``hopper``: its Hopper kernel allowed (else Triton's)."""
     from nanograph.kernels.attention import paged_attention
 
     out = torch.empty_like(batch.q)
@@ -125,10 +159,11 @@ def _triton_fn(case: Case, batch: PagedBatch, tiles=None) -> Callable[[], torch.
     new_kv = None if case.kind == "decode" else (batch.k_cache[slots], batch.v_cache[slots])
 
     def run() -> torch.Tensor:
-        return paged_attention(
-            batch.q, batch.k_cache, batch.v_cache, *batch.metadata(), PAGE_SIZE, scale,
-            max_query_len=max_query_len, tiles=tiles, out=out, new_kv=new_kv,
-        )  # fmt: skip
+        with _hopper_allowed(hopper):
+            return paged_attention(
+                batch.q, batch.k_cache, batch.v_cache, *batch.metadata(), PAGE_SIZE, scale,
+                max_query_len=max_query_len, tiles=tiles, out=out, new_kv=new_kv,
+            )  # fmt: skip
 
     return run
 
@@ -382,6 +417,11 @@ def main(argv: list[str] | None = None) -> int:
             # > 1: Triton ahead of the fastest SDPA backend on this shape
             "triton_vs_best_sdpa": timed[best] / t_ms if best else None,
         }
+        if _hopper_supported(case, batch):  # what the engine runs on sm_90 for this extend
+            h_samples = graphed_samples(_triton_fn(case, batch, hopper=True), args.rep_ms)
+            h_ms = median(h_samples)
+            entry["hopper"] = {"median_ms": h_ms, **_metrics(case, h_ms), "samples_ms": h_samples}
+            entry["hopper_vs_best_sdpa"] = timed[best] / h_ms if best else None
         report["cases"][case.name] = entry
         unit = "TFLOP/s" if case.kind == "extend" else "GB/s"
         key = "tflops" if case.kind == "extend" else "gbps"
@@ -391,6 +431,11 @@ def main(argv: list[str] | None = None) -> int:
             for name, arm in sdpa.items()
         )  # fmt: skip
         ratio = f"{entry['triton_vs_best_sdpa']:.2f} vs {best}" if best else "no SDPA backend"
+        hopper = entry.get("hopper")
+        if hopper is not None:
+            ratio += f" | hopper {hopper['median_ms']:7.3f} ms {hopper[key]:7.1f} {unit}"
+            if best:
+                ratio += f", {entry['hopper_vs_best_sdpa']:.2f} vs {best}"
         print(f"{case.name:>15}: triton {t_ms:7.3f} ms {entry['triton'][key]:7.1f} {unit} | "
               f"{arms} | ratio {ratio}")  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -822,7 +822,7 @@ def paged_attention(
     hopper = None
     # an extend (the static hint is N there, or None) with room for a request Gluon takes
     if tiles is None and rope is None and (max_query_len or MAX_QUERY_LEN) >= 128:
-        hopper = _hopper_extend(q, k_cache, v_cache, new_kv, out, page_size, sliding_window,
+        hopper = hopper_extend(q, k_cache, v_cache, new_kv, out, page_size, sliding_window,
                                 sinks, softcap)  # fmt: skip
     if hopper is not None:  # the long requests there, the short ones in Triton's launches
         short = hopper.MIN_QUERY_LEN - 1
@@ -844,10 +844,11 @@ def paged_attention(
     return out
 
 
-def _hopper_extend(q, k_cache, v_cache, new_kv, out, page_size, sliding_window, sinks,
+def hopper_extend(q, k_cache, v_cache, new_kv, out, page_size, sliding_window, sinks,
                    softcap):  # fmt: skip
     """``kernels.attention_hopper`` where it supports this extend (its docstring says when),
-    else None. Imported here, on a CUDA extend only: it needs Triton's Gluon."""
+    else None; ``NANOGRAPH_HOPPER_ATTENTION=0`` makes it None. Imported here, on a CUDA extend
+    only: it needs Triton's Gluon."""
     if new_kv is None or not q.is_cuda or os.environ.get("NANOGRAPH_HOPPER_ATTENTION") == "0":
         return None
     try:
