@@ -30,6 +30,14 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from nanograph.kernels import argmax, attention, attention_tiles, fused, gemv, moe, pdl, rows
 from nanograph.kernels.testing import make_paged_batch
 
+try:  # the Hopper extend (Gluon): compiled where this Triton has Gluon's Hopper layer
+    from triton.experimental.gluon._runtime import GluonASTSource, GluonJITFunction
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
+
+    from nanograph.kernels import attention_hopper
+except ImportError:
+    GluonDescriptor = attention_hopper = None
+
 TARGET = GPUTarget("cuda", 90, 32)
 POINTER = {
     torch.bfloat16: "*bf16",
@@ -51,7 +59,9 @@ class CompileOnly:
     def __getitem__(self, grid):
         def launch(*args, **kwargs):
             options = {
-                k: kwargs.pop(k) for k in ("num_warps", "num_stages", "launch_pdl") if k in kwargs
+                k: kwargs.pop(k)
+                for k in ("num_warps", "num_stages", "launch_pdl", "maxnreg")
+                if k in kwargs
             }
             if "PDL" in kwargs:  # CPU tensors here; on a GPU the PDL branches are the ones run
                 kwargs["PDL"] = options["launch_pdl"] = True
@@ -71,6 +81,12 @@ class CompileOnly:
                 elif isinstance(value, TensorDescriptor):
                     block = ",".join(str(b) for b in value.block_shape)
                     signature[param.name] = f"tensordesc<{POINTER[value.base.dtype][1:]}[{block}]>"
+                elif GluonDescriptor is not None and isinstance(value, GluonDescriptor):
+                    # Gluon's descriptors carry their shared-memory layout in the type
+                    dtype = POINTER[value.base.dtype][1:]
+                    signature[param.name] = (
+                        f"tensordesc<{dtype}{list(value.block_shape)},{value.layout!r}>"
+                    )
                 elif isinstance(value, bool):
                     signature[param.name] = "i1"
                 elif isinstance(value, int):
@@ -88,7 +104,10 @@ class CompileOnly:
                     signature[param.name] = "fp32"
             # Like a launch, mark 16-byte-aligned pointers and multiples of 16: without these
             # hints the compiler emits no async copies and the variant is not the one that runs.
-            source = ASTSource(
+            source_type = ASTSource
+            if GluonDescriptor is not None and isinstance(self.kernel, GluonJITFunction):
+                source_type = GluonASTSource
+            source = source_type(
                 fn=self.kernel, signature=signature, constexprs=constexprs, attrs=attrs
             )
             compiled = triton.compile(source, target=TARGET, options=options)
@@ -170,6 +189,8 @@ def main() -> int:
                 fused._launch_rope_store_kv, gemv._launch, moe._launch_gemm, moe._launch_act,
                 moe._launch_pair_gate_up, moe._launch_pair_down, moe._launch_route, rows._launch,
                 argmax._launch]  # fmt: skip
+    if attention_hopper is not None:
+        launches.append(attention_hopper._launch)
     for launch in launches:
         launch.kernel = CompileOnly(launch.kernel)
     # CPU tensors here: compile the launches a GPU with PDL makes (pdl_wait tiles included)
@@ -196,6 +217,15 @@ def main() -> int:
         if kwargs.get("new_kv"):
             kwargs = {**kwargs, "new_kv": (torch.zeros_like(batch.k_cache[: len(batch.q)]),) * 2}
         check(f"paged_attention {name}", attention.paged_attention, *args, **kwargs)
+    if attention_hopper is not None:  # the Gluon extend, as paged_attention launches it on sm_90
+        batch = make_paged_batch(
+            [40, 7], [200, 130], num_q_heads=16, num_kv_heads=8, head_dim=128, page_size=16,
+            dtype=torch.bfloat16, num_sentinels=2,
+        )  # fmt: skip
+        new = torch.zeros(len(batch.q), 8, 128, dtype=torch.bfloat16)
+        check("hopper extend_attention", attention_hopper.extend_attention, batch.q,
+              (new, new.clone()), batch.k_cache, batch.v_cache, *batch.metadata(), 0.1,
+              torch.zeros_like(batch.q))  # fmt: skip
     # the fused one-row decode: rotary and the KV store in the attention kernel
     one_row = attention_tiles.AttentionTiles(
         block_q=1, group_pad=16, block_n=64, num_splits=32, min_split_blocks=1,

@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# (stop 52: the Gluon prototypes these stages ran are removed, landed as
+#  kernels/attention_hopper.py; run a stage from the commit its results name, e.g. 4e41363)
 # Stop 50's device calls, run back to back (the machine goes after 30 s idle). From the repo
 # root with NANOGRAPH_COMMIT exported:
 #   bash docs/wip/stop50_calls.sh tests $OUT/r     # ~6 min: run_device.sh tests-parallel

@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# (stop 52: the Gluon prototypes these stages ran are removed, landed as
+#  kernels/attention_hopper.py; run a stage from the commit its results name, e.g. 4e41363)
 # Stop 51's open question for the device: why breakable prefill with the native MoE is only
 # 1.29x eager on qwen3-30b-a3b and 0.85x on gpt-oss-20b (H100, d052049), after 7a62454 made
 # the native loop 1.9-2.2x faster a layer (1.41x / 1.42x on the H200 at b4436f2, old loop).

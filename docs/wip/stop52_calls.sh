@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# (stop 52: the Gluon prototypes these stages ran are removed, landed as
+#  kernels/attention_hopper.py; run a stage from the commit its results name, e.g. 4e41363)
 # Stop 52's last device call, from the repo root with NANOGRAPH_COMMIT exported:
 #   bash docs/wip/stop52_calls.sh verify $OUT/r   # ~6 min
 #   bash docs/wip/stop52_calls.sh hopper $OUT     # ~4 min (logs straight under $OUT: a call cut

@@ -10,9 +10,9 @@ program (one tile of 128 query rows of one request x one q head):
 - two consumer warpgroups of 64 rows each run async wgmma, the softmax of one block under the
   previous block's P V, and store by TMA (by a masked store where a box would cross into the
   next request's rows).
-At 1 x 8192 on an H100 (stop 52, ``docs/wip/gluon_extend_proto.py``) it ran 0.436 ms with
-qwen3-0.6b heads (630 TFLOP/s; the Triton kernel 0.601, cuDNN 0.487) and 0.90 ms with qwen3-8b
-heads (Triton 1.12, cuDNN 0.915).
+At 1 x 8192 on an H100 (stop 52; the prototype is ``docs/wip/gluon_extend_proto.py`` at
+4e41363) it ran 0.436 ms with qwen3-0.6b heads (630 TFLOP/s; the Triton kernel 0.601, cuDNN
+0.487) and 0.90 ms with qwen3-8b heads (Triton 1.12, cuDNN 0.915).
 
 Invariants:
 - Graph safe: the grid is ``(N // 128 + S) * Hq`` programs, static sizes only; each program
@@ -48,6 +48,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from nanograph.kernels.launch import LaunchCache
+
+# TMA copies under Triton 3.7+'s names, or 3.6's (the same builtins, renamed)
+_tma_copy_in = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+_tma_copy_out = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
 
 BLOCK_M = 128  # query rows a program: two consumer warpgroups of 64
 BLOCK_N = 128  # keys a ring slot
@@ -97,7 +101,7 @@ def supported(
 @gluon.jit
 def _tma_load(desc, row, col, bar, buf):
     mbarrier.expect(bar, desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(desc, [row, col], bar, buf)
+    _tma_copy_in(desc, [row, col], bar, buf)
 
 
 @gluon.jit
@@ -110,7 +114,7 @@ def _page_loads(cache_desc, page_row_ptr, block, last_page, col, bar, buf):
     mbarrier.expect(bar, PAGES * cache_desc.block_type.nbytes)
     for i in gl.static_range(PAGES):
         page = gl.load(page_row_ptr + gl.minimum(block * PAGES + i, last_page))
-        tma.async_copy_global_to_shared(cache_desc, [page * PAGE, col], bar,
+        _tma_copy_in(cache_desc, [page * PAGE, col], bar,
                                         buf.slice(i * PAGE, PAGE))  # fmt: skip
 
 
@@ -131,7 +135,7 @@ def _producer(q_desc, k_desc, v_desc, kc_desc, vc_desc, q_smem, k_bufs, v_bufs, 
     ROWS: gl.constexpr = q_smem.shape[1]
     mbarrier.expect(q_bar, SPLIT * q_desc.block_type.nbytes)
     for i in gl.static_range(SPLIT):
-        tma.async_copy_global_to_shared(q_desc, [q_row + i * ROWS, q_col], q_bar, q_smem.index(i))
+        _tma_copy_in(q_desc, [q_row + i * ROWS, q_col], q_bar, q_smem.index(i))
     last_page = gl.cdiv(prefix_len, PAGE) - 1
     for j in range(n_blocks):
         slot = j % STAGES
@@ -230,7 +234,7 @@ def _consumer(o_desc, out_ptr, stride_o, q_smem, k_bufs, v_bufs, bars, q_start, 
     p, m_i, l_i, alpha = _softmax(s, m_i, l_i, qk_scale)
     acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, o_layout)
 
-    # as in gluon_attention_proto.py: P crosses the loop edge in float32 and becomes P V's
+    # as in FA3: P crosses the loop edge in float32 and becomes P V's
     # operand at the top of the next iteration; the softmax inside both arms of the branch
     for j in range(1, n_blocks):
         slot = j % STAGES
@@ -264,7 +268,7 @@ def _consumer(o_desc, out_ptr, stride_o, q_smem, k_bufs, v_bufs, bars, q_start, 
     if m0 + ROWS <= q_len:  # all rows the request's: one TMA box through the idle Q buffer
         q_smem.store(out)
         fence_async_shared()
-        tma.async_copy_shared_to_global(o_desc, [q_start + m0, q_col], q_smem)
+        _tma_copy_out(o_desc, [q_start + m0, q_col], q_smem)
         tma.store_wait(0)
     else:  # the request's last rows: a box would write the next request's rows
         rows = m0 + gl.arange(0, ROWS, layout=o_rows)
