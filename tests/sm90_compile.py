@@ -225,7 +225,7 @@ def main() -> int:
         new = torch.zeros(len(batch.q), 8, 128, dtype=torch.bfloat16)
         check("hopper extend_attention", attention_hopper.extend_attention, batch.q,
               (new, new.clone()), batch.k_cache, batch.v_cache, *batch.metadata(), 0.1,
-              torch.zeros_like(batch.q))  # fmt: skip
+              torch.zeros_like(batch.q), min_q_len=128)  # fmt: skip
     # the fused one-row decode: rotary and the KV store in the attention kernel
     one_row = attention_tiles.AttentionTiles(
         block_q=1, group_pad=16, block_n=64, num_splits=32, min_split_blocks=1,

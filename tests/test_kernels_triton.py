@@ -159,6 +159,57 @@ def test_extend_reads_new_keys_from_their_rows(
     _check_attention(batch, dtype, new_kv=_new_rows(batch), num_splits=num_splits)
 
 
+class _StandInHopper:
+    """Stands in for ``kernels.attention_hopper`` (sm_90 only): writes the reference rows of
+    the requests of at least ``min_q_len`` tokens, as the Gluon kernel does."""
+
+    def __init__(self, want: torch.Tensor) -> None:
+        self.want = want
+        self.calls: list[int] = []
+
+    def extend_attention(self, q, new_kv, k_cache, v_cache, page_table, seq_lens, query_lens,
+                         query_start_loc, scale, out, min_q_len):  # fmt: skip
+        self.calls.append(min_q_len)
+        for r, n in enumerate(query_lens.tolist()):
+            if n >= min_q_len:
+                rows = slice(int(query_start_loc[r]), int(query_start_loc[r]) + n)
+                out[rows] = self.want[rows].to(out.dtype)
+
+
+@pytest.mark.parametrize(
+    ("max_query_len", "query_len_range", "hopper_min"),
+    [(None, None, 8), (60, None, 8), (7, None, None), (None, (10, 2**31 - 1), 10),
+     (None, (0, 5), None)],
+)  # fmt: skip
+def test_extend_splits_its_requests_between_hopper_and_triton(
+    monkeypatch, max_query_len, query_len_range, hopper_min
+):
+    """Where the Hopper extend supports a batch, it takes the requests of at least
+    HOPPER_MIN_QUERY_LEN tokens (8 here) within the call's query_len range, and the Triton
+    launches the rest; with a static hint below that length (decode, verify) it is not asked."""
+    batch = _batch([0, 5, 30, 0, 2], [20, 8, 7, 1, 9], seed=11)
+    args = (batch.q, batch.k_cache, batch.v_cache, *batch.metadata(), batch.page_size, 0.25)
+    want = reference.paged_attention(*[_f64(a) for a in args[:3]], *args[3:])
+    hopper = _StandInHopper(want)
+    monkeypatch.setattr(attention, "hopper_extend", lambda *a: hopper)
+    monkeypatch.setattr(attention, "HOPPER_MIN_QUERY_LEN", 8)
+    kwargs = {"new_kv": _new_rows(batch), "max_query_len": max_query_len}
+    if query_len_range is not None:
+        kwargs["query_len_range"] = query_len_range
+    got = attention.paged_attention(*args, **kwargs)
+    assert hopper.calls == ([hopper_min] if hopper_min is not None else [])
+    lo, hi = query_len_range or (0, 2**31 - 1)
+    cap = max_query_len or 2**31 - 1
+    for r, n in enumerate(batch.query_lens.tolist()[:5]):
+        rows = slice(int(batch.query_start_loc[r]), int(batch.query_start_loc[r]) + n)
+        if lo <= n <= hi and n <= cap:
+            torch.testing.assert_close(got[rows].double(), want[rows], atol=2e-4, rtol=2e-4)
+        elif n > cap:
+            continue  # past the static hint: not computed, by contract
+        else:
+            assert torch.all(got[rows] == 0), f"request {r} is outside the call's range"
+
+
 def test_extend_new_keys_come_from_the_rows_but_the_diagonal_blocks():
     """With NaN rows, a tile's output turns NaN exactly when it sees a whole block of this
     forward's keys (read from the rows); the first tile of a fresh prompt sees only its

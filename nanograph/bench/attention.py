@@ -53,7 +53,6 @@ HEAD_LAYOUTS = {
 }
 PAGE_SIZE = 16
 HOPPER_SWITCH = "NANOGRAPH_HOPPER_ATTENTION"
-MIN_HOPPER_QUERY = 128  # kernels.attention_hopper.MIN_QUERY_LEN (not imported: needs Gluon)
 CEILING_TFLOPS = 790.0  # H200 bf16 dense, measured
 CEILING_GBPS = 4300.0  # H200 device copy, measured
 
@@ -134,9 +133,9 @@ def _hopper_allowed(allowed: bool):
 
 def _hopper_supported(case: Case, batch: PagedBatch) -> bool:
     """Whether paged_attention runs this case's requests in the Hopper (Gluon) kernel."""
-    from nanograph.kernels.attention import hopper_extend
+    from nanograph.kernels.attention import HOPPER_MIN_QUERY_LEN, hopper_extend
 
-    if case.kind == "decode" or case.new_tokens < MIN_HOPPER_QUERY:
+    if case.kind == "decode" or case.new_tokens < HOPPER_MIN_QUERY_LEN:
         return False
     slots = batch.slot_mapping
     new_kv = (batch.k_cache[slots], batch.v_cache[slots])

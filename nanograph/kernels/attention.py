@@ -713,6 +713,12 @@ _launch_attention = LaunchCache(_paged_attention_kernel, compile_ahead=True)
 _PLACEHOLDERS: dict[torch.device, torch.Tensor] = {}
 
 
+# An extend's requests of at least this many query tokens go to ``kernels.attention_hopper``
+# where it supports the batch (sm_90): a 128-row tile of a shorter request computes rows for
+# nothing, where this kernel's short tiles pack the GQA group.
+HOPPER_MIN_QUERY_LEN = 128
+
+
 def _float32_placeholder(device: torch.device) -> torch.Tensor:
     """A persistent fp32 tensor standing in for the split partials of a one-slice launch."""
     if device not in _PLACEHOLDERS:
@@ -772,8 +778,8 @@ def paged_attention(
     cache's dtype, laid out as TMA needs: contiguous heads, 16-byte aligned rows; else the
     cache is read). On Hopper, an extend with ``new_kv`` that ``kernels.attention_hopper``
     supports (bf16, head_dim 128, 16-slot pages, no window, sinks or softcap) runs its requests
-    of at least ``MIN_QUERY_LEN`` (128) query tokens in that module's Gluon kernel (FA3's
-    structure) and the shorter ones here.
+    of at least ``HOPPER_MIN_QUERY_LEN`` (128) query tokens in that module's Gluon kernel
+    (FA3's structure) and the shorter ones here.
     """
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[1]
@@ -820,17 +826,17 @@ def paged_attention(
     if num_tokens == 0 or num_seqs == 0:
         return out
     hopper = None
-    # an extend (the static hint is N there, or None) with room for a request Gluon takes
-    if tiles is None and rope is None and (max_query_len or MAX_QUERY_LEN) >= 128:
+    # an extend (the static hint is N there, or None) with room for a request Hopper's takes
+    if tiles is None and rope is None and (max_query_len or MAX_QUERY_LEN) >= HOPPER_MIN_QUERY_LEN:
         hopper = hopper_extend(q, k_cache, v_cache, new_kv, out, page_size, sliding_window,
-                                sinks, softcap)  # fmt: skip
+                               sinks, softcap)  # fmt: skip
     if hopper is not None:  # the long requests there, the short ones in Triton's launches
-        short = hopper.MIN_QUERY_LEN - 1
+        short = HOPPER_MIN_QUERY_LEN - 1
         launches = [(t, (a, min(b, short))) for t, (a, b) in launches if a <= short]
-        if hi >= hopper.MIN_QUERY_LEN:
+        if hi >= HOPPER_MIN_QUERY_LEN:
             hopper.extend_attention(
                 q, new_kv, k_cache, v_cache, page_table, seq_lens, query_lens, query_start_loc,
-                scale, out, min_q_len=max(lo, hopper.MIN_QUERY_LEN),
+                scale, out, min_q_len=max(lo, HOPPER_MIN_QUERY_LEN),
             )  # fmt: skip
     launched = True
     for launch_tiles, (min_q_len, max_q_len) in launches:

@@ -58,9 +58,6 @@ BLOCK_N = 128  # keys a ring slot
 STAGES = 2
 HEAD_DIM = 128
 PAGE_SIZE = 16
-# Requests of fewer query tokens go to the Triton kernel: a 128-row tile of a one-token request
-# computes 127 rows for nothing, where the Triton kernel's short tiles pack the GQA group.
-MIN_QUERY_LEN = 128
 # the launch's register cap: 8 consumer warps + a producer warpgroup, one CTA an SM (65536 /
 # 384 -> 168); setmaxnreg then gives the consumers 240 and the producer 24
 _MAXNREG = 168
@@ -360,12 +357,13 @@ def extend_attention(
     q: torch.Tensor, new_kv: tuple[torch.Tensor, torch.Tensor], k_cache: torch.Tensor,
     v_cache: torch.Tensor, page_table: torch.Tensor, seq_lens: torch.Tensor,
     query_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float, out: torch.Tensor,
-    min_q_len: int = MIN_QUERY_LEN,
+    min_q_len: int,
 ) -> None:  # fmt: skip
     """Writes the rows of ``out [N, Hq, D]`` of the requests with at least ``min_q_len`` query
-    tokens: causal attention over each one's cached prefix (pages) and its new keys
-    (``new_kv``, a row per row of q). Inputs as ``kernels.attention.paged_attention`` takes
-    them, and ``supported`` must hold."""
+    tokens (``paged_attention`` passes ``kernels.attention.HOPPER_MIN_QUERY_LEN``): causal
+    attention over each one's cached prefix (pages) and its new keys (``new_kv``, a row per row
+    of q). Inputs as ``kernels.attention.paged_attention`` takes them, and ``supported`` must
+    hold."""
     num_tokens, num_q_heads, _ = q.shape
     num_seqs = seq_lens.shape[0]
     k_new, v_new = new_kv

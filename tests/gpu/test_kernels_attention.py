@@ -205,8 +205,9 @@ def _hopper_module():
 def test_hopper_extend_takes_the_long_requests(contexts, queries, layout, sentinels, pad,
                                                monkeypatch):  # fmt: skip
     """On sm_90, an extend given ``new_kv`` (bf16, head_dim 128) runs its requests of at least
-    MIN_QUERY_LEN tokens in the Gluon kernel and the rest in Triton's; together they match the
-    reference, with padding rows NaN in the new rows and nothing written outside the requests."""
+    HOPPER_MIN_QUERY_LEN tokens in the Gluon kernel and the rest in Triton's; together they
+    match the reference, with padding rows NaN in the new rows and nothing written outside
+    the requests."""
     hopper = _hopper_module()
     calls = []
     real_extend = hopper.extend_attention
