@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# For the next device session (prepared in stop 52): the Hopper extend (kernels/
+# attention_hopper.py) in every GPU test and in the benches issue 18 names. From the repo root
+# with NANOGRAPH_COMMIT exported, most important first:
+#   bash docs/wip/stop53_calls.sh tests $OUT/r    # ~8 min: every tests/gpu file but TP, five
+#     groups (run_device.sh tests-parallel): stop 52 ran only the attention kernel tests with it
+#   bash docs/wip/stop53_calls.sh prefill $OUT/r  # ~8 min: qwen3-0.6b then qwen3-8b, 256..8192,
+#     every graph arm and the fair peer (issue 18: <= 30 ms at 8k with every arm, tc_piecewise
+#     never measured with it)
+#   bash docs/wip/stop53_calls.sh attention $OUT/r  # ~4 min: bench attention, the hopper arm
+#     beside Triton's and every SDPA backend (1 x 32k never measured with the extend kernel)
+# PREDICTED: 0.6b 8k ~28.5-29 ms every arm (stop 52: 28.77 full on an H100); 8b 8k ~5% faster
+# (attention ~19% of it, 1.24x faster there); 1 x 32k with 0.6b heads behind cuDNN by ~10%
+# (the single-sequence prototype: 8.00 against 7.02 ms), with 8b heads within 5%.
+set -uo pipefail
+stage=$1 out=$(mkdir -p "$2" && cd "$2" && pwd)
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,power.limit --format=csv > "$out/gpu_$stage.txt"
+case $stage in
+  tests)
+    bash benchmarks/run_device.sh tests-parallel "$out" ;;
+  prefill)
+    for m in qwen3-0.6b qwen3-8b; do
+      timeout 270 python3 -m nanograph bench prefill --models $m --lengths 256,2048,8192 \
+        --out "$out/prefill_$m.json" > "$out/prefill_$m.log" 2>&1
+      grep -E "speedup|^  [a-z_]+ +[0-9]" "$out/prefill_$m.log" | head -n 12
+    done ;;
+  attention)
+    timeout 280 python3 -m nanograph bench attention --out "$out/attention.json" \
+      > "$out/attention.log" 2>&1; tail -n 20 "$out/attention.log" ;;
+  *) echo "unknown stage $stage" >&2; exit 2 ;;
+esac
