@@ -342,12 +342,16 @@ def _extend_fwd(out_ptr, page_table_ptr, seq_lens_ptr, query_lens_ptr, query_sta
     ], [4, 1], [240, 24])  # fmt: skip
 
 
+@functools.lru_cache(maxsize=8)
+def _box_layout(rows: int, d: int) -> gl.NVMMASharedLayout:
+    return gl.NVMMASharedLayout.get_default_for([rows, d], gl.bfloat16)
+
+
 def _rows_descriptor(x: torch.Tensor, rows: int) -> TensorDescriptor:
     """Rows ``[N, H, D]`` as a 2-D TMA tensor ``[N, H * D]`` in ``[rows, D]`` boxes (past N:
     zero fill)."""
     n, heads, d = x.shape
-    layout = gl.NVMMASharedLayout.get_default_for([rows, d], gl.bfloat16)
-    return TensorDescriptor(x, [n, heads * d], [x.stride(0), 1], [rows, d], layout)
+    return TensorDescriptor(x, [n, heads * d], [x.stride(0), 1], [rows, d], _box_layout(rows, d))
 
 
 _launch = LaunchCache(_extend_fwd)
