@@ -9,6 +9,7 @@
 #     never measured with it)
 #   bash docs/wip/stop53_calls.sh attention $OUT/r  # ~4 min: bench attention, the hopper arm
 #     beside Triton's and every SDPA backend (1 x 32k never measured with the extend kernel)
+#   bash docs/wip/stop53_calls.sh pingpong $OUT/r   # ~6 min: hopper_pingpong.patch, tests + A/B
 # PREDICTED: 0.6b 8k ~28.5-29 ms every arm (stop 52: 28.77 full on an H100); 8b 8k ~5% faster
 # (attention ~19% of it, 1.24x faster there); 1 x 32k with 0.6b heads behind cuDNN by ~10%
 # (the single-sequence prototype: 8.00 against 7.02 ms), with 8b heads within 5%.
@@ -28,5 +29,18 @@ case $stage in
   attention)
     timeout 280 python3 -m nanograph bench attention --out "$out/attention.json" \
       > "$out/attention.log" 2>&1; tail -n 20 "$out/attention.log" ;;
+  pingpong)  # docs/wip/hopper_pingpong.patch (stop 52's helper; compiled only): its GPU tests,
+    # then the extend cases of bench attention with it on and off (PREDICTED: +1-3% at 1 x 8192,
+    # more at 1 x 32k if the gap to cuDNN there is GEMM / softmax overlap)
+    git apply docs/wip/hopper_pingpong.patch || exit 2
+    NANOGRAPH_HOPPER_PINGPONG=1 timeout 150 python3 -m pytest -q -p no:cacheprovider -rfE \
+      tests/gpu/test_kernels_attention.py -k "hopper or new_keys" > "$out/test_pingpong.log" 2>&1
+    tail -n 3 "$out/test_pingpong.log"
+    for p in 0 1 0 1; do
+      NANOGRAPH_HOPPER_PINGPONG=$p timeout 100 python3 -m nanograph bench attention \
+        --cases extend_1x8192,extend_1x32k,extend_1x8192_06b,extend_1x32k_06b \
+        --out "$out/attention_pingpong$p.json" 2>&1 | grep -E "extend_" ; echo "== pingpong=$p"
+    done
+    git apply -R docs/wip/hopper_pingpong.patch ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;
 esac
