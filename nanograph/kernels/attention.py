@@ -875,7 +875,7 @@ def _rope_store_kv(q, k_cache, v_cache, rope: RopeStore, out: torch.Tensor) -> N
     )  # fmt: skip
 
 
-def _tma_rows(x: torch.Tensor) -> bool:
+def tma_rows(x: torch.Tensor) -> bool:
     """Whether rows ``[N, Hkv, D]`` can be read as a 2-D TMA tensor ``[N, Hkv * D]``: heads
     contiguous in a row, the base and the row stride 16-byte aligned."""
     size = x.element_size()
@@ -934,7 +934,7 @@ def _launch(
     zero_padding = rope is not None and rope.num_tokens is not None and not tiles.pdl_wait
     new_keys = (
         tiles.new_keys and new_kv is not None and sliding_window == 0
-        and all(x.dtype == k_cache.dtype and _tma_rows(x) for x in new_kv)
+        and all(x.dtype == k_cache.dtype and tma_rows(x) for x in new_kv)
     )  # fmt: skip
     # without new keys, the descriptors' places take a placeholder pointer
     k_desc, v_desc = (_rows_descriptor(x, tiles.block_n) for x in new_kv) if new_keys else (q, q)

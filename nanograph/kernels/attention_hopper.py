@@ -47,6 +47,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from nanograph.kernels.attention import tma_rows
 from nanograph.kernels.launch import LaunchCache
 
 # TMA copies under Triton 3.7+'s names, or 3.6's (the same builtins, renamed)
@@ -69,16 +70,6 @@ def _hopper(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device) == (9, 0)
 
 
-def _tma_rows(x: torch.Tensor) -> bool:
-    """Rows ``[N, H, D]`` readable as a 2-D TMA tensor ``[N, H * D]``: heads contiguous in a
-    row, base and row stride 16-byte aligned."""
-    size = x.element_size()
-    return (
-        x.stride(2) == 1 and x.stride(1) == x.shape[2]
-        and x.data_ptr() % 16 == 0 and x.stride(0) * size % 16 == 0
-    )  # fmt: skip
-
-
 def supported(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     new_kv: tuple[torch.Tensor, torch.Tensor] | None, out: torch.Tensor, page_size: int,
@@ -91,7 +82,7 @@ def supported(
     return (
         _hopper(q.device) and page_size == PAGE_SIZE and q.shape[2] == HEAD_DIM
         and sliding_window == 0 and sinks is None and softcap == 0.0
-        and all(x.dtype == torch.bfloat16 and _tma_rows(x) for x in rows)
+        and all(x.dtype == torch.bfloat16 and tma_rows(x) for x in rows)
     )  # fmt: skip
 
 

@@ -187,6 +187,20 @@ def _hopper_module():
     return attention_hopper
 
 
+def _count_hopper_launches(monkeypatch) -> list[int]:
+    """A list that gets a 1 for each call of the Hopper extend (which still runs)."""
+    hopper = _hopper_module()
+    calls: list[int] = []
+    real_extend = hopper.extend_attention
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real_extend(*args, **kwargs)
+
+    monkeypatch.setattr(hopper, "extend_attention", counted)
+    return calls
+
+
 @pytest.mark.skipif(_hopper_module() is None, reason="needs sm_90 and Triton's Gluon")
 @pytest.mark.parametrize(
     ("contexts", "queries", "layout", "sentinels", "pad"),
@@ -208,11 +222,7 @@ def test_hopper_extend_takes_the_long_requests(contexts, queries, layout, sentin
     HOPPER_MIN_QUERY_LEN tokens in the Gluon kernel and the rest in Triton's; together they
     match the reference, with padding rows NaN in the new rows and nothing written outside
     the requests."""
-    hopper = _hopper_module()
-    calls = []
-    real_extend = hopper.extend_attention
-    monkeypatch.setattr(hopper, "extend_attention", lambda *a, **k: calls.append(1) or
-                        real_extend(*a, **k))  # fmt: skip
+    calls = _count_hopper_launches(monkeypatch)
     batch = _batch(contexts, queries, layout=layout, sentinels=sentinels, pad=pad,
                    seed=len(contexts) + pad)  # fmt: skip
     hq, hkv, d = layout["num_q_heads"], layout["num_kv_heads"], layout["head_dim"]
@@ -231,14 +241,10 @@ def test_hopper_extend_takes_the_long_requests(contexts, queries, layout, sentin
 
 @pytest.mark.skipif(_hopper_module() is None, reason="needs sm_90 and Triton's Gluon")
 def test_hopper_extend_can_be_turned_off(monkeypatch):
-    hopper = _hopper_module()
     batch = _batch([0], [512], layout=QWEN3_06B)
     new_kv, _ = _new_rows(batch)
     args = (batch.q, batch.k_cache, batch.v_cache, *batch.metadata(), 16, 128**-0.5)
-    calls = []
-    real_extend = hopper.extend_attention
-    monkeypatch.setattr(hopper, "extend_attention", lambda *a, **k: calls.append(1) or
-                        real_extend(*a, **k))  # fmt: skip
+    calls = _count_hopper_launches(monkeypatch)
     on = paged_attention(*args, new_kv=new_kv)
     monkeypatch.setenv("NANOGRAPH_HOPPER_ATTENTION", "0")
     off = paged_attention(*args, new_kv=new_kv)
