@@ -210,6 +210,18 @@ def test_clock_sampler_reads_nvidia_smi_rows_while_its_block_runs(tmp_path):
                    "hw_slowdown": 1 / 3, "samples": 3}  # fmt: skip
 
 
+def test_clock_sampler_with_period_0_starts_nothing(tmp_path):
+    from nanograph.bench.clocks import ClockSampler
+
+    args = tmp_path / "args"
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text(f'#!/bin/sh\necho "$@" > {args}\necho "1980, 80.0, 0x0"\nexec sleep 30\n')
+    fake.chmod(0o755)
+    with ClockSampler(command=str(fake), period_ms=0) as clocks:
+        pass
+    assert not args.exists() and clocks.summary() == {}
+
+
 def test_clock_sampler_records_nothing_without_a_gpu_to_sample(monkeypatch):
     from nanograph.bench import clocks
 
@@ -273,7 +285,8 @@ def test_bench_prefill_frees_an_arms_engine_before_building_the_next(tiny_model_
     real_engine_for = prefill.engine_for
     monkeypatch.setattr(prefill, "engine_for", engine_for)
     args = argparse.Namespace(arms=["eager", "eager"], load_format="auto", moe_backend="auto",
-                              quantization=None, peer_lengths="", repeats=1)  # fmt: skip
+                              quantization=None, peer_lengths="", repeats=1,
+                              clock_period_ms=20)  # fmt: skip
     entry = prefill.measure_model(str(tiny_model_dir("llama")), args, [8])
     assert len(built) == 2 and entry["arms"]["eager"]["median_ms"]
 

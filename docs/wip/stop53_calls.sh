@@ -42,5 +42,27 @@ case $stage in
         --out "$out/attention_pingpong$p.json" 2>&1 | grep -E "extend_" ; echo "== pingpong=$p"
     done
     git apply -R docs/wip/hopper_pingpong.patch ;;
+  host)  # stop 53: the Hopper extend's host cost in eager launches (breakable prefill at 256
+    # tokens: 5.61 against 3.43 ms without it, bench host); its GPU time at short prompts; the
+    # clock sampler's cost to host-bound arms (bench prefill breakable 12.9 ms at 256 tokens)
+    timeout 150 python3 -m nanograph bench attention \
+      --cases extend_1x512_06b,extend_1x1024_06b,extend_1x2048_06b,extend_32x256 \
+      --out "$out/attention_short.json" > "$out/attention_short.log" 2>&1
+    grep -E "^ *extend_" "$out/attention_short.log"
+    for t in 256 2048; do for h in 1 0; do
+      NANOGRAPH_HOPPER_ATTENTION=$h timeout 120 python3 -m nanograph bench host --model qwen3-0.6b \
+        --workload prefill --tokens $t --arms breakable --repeats 30 --top 30 \
+        --out "$out/host_${t}_hopper$h.json" > "$out/host_${t}_hopper$h.log" 2>&1
+      echo "tokens $t hopper=$h $(grep '^==.*per call' "$out/host_${t}_hopper$h.log")"
+    done; done
+    for c in 0 20; do
+      timeout 150 python3 -m nanograph bench prefill --models qwen3-0.6b --lengths 256,2048 \
+        --arms full,breakable,eager --peer-lengths '' --clock-period-ms $c \
+        --out "$out/prefill_clock$c.json" > "$out/prefill_clock$c.log" 2>&1
+      echo "clock period $c ms"; grep -E "^qwen3-0.6b (full|breakable|eager):" "$out/prefill_clock$c.log"
+    done
+    timeout 150 python3 -m pytest -q -p no:cacheprovider -rfE tests/gpu/test_kernels_attention.py \
+      -k "hopper or new_keys or extend" > "$out/test_attention.log" 2>&1
+    tail -n 2 "$out/test_attention.log" ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;
 esac

@@ -90,6 +90,11 @@ CASES = (
     Case("extend_1x8192_06b", "extend", 1, 0, 8192, "qwen3-0.6b"),
     Case("extend_1x32k_06b", "extend", 1, 0, 32768, "qwen3-0.6b"),
     Case("extend_32x256", "extend", 32, 0, 256),
+    # one prompt of a few hundred to a few thousand tokens: where the Hopper extend's two
+    # launches (it and Triton's for the short requests) start to pay for themselves
+    Case("extend_1x512_06b", "extend", 1, 0, 512, "qwen3-0.6b"),
+    Case("extend_1x1024_06b", "extend", 1, 0, 1024, "qwen3-0.6b"),
+    Case("extend_1x2048_06b", "extend", 1, 0, 2048, "qwen3-0.6b"),
     Case("decode_1x32k", "decode", 1, 32767, 1),
     Case("decode_128x2k", "decode", 128, 2047, 1),
     # qwen3-8b decode at batch 1, 512 tokens of context: 36 launches a step, 0.31 ms of the

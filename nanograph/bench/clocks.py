@@ -34,7 +34,7 @@ class ClockSampler:
     fractions of samples the power cap, thermal limits or hardware slowdowns held the clock
     down. The clock and the reasons are the moment's; the power is the driver's running
     average (~1 s on the H200), so a short block reads below its peak. Empty where there is
-    nothing to sample. ``command`` replaces the ``nvidia-smi`` executable (tests)."""
+    nothing to sample, or with ``period_ms`` 0. ``command`` replaces the ``nvidia-smi`` executable (tests)."""
 
     def __init__(
         self, device: torch.device | None = None, period_ms: int = 20, command: str | None = None
@@ -53,7 +53,7 @@ class ClockSampler:
         self._lines: list[str] = []
 
     def __enter__(self) -> ClockSampler:
-        if self.command is not None and self.gpu is not None:
+        if self.command is not None and self.gpu is not None and self.period_ms > 0:
             self._process = subprocess.Popen(
                 [self.command, f"--query-gpu={QUERY}", "--format=csv,noheader,nounits",
                  f"--id={self.gpu}", f"--loop-ms={self.period_ms}"],

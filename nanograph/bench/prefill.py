@@ -106,7 +106,7 @@ def build_peer(config, dtype: torch.dtype, hf_state: dict) -> tuple[dict, Callab
 
 
 def measure(calls: dict[str, Callable], lengths: dict[str, list[int]], vocab: int,
-            repeats: int, results: dict[str, dict]) -> None:  # fmt: skip
+            repeats: int, results: dict[str, dict], clock_period_ms: int = 20) -> None:  # fmt: skip
     """Samples (ms) of every call at each of its lengths into ``results[name]``. Calls that
     share a length alternate within each repeat, so they see the same host load and the same
     GPU clock (``gpu``: the clock, power and limits while they ran, ``bench.clocks``; long
@@ -124,7 +124,7 @@ def measure(calls: dict[str, Callable], lengths: dict[str, list[int]], vocab: in
             sync()
             results[name].setdefault("warmup_s", {})[length] = time.perf_counter() - start
         samples: dict[str, list[float]] = {name: [] for name in names}
-        with ClockSampler() as clocks:
+        with ClockSampler(period_ms=clock_period_ms) as clocks:
             for _ in range(repeats):
                 for name in names:
                     call = calls[name]
@@ -160,7 +160,8 @@ def measure_model(model: str, args: argparse.Namespace, lengths: list[int]) -> d
         if beside and tp == 1:  # the peer takes the whole model's weights
             entry["peer"], calls[PEER] = build_peer(config, dtype, llm.engine.model.hf_state_dict())
             results[PEER], arm_lengths[PEER], beside = entry["peer"], peer_lengths, False
-        measure(calls, arm_lengths, config.vocab_size, args.repeats, results)
+        measure(calls, arm_lengths, config.vocab_size, args.repeats, results,
+                args.clock_period_ms)  # fmt: skip
         medians = result["median_ms"].items()
         print(f"{model} {arm}: " + ", ".join(f"{n}={ms:.2f}ms" for n, ms in medians))
         for n, gpu in result.get("gpu", {}).items():
@@ -179,7 +180,7 @@ def measure_model(model: str, args: argparse.Namespace, lengths: list[int]) -> d
     if peer_lengths and "peer" not in entry and hf_state is not None:
         entry["peer"], call = build_peer(config, dtype, hf_state)
         measure({PEER: call}, {PEER: peer_lengths}, config.vocab_size, args.repeats,
-                {PEER: entry["peer"]})  # fmt: skip
+                {PEER: entry["peer"]}, args.clock_period_ms)  # fmt: skip
         del call, hf_state
         torch._dynamo.reset()  # drop a compiled peer before the next model
         free_engine(None)
@@ -217,6 +218,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="mxfp4: gpt-oss' experts 4-bit (no transformers peer: it takes dense weights)",
     )  # fmt: skip
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument(
+        "--clock-period-ms", type=int, default=20,
+        help="how often nvidia-smi samples the SM clock and power while the samples run (0 = "
+        "not at all: its driver queries slow host-bound arms)",
+    )  # fmt: skip
     parser.add_argument("--out", default=default_out("prefill.json"))
     args = parser.parse_args(argv)
     cuda = torch.cuda.is_available()
