@@ -34,7 +34,8 @@ class ClockSampler:
     fractions of samples the power cap, thermal limits or hardware slowdowns held the clock
     down. The clock and the reasons are the moment's; the power is the driver's running
     average (~1 s on the H200), so a short block reads below its peak. Empty where there is
-    nothing to sample, or with ``period_ms`` 0. ``command`` replaces the ``nvidia-smi`` executable (tests)."""
+    nothing to sample, or with ``period_ms`` 0. ``command`` replaces the ``nvidia-smi``
+    executable (tests)."""
 
     def __init__(
         self, device: torch.device | None = None, period_ms: int = 20, command: str | None = None

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# For the next device session (prepared in stop 53). From the repo root with NANOGRAPH_COMMIT
+# exported, most important first:
+#   bash docs/wip/stop54_calls.sh live_tests $OUT/t  # ~6 min: live_query_range.patch applied,
+#     every tests/gpu file but TP (five groups), then the patch reverted
+#   bash docs/wip/stop54_calls.sh live_bench $OUT/b  # ~6 min: bench host, breakable and eager
+#     prefill of qwen3-0.6b at 256 and 2048 tokens, patch on / off; bench prefill with it
+#   bash docs/wip/stop54_calls.sh native $OUT/n     # ~4 min: issue 15's native-MoE breakable
+#     prefill over eager at 256 tokens, twice, without stop 53's clock sampler
+# live_query_range.patch: an eager extend passes its live batch's shortest and longest request
+# (meta.query_lens_cpu) to paged_attention, which leaves out a launch whose range holds no
+# request once that launch's kind has run in the process (a first launch loads its module,
+# which a capture forbids). A one-prompt prefill then launches only the Hopper kernel a layer,
+# not it and an empty Triton launch for short requests.
+# PREDICTED (stop 53's second H100 host, where the Hopper kernel on/off gave 10.66 / 6.13 ms at
+# 256 tokens): breakable at 256 back to ~6 ms or below with the Hopper kernel on; at 2048
+# ~10 ms (12.00 on, 10.26 off before); full unchanged (its launches are captured).
+set -uo pipefail
+stage=$1 out=$(mkdir -p "$2" && cd "$2" && pwd)
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,power.limit --format=csv > "$out/gpu_$stage.txt"
+host() {  # $1: a name for the files
+  for t in 256 2048; do
+    timeout 120 python3 -m nanograph bench host --model qwen3-0.6b --workload prefill \
+      --tokens $t --arms breakable,eager --repeats 30 --top 30 --out "$out/host_${t}_$1.json" \
+      > "$out/host_${t}_$1.log" 2>&1
+    echo "$1 $t: $(grep '^==.*per call' "$out/host_${t}_$1.log" | tr '\n' ' ')"
+  done
+}
+case $stage in
+  live_tests)
+    git apply docs/wip/live_query_range.patch || exit 2
+    bash benchmarks/run_device.sh tests-parallel "$out"
+    git apply -R docs/wip/live_query_range.patch ;;
+  live_bench)
+    git apply docs/wip/live_query_range.patch || exit 2
+    host live
+    timeout 200 python3 -m nanograph bench prefill --models qwen3-0.6b --lengths 256,2048,8192 \
+      --peer-lengths '' --out "$out/prefill_live.json" > "$out/prefill_live.log" 2>&1
+    grep -E "^qwen3-0.6b [a-z_]+:" "$out/prefill_live.log"
+    git apply -R docs/wip/live_query_range.patch
+    host main ;;
+  native)  # issue 15: >= 1.5x at 256 tokens; stop 52 measured 1.22x / 1.55x with the sampler on
+    for i in 1 2; do
+      timeout 170 python3 -m nanograph bench prefill --models gpt-oss-20b,qwen3-30b-a3b \
+        --lengths 256 --arms eager,breakable --moe-backend torch_native --peer-lengths '' \
+        --repeats 15 --out "$out/native_$i.json" 2>&1 | grep -v "^INFO" > "$out/native_$i.log"
+      echo "== run $i"; grep -A2 "speedup over eager" "$out/native_$i.log"
+    done ;;
+  *) echo "unknown stage $stage" >&2; exit 2 ;;
+esac
