@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # For the next device session (prepared in stop 53). From the repo root with NANOGRAPH_COMMIT
 # exported, most important first:
-#   bash docs/wip/stop54_calls.sh live_tests $OUT/t  # ~6 min: live_query_range.patch applied,
-#     every tests/gpu file but TP (five groups), then the patch reverted
-#   bash docs/wip/stop54_calls.sh live_bench $OUT/b  # ~6 min: bench host, breakable and eager
-#     prefill of qwen3-0.6b at 256 and 2048 tokens, patch on / off; bench prefill with it
+#   bash docs/wip/stop54_calls.sh live_tests $OUT/t  # ~6 min: live_query_range.patch and
+#     launch_int_pointers.patch applied, every tests/gpu file but TP (five groups), reverted
+#   bash docs/wip/stop54_calls.sh live_bench $OUT/b  # ~7 min: bench host, breakable and eager
+#     prefill of qwen3-0.6b at 256 and 2048 tokens: main, + live, + both; bench prefill with both
 #   bash docs/wip/stop54_calls.sh native $OUT/n     # ~4 min: issue 15's native-MoE breakable
 #     prefill over eager at 256 tokens, twice, without stop 53's clock sampler
 # live_query_range.patch: an eager extend passes its live batch's shortest and longest request
@@ -12,9 +12,13 @@
 # request once that launch's kind has run in the process (a first launch loads its module,
 # which a capture forbids). A one-prompt prefill then launches only the Hopper kernel a layer,
 # not it and an empty Triton launch for short requests.
+# launch_int_pointers.patch: LaunchCache's direct launches pass each tensor as its address, so
+# Triton's launcher skips a data_ptr() call and a cuPointerGetAttribute per tensor argument
+# (22 of them in the attention launch).
 # PREDICTED (stop 53's second H100 host, where the Hopper kernel on/off gave 10.66 / 6.13 ms at
-# 256 tokens): breakable at 256 back to ~6 ms or below with the Hopper kernel on; at 2048
-# ~10 ms (12.00 on, 10.26 off before); full unchanged (its launches are captured).
+# 256 tokens): live: breakable at 256 back to ~6 ms or below with the Hopper kernel on; at 2048
+# ~10 ms (12.00 on, 10.26 off before); full unchanged (its launches are captured). Int
+# pointers: a few percent more off breakable and eager (~0.3-1 us a pointer argument).
 set -uo pipefail
 stage=$1 out=$(mkdir -p "$2" && cd "$2" && pwd)
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
@@ -29,17 +33,19 @@ host() {  # $1: a name for the files
 }
 case $stage in
   live_tests)
-    git apply docs/wip/live_query_range.patch || exit 2
+    git apply docs/wip/live_query_range.patch docs/wip/launch_int_pointers.patch || exit 2
     bash benchmarks/run_device.sh tests-parallel "$out"
-    git apply -R docs/wip/live_query_range.patch ;;
+    git apply -R docs/wip/live_query_range.patch docs/wip/launch_int_pointers.patch ;;
   live_bench)
+    host main
     git apply docs/wip/live_query_range.patch || exit 2
     host live
+    git apply docs/wip/launch_int_pointers.patch || exit 2
+    host both
     timeout 200 python3 -m nanograph bench prefill --models qwen3-0.6b --lengths 256,2048,8192 \
-      --peer-lengths '' --out "$out/prefill_live.json" > "$out/prefill_live.log" 2>&1
-    grep -E "^qwen3-0.6b [a-z_]+:" "$out/prefill_live.log"
-    git apply -R docs/wip/live_query_range.patch
-    host main ;;
+      --peer-lengths '' --out "$out/prefill_both.json" > "$out/prefill_both.log" 2>&1
+    grep -E "^qwen3-0.6b [a-z_]+:" "$out/prefill_both.log"
+    git apply -R docs/wip/launch_int_pointers.patch docs/wip/live_query_range.patch ;;
   native)  # issue 15: >= 1.5x at 256 tokens; stop 52 measured 1.22x / 1.55x with the sampler on
     for i in 1 2; do
       timeout 170 python3 -m nanograph bench prefill --models gpt-oss-20b,qwen3-30b-a3b \
