@@ -7,6 +7,8 @@
 #     prefill of qwen3-0.6b at 256 and 2048 tokens: main, + live, + both; bench prefill with both
 #   bash docs/wip/stop54_calls.sh native $OUT/n     # ~4 min: issue 15's native-MoE breakable
 #     prefill over eager at 256 tokens, twice, without stop 53's clock sampler
+#   bash docs/wip/stop54_calls.sh h200 $OUT/h       # ~8 min, on an H200 only: issue 18's
+#     figures there with the Hopper extend (0.6b prefill, every arm and the peer; attention)
 # live_query_range.patch: an eager extend passes its live batch's shortest and longest request
 # (meta.query_lens_cpu) to paged_attention, which leaves out a launch whose range holds no
 # request once that launch's kind has run in the process (a first launch loads its module,
@@ -53,5 +55,14 @@ case $stage in
         --repeats 15 --out "$out/native_$i.json" 2>&1 | grep -v "^INFO" > "$out/native_$i.log"
       echo "== run $i"; grep -A2 "speedup over eager" "$out/native_$i.log"
     done ;;
+  h200)  # the Hopper extend was only ever measured on H100s (stops 52, 53)
+    grep -q H200 "$out/gpu_$stage.txt" || { echo "not an H200"; exit 2; }
+    timeout 300 python3 -m nanograph bench prefill --models qwen3-0.6b --lengths 256,2048,8192 \
+      --clock-period-ms 20 --out "$out/prefill_06b.json" > "$out/prefill_06b.log" 2>&1
+    grep -E "^qwen3-0.6b [a-z_]+:|SM clock" "$out/prefill_06b.log"
+    timeout 200 python3 -m nanograph bench attention --cases \
+      extend_1x8192,extend_1x32k,extend_1x8192_06b,extend_1x32k_06b,extend_32x256 \
+      --out "$out/attention.json" > "$out/attention.log" 2>&1
+    grep -E "^ *extend_" "$out/attention.log" ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;
 esac
