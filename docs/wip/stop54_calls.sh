@@ -58,8 +58,8 @@ case $stage in
   h200)  # the Hopper extend was only ever measured on H100s (stops 52, 53)
     grep -q H200 "$out/gpu_$stage.txt" || { echo "not an H200"; exit 2; }
     timeout 300 python3 -m nanograph bench prefill --models qwen3-0.6b --lengths 256,2048,8192 \
-      --clock-period-ms 20 --out "$out/prefill_06b.json" > "$out/prefill_06b.log" 2>&1
-    grep -E "^qwen3-0.6b [a-z_]+:|SM clock" "$out/prefill_06b.log"
+      --out "$out/prefill_06b.json" > "$out/prefill_06b.log" 2>&1
+    grep -E "^qwen3-0.6b [a-z_]+:" "$out/prefill_06b.log"
     timeout 200 python3 -m nanograph bench attention --cases \
       extend_1x8192,extend_1x32k,extend_1x8192_06b,extend_1x32k_06b,extend_32x256 \
       --out "$out/attention.json" > "$out/attention.log" 2>&1
