@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
@@ -52,7 +53,6 @@ HEAD_LAYOUTS = {
     "qwen3-30b-a3b": {"num_q_heads": 32, "num_kv_heads": 4, "head_dim": 128},
 }
 PAGE_SIZE = 16
-HOPPER_SWITCH = "NANOGRAPH_HOPPER_ATTENTION"
 CEILING_TFLOPS = 790.0  # H200 bf16 dense, measured
 CEILING_GBPS = 4300.0  # H200 device copy, measured
 
@@ -122,18 +122,11 @@ def _paged_batch(case: Case) -> PagedBatch:
     )  # fmt: skip
 
 
-@contextlib.contextmanager
 def _hopper_allowed(allowed: bool):
     """paged_attention's Hopper extend (``kernels.attention_hopper``) on or off inside."""
-    before = os.environ.get(HOPPER_SWITCH)
-    os.environ[HOPPER_SWITCH] = "1" if allowed else "0"
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ[HOPPER_SWITCH]
-        else:
-            os.environ[HOPPER_SWITCH] = before
+    from nanograph.kernels.attention import HOPPER_SWITCH
+
+    return mock.patch.dict(os.environ, {HOPPER_SWITCH: "1" if allowed else "0"})
 
 
 def _hopper_supported(case: Case, batch: PagedBatch) -> bool:

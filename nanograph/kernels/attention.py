@@ -717,6 +717,7 @@ _PLACEHOLDERS: dict[torch.device, torch.Tensor] = {}
 # where it supports the batch (sm_90): a 128-row tile of a shorter request computes rows for
 # nothing, where this kernel's short tiles pack the GQA group.
 HOPPER_MIN_QUERY_LEN = 128
+HOPPER_SWITCH = "NANOGRAPH_HOPPER_ATTENTION"  # "0": never the Hopper extend (A/B runs)
 
 
 def _float32_placeholder(device: torch.device) -> torch.Tensor:
@@ -855,7 +856,7 @@ def hopper_extend(q, k_cache, v_cache, new_kv, out, page_size, sliding_window, s
     """``kernels.attention_hopper`` where it supports this extend (its docstring says when),
     else None; ``NANOGRAPH_HOPPER_ATTENTION=0`` makes it None. Imported here, on a CUDA extend
     only: it needs Triton's Gluon."""
-    if new_kv is None or not q.is_cuda or os.environ.get("NANOGRAPH_HOPPER_ATTENTION") == "0":
+    if new_kv is None or not q.is_cuda or os.environ.get(HOPPER_SWITCH) == "0":
         return None
     try:
         from nanograph.kernels import attention_hopper

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 
 if torch.cuda.is_available():
     from nanograph.kernels import reference
-    from nanograph.kernels.attention import paged_attention
+    from nanograph.kernels.attention import HOPPER_SWITCH, paged_attention
     from nanograph.kernels.testing import PagedBatch, make_paged_batch
 
 QWEN3_8B = {"num_q_heads": 32, "num_kv_heads": 8, "head_dim": 128}
@@ -246,7 +246,7 @@ def test_hopper_extend_can_be_turned_off(monkeypatch):
     args = (batch.q, batch.k_cache, batch.v_cache, *batch.metadata(), 16, 128**-0.5)
     calls = _count_hopper_launches(monkeypatch)
     on = paged_attention(*args, new_kv=new_kv)
-    monkeypatch.setenv("NANOGRAPH_HOPPER_ATTENTION", "0")
+    monkeypatch.setenv(HOPPER_SWITCH, "0")
     off = paged_attention(*args, new_kv=new_kv)
     torch.cuda.synchronize()
     assert calls == [1]
