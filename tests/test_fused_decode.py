@@ -128,7 +128,9 @@ def test_fused_decode_gives_the_unfused_greedy_tokens(tiny_model_dir, monkeypatc
     from nanograph.models.moe import MoE
 
     if backend == "triton" and "nanograph.kernels.attention" in sys.modules:
-        importlib.reload(sys.modules["nanograph.kernels.attention"])  # interpreted
+        # interpreted: the kernel's module, then the one that binds it
+        importlib.reload(sys.modules["nanograph.kernels.attention_kernel"])
+        importlib.reload(sys.modules["nanograph.kernels.attention"])
     moe = arch == "qwen3_moe"
     calls = {"norm_linear": 0, "linear_add": 0, "forward_add": 0, "forward_rope": 0}
     real_rope = TritonAttention.forward_rope

@@ -1,9 +1,11 @@
 """The Triton kernels under TRITON_INTERPRET=1 (CPU) against float64 torch references.
 
-TRITON_INTERPRET is read when a kernel is decorated, i.e. when ``nanograph.kernels.attention``
-or ``.fused`` is imported, so it is set here before they are imported (and they are reloaded if
-something imported them earlier). On a machine with CUDA this module is skipped: tests/gpu run
-the compiled kernels there, and setting the variable would turn them into interpreted ones.
+TRITON_INTERPRET is read when a kernel is decorated, i.e. when
+``nanograph.kernels.attention_kernel`` or ``.fused`` is imported, so it is set here before
+they are imported (and they are reloaded if something imported them earlier: the kernel's
+module before ``.attention``, which binds it). On a machine with CUDA this module is skipped:
+tests/gpu run the compiled kernels there, and setting the variable would turn them into
+interpreted ones.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ def _import_interpreted(name: str):
     return importlib.reload(module) if already else module
 
 
+_import_interpreted("nanograph.kernels.attention_kernel")
 attention = _import_interpreted("nanograph.kernels.attention")
 fused = _import_interpreted("nanograph.kernels.fused")
 gemv = _import_interpreted("nanograph.kernels.gemv")

@@ -21,7 +21,9 @@ if torch.cuda.is_available():
 os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
 
-for _name in ("nanograph.kernels.attention", "nanograph.kernels.fused"):
+# the kernel's module before the one that binds it
+for _name in ("nanograph.kernels.attention_kernel", "nanograph.kernels.attention",
+              "nanograph.kernels.fused"):  # fmt: skip
     if _name in sys.modules:
         importlib.reload(sys.modules[_name])
 from nanograph import LLM, SamplingParams  # noqa: E402

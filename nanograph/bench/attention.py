@@ -242,7 +242,7 @@ def _metrics(case: Case, ms: float) -> dict[str, float]:
 def _last_compiled_resources() -> dict:
     """Registers and spills of the attention kernel variant compiled last (Triton internals:
     best effort, empty where this Triton version keeps them elsewhere)."""
-    from nanograph.kernels.attention import _paged_attention_kernel
+    from nanograph.kernels.attention_kernel import _paged_attention_kernel
 
     try:
         caches = _paged_attention_kernel.device_caches[torch.cuda.current_device()][0]

@@ -10,7 +10,7 @@ Invariants (the design is in docs/capture.md):
   buffers to the end of its stream's work; the serving thread only tries it and runs eagerly
   when it is held. So replays and captures never overlap on the device, which also keeps the
   graph lane of the attention kernel's split counters to one user at a time (see
-  kernels/attention.py).
+  kernels/counters.py).
 - A capture never touches live state: its warm-up and capture forwards use the runner's dummy
   batch (every KV write goes to slot -1, every read to the scratch page 0), it never resizes or
   moves the KV pool or the static buffers, and it captures in torch's ``thread_local`` error

@@ -41,10 +41,10 @@ def test_kv_pressure_float32_graphs_equal_an_ample_pool(tiny_model_dir):
 def _compiled_variants() -> dict[str, set[str]]:
     """Per Triton kernel of nanograph, the keys of the variants its JIT caches hold on this
     device (a failure names what compiled late: the kernel and its specialization)."""
-    from nanograph.kernels import attention, fused, gemv
+    from nanograph.kernels import attention_kernel, fused, gemv
 
     kernels = [
-        attention._paged_attention_kernel, fused._rmsnorm_kernel, fused._silu_and_mul_kernel,
+        attention_kernel._paged_attention_kernel, fused._rmsnorm_kernel, fused._silu_and_mul_kernel,
         fused._rope_store_kv_kernel, gemv._gemv_kernel,
     ]  # fmt: skip
     out = {}
