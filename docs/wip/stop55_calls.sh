@@ -19,13 +19,16 @@
 # launch_int_pointers.patch: LaunchCache's direct launches pass each tensor as its address, so
 # Triton's launcher skips a data_ptr() call and a cuPointerGetAttribute per tensor argument
 # (22 of them in the attention launch).
-# tma_descriptor_cache.patch (stop 54): both attention kernels' TMA descriptors from one cache
+# attention_host_cost.patch (stop 54): both attention kernels' TMA descriptors from one cache
 # (kernels/tma.py; the Triton kernel built two a launch), LaunchCache takes descriptors apart
-# from the tensors (the tensors' key stays two plain passes), the Hopper gate reads the cached
-# descriptors instead of checking six tensors. SASS of all 73 sm90_compile variants identical.
-# On the CPU machine (launches mocked, docs/wip/attention_host_time.py): paged_attention's
-# host time for one 256-token prompt through the Hopper route 53 -> 26.5 us with the first
-# two, 25.2 with all three; through the Triton kernel alone 31.3 (main) -> 24.5 (all three).
+# from the tensors (the tensors' key stays two plain passes), and the Hopper gate
+# (attention_hopper.launch_descriptors) returns the launch's cached descriptors, which
+# hopper_extend binds to the launch (one lookup each a call, where the gate checked six
+# tensors and the launch looked the descriptors up again). SASS of all 73 sm90_compile
+# variants identical to main's. On the CPU machine (launches mocked,
+# docs/wip/attention_host_time.py, minimum of five runs): paged_attention's host time for one
+# 256-token prompt through the Hopper route 53 us (main) -> 26.5 with the first two patches ->
+# 21.2 with all three; through the Triton kernel alone 31.3 (main) -> 24.5 (all three).
 # PREDICTED (stop 53's second H100 host, where the Hopper kernel on/off gave 10.66 / 6.13 ms at
 # 256 tokens, and attention was 93% of the profiled Python): live: breakable at 256 ~6 ms;
 # all three ~5-5.5 ms (below the Hopper-off 6.13); at 2048 ~9-10 ms (12.00 on, 10.26 off
@@ -36,8 +39,8 @@ stage=$1 out=$(mkdir -p "$2" && cd "$2" && pwd)
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,power.limit --format=csv > "$out/gpu_$stage.txt"
 PATCHES="docs/wip/live_query_range.patch docs/wip/launch_int_pointers.patch
-  docs/wip/tma_descriptor_cache.patch"
-REVERSED="docs/wip/tma_descriptor_cache.patch docs/wip/launch_int_pointers.patch
+  docs/wip/attention_host_cost.patch"
+REVERSED="docs/wip/attention_host_cost.patch docs/wip/launch_int_pointers.patch
   docs/wip/live_query_range.patch"
 host() {  # $1: a name for the files
   for t in 256 2048; do
@@ -56,7 +59,7 @@ case $stage in
     host main
     git apply docs/wip/live_query_range.patch || exit 2
     host live
-    git apply docs/wip/launch_int_pointers.patch docs/wip/tma_descriptor_cache.patch || exit 2
+    git apply docs/wip/launch_int_pointers.patch docs/wip/attention_host_cost.patch || exit 2
     host all
     timeout 200 python3 -m nanograph bench prefill --models qwen3-0.6b --lengths 256,2048,8192 \
       --peer-lengths '' --out "$out/prefill_all.json" > "$out/prefill_all.log" 2>&1
