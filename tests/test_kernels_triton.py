@@ -196,6 +196,7 @@ def test_extend_splits_its_requests_between_hopper_and_triton(
     hopper = _StandInHopper(want)
     monkeypatch.setattr(attention, "hopper_extend", lambda *a: hopper)
     monkeypatch.setattr(attention, "HOPPER_MIN_QUERY_LEN", 8)
+    monkeypatch.setattr(attention, "_LAUNCHED", _EveryKind())  # empty launches are left out
     kwargs = {"new_kv": _new_rows(batch), "max_query_len": max_query_len}
     if query_len_range is not None:
         kwargs["query_len_range"] = query_len_range
@@ -211,6 +212,61 @@ def test_extend_splits_its_requests_between_hopper_and_triton(
             continue  # past the static hint: not computed, by contract
         else:
             assert torch.all(got[rows] == 0), f"request {r} is outside the call's range"
+
+
+class _EveryKind(set):
+    """``kernels.attention._LAUNCHED`` as if every launch kind had run in this process."""
+
+    def __contains__(self, kind) -> bool:
+        return True
+
+
+def test_extend_leaves_out_launches_without_requests_once_their_kind_ran(monkeypatch):
+    """Given the live batch's range (an eager call), a launch whose share of it is empty runs
+    the first time its kind is seen (it loads the kernel, which a later capture could not),
+    and is left out from then on; a range that holds requests always launches."""
+    batch = _batch([0, 5], [20, 9], seed=12)
+    args = (batch.q, batch.k_cache, batch.v_cache, *batch.metadata(), batch.page_size, 0.25)
+    want = reference.paged_attention(*[_f64(a) for a in args[:3]], *args[3:])
+    hopper = _StandInHopper(want)
+    monkeypatch.setattr(attention, "hopper_extend", lambda *a: hopper)
+    monkeypatch.setattr(attention, "HOPPER_MIN_QUERY_LEN", 8)
+    monkeypatch.setattr(attention, "_LAUNCHED", set())
+    launches = []
+    real_launch = attention._launch
+
+    def counting_launch(*a):
+        launches.append(a[14:16])  # min_q_len, max_q_len
+        return real_launch(*a)
+
+    monkeypatch.setattr(attention, "_launch", counting_launch)
+    kwargs = {"new_kv": _new_rows(batch), "query_len_range": (9, 20)}  # both long
+    for call in range(2):
+        got = attention.paged_attention(*args, **kwargs)
+        real = int(batch.num_tokens[0])
+        torch.testing.assert_close(got[:real].double(), want[:real], atol=2e-4, rtol=2e-4)
+        assert hopper.calls == [9] * (call + 1)
+        assert launches == [(9, 7)], "Triton's empty launch runs once, for its kind"
+    hopper.calls.clear()
+    launches.clear()
+    kwargs["query_len_range"] = (1, 5)  # short requests only: Hopper's kind already ran
+    attention.paged_attention(*args, **kwargs)
+    assert hopper.calls == [] and launches == [(1, 5)]
+
+
+def test_an_eager_extend_passes_its_live_batchs_range():
+    """The Triton backend's range for an eager extend: the shortest and longest live request
+    (sentinel slots hold 0); every length for a decode or a batch without live requests."""
+    from types import SimpleNamespace
+
+    from nanograph.attention.triton_backend import live_query_lens
+
+    q = torch.zeros(4, 2, 8)
+    meta = SimpleNamespace(max_query_len=300, query_lens_cpu=[256, 0, 17, 0])
+    assert live_query_lens(meta, q) == (17, 256)
+    meta.query_lens_cpu[:] = [0, 0, 0, 0]  # a runner updates the list in place
+    assert live_query_lens(meta, q) is None
+    assert live_query_lens(SimpleNamespace(max_query_len=1, query_lens_cpu=[1, 1]), q) is None
 
 
 def test_extend_new_keys_come_from_the_rows_but_the_diagonal_blocks():

@@ -14,6 +14,18 @@ import torch
 from nanograph.attention.base import AttentionBackend, AttentionMetadata, RopeInputs
 
 
+def live_query_lens(meta: AttentionMetadata, q: torch.Tensor) -> tuple[int, int] | None:
+    """The shortest and longest request of the live batch (``query_lens_cpu``, which a runner
+    updates in place), for an eager call of an extend; None (every length) for a decode, or
+    while a stream captures: a graph's launches must hold every batch it will replay. With
+    them an extend makes only the launches its requests need
+    (``kernels.attention.paged_attention``)."""
+    if meta.max_query_len == 1 or (q.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return None
+    live = [n for n in meta.query_lens_cpu if n]
+    return (min(live), max(live)) if live else None
+
+
 class TritonAttention(AttentionBackend):
     name = "triton"
     graph_safe = True
@@ -41,6 +53,7 @@ class TritonAttention(AttentionBackend):
         new_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> None:
         from nanograph.kernels.attention import paged_attention
+        from nanograph.kernels.attention_tiles import MAX_QUERY_LEN
 
         paged_attention(
             q,
@@ -55,6 +68,7 @@ class TritonAttention(AttentionBackend):
             sliding_window=sliding_window,
             sinks=sinks,
             max_query_len=meta.max_query_len,
+            query_len_range=live_query_lens(meta, q) or (0, MAX_QUERY_LEN),
             out=out,
             new_kv=new_kv,  # an extend reads its new keys from these rows (TMA, sm_90+)
         )

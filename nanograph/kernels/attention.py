@@ -125,7 +125,11 @@ def paged_attention(
     ``pos - window < key_pos <= pos``. ``num_splits``/``tiles`` override the static launch
     configuration (benchmarks, tests); ``query_len_range`` (inclusive) restricts a launch to
     the requests whose query_len lies in it (rows of the others are left as ``out`` holds
-    them).
+    them), and a launch of a tile kind or kernel whose share of that range is empty is left
+    out (once that kind has run in this process: ``_skippable``). An eager call passes its
+    batch's live range there (``attention.triton_backend``): a prompt of 256 tokens then takes
+    one launch a layer, not the Hopper kernel's and an empty one of Triton's for short
+    requests.
 
     An extend batch that may mix short and long requests (more than SHORT_REQUEST_TOKENS
     tokens, but few enough a request on average to count as short) runs as two launches, each
@@ -198,24 +202,54 @@ def paged_attention(
     if tiles is None and rope is None and (max_query_len or MAX_QUERY_LEN) >= HOPPER_MIN_QUERY_LEN:
         hopper = hopper_extend(q, k_cache, v_cache, new_kv, out, page_size, sliding_window,
                                sinks, softcap)  # fmt: skip
+    # what the compiled kernel of a launch depends on besides its tiles (see _LAUNCHED)
+    variant = (
+        q.device, q.dtype, num_q_heads, num_kv_heads, head_dim, page_size, sliding_window > 0,
+        sinks is not None, softcap > 0.0, new_kv is not None,
+    )  # fmt: skip
     if hopper is not None:  # the long requests there, the short ones in Triton's launches
         short = HOPPER_MIN_QUERY_LEN - 1
-        launches = [(t, (a, min(b, short))) for t, (a, b) in launches if a <= short]
-        if hi >= HOPPER_MIN_QUERY_LEN:
+        launches = [(t, (a, min(b, short))) for t, (a, b) in launches]
+        kind = ("hopper", *variant)
+        if not _skippable(kind, max(lo, HOPPER_MIN_QUERY_LEN), hi):
             hopper.extend_attention(
                 q, new_kv, k_cache, v_cache, page_table, seq_lens, query_lens, query_start_loc,
                 scale, out, min_q_len=max(lo, HOPPER_MIN_QUERY_LEN),
             )  # fmt: skip
+            _LAUNCHED.add(kind)
     launched = True
     for launch_tiles, (min_q_len, max_q_len) in launches:
-        launched &= _launch(
+        # per-request tiles compile their q blocks a request (from the static hint) in
+        kind = (launch_tiles, launch_tiles.per_request and max_query_len, rope is not None,
+                *variant)  # fmt: skip
+        if _skippable(kind, min_q_len, max_q_len):
+            continue
+        ran = _launch(
             q, k_cache, v_cache, page_table, seq_lens, query_lens, query_start_loc, page_size,
             scale, sliding_window, sinks, softcap, max_query_len, launch_tiles, min_q_len,
             max_q_len, out, rope, new_kv,
         )  # fmt: skip
+        if ran:
+            _LAUNCHED.add(kind)
+        launched &= ran
     if not launched:  # compiled only (start-up): what follows reads defined values
         out.zero_()
     return out
+
+
+# Launch kinds (a kernel and what its compiled variant depends on) launched at least once in
+# this process, not only compiled. A launch whose query-length range holds no request is left
+# out only once its kind has run: a kernel's first launch loads its module, which a stream
+# capture forbids (cuModuleLoadData), and a capture is preceded by an eager run of its shape
+# (the graph layer's warm-up, or a break's own eager call), which then launches every kind the
+# capture will.
+_LAUNCHED: set[tuple] = set()
+
+
+def _skippable(kind: tuple, min_q_len: int, max_q_len: int) -> bool:
+    """Whether a launch over the requests of ``min_q_len..max_q_len`` query tokens can be left
+    out: the range is empty and its kind has run here before."""
+    return min_q_len > max_q_len and kind in _LAUNCHED
 
 
 def hopper_extend(q, k_cache, v_cache, new_kv, out, page_size, sliding_window, sinks,

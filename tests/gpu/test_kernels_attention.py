@@ -240,6 +240,45 @@ def test_hopper_extend_takes_the_long_requests(contexts, queries, layout, sentin
 
 
 @pytest.mark.skipif(_hopper_module() is None, reason="needs sm_90 and Triton's Gluon")
+def test_an_eager_live_range_leaves_out_the_empty_launch_and_a_later_capture_holds_all(
+    monkeypatch,
+):
+    """An eager extend given its live batch's range (one long prompt) runs Triton's launch for
+    short requests once, for its kind, then only the Hopper kernel; a CUDA graph captured
+    after that (every length) replays right for a batch of a long and a short request."""
+    from nanograph.kernels import attention
+
+    monkeypatch.setattr(attention, "_LAUNCHED", set())
+    hopper_calls = _count_hopper_launches(monkeypatch)
+    triton_ranges = []
+    real_launch = attention._launch
+
+    def counted(*a):
+        triton_ranges.append(a[14:16])  # min_q_len, max_q_len
+        return real_launch(*a)
+
+    monkeypatch.setattr(attention, "_launch", counted)
+    batch = _batch([0, 100], [600, 40], layout=QWEN3_06B, seed=3)
+    new_kv, want = _new_rows(batch)
+    n = batch.q.shape[0]
+    args = (batch.q, batch.k_cache, batch.v_cache, *batch.metadata(), 16, 128**-0.5)
+    for _ in range(2):
+        got = paged_attention(*args, new_kv=new_kv, max_query_len=n, query_len_range=(600, 600))
+        torch.cuda.synchronize()
+        torch.testing.assert_close(got[:600].float(), want[:600], atol=2e-2, rtol=2e-2)
+    assert len(hopper_calls) == 2 and len(triton_ranges) == 1, "the empty launch ran once"
+    out = torch.zeros_like(batch.q)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        paged_attention(*args, new_kv=new_kv, max_query_len=n, out=out)
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    real = int(batch.num_tokens[0])
+    torch.testing.assert_close(out[:real].float(), want[:real], atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.skipif(_hopper_module() is None, reason="needs sm_90 and Triton's Gluon")
 def test_hopper_extend_can_be_turned_off(monkeypatch):
     batch = _batch([0], [512], layout=QWEN3_06B)
     new_kv, _ = _new_rows(batch)
