@@ -53,7 +53,8 @@ def test_second_launch_is_direct_with_arguments_in_signature_order():
         cache((4,), (x,), (64,), dict(BLOCK=16, num_warps=4))
     assert [entry[0] for entry in kernel.log] == ["jit", "direct", "direct"]
     assert kernel.log[0][3] == dict(BLOCK=16, num_warps=4)
-    assert kernel.log[1] == ("direct", (4, 1, 1), (x, 64, 16))  # num_warps is an option
+    # tensors as their addresses; num_warps is an option
+    assert kernel.log[1] == ("direct", (4, 1, 1), (x.data_ptr(), 64, 16))
     assert cache.direct_launches == 2
 
 
@@ -97,6 +98,8 @@ def test_tma_descriptors_are_keyed_by_their_base_and_block():
     for descriptor, _ in launches:
         cache((4,), (x, descriptor), (64,), dict(BLOCK=16))
     assert [entry[0] for entry in kernel.log] == [want for _, want in launches]
+    # a direct launch passes the tensor as its address and the descriptor as it is
+    assert kernel.log[1][2] == (x.data_ptr(), launches[1][0], 64)
 
 
 def test_unknown_compiled_interface_turns_the_cache_off():

@@ -13,7 +13,12 @@ Invariants:
   Calls with equal keys can share one compiled kernel.
 - A key's first launch goes through Triton's normal path, which compiles (or finds) the kernel
   and returns it; later launches call that compiled kernel's launcher with the same arguments
-  in signature order, on the current stream (so they are captured like any launch).
+  in signature order, on the current stream (so they are captured like any launch), each
+  tensor as its address: the launcher then takes the integer as the device pointer, where for
+  a tensor it calls ``data_ptr()`` and asks the driver to check the pointer
+  (``cuPointerGetAttribute``), once per tensor argument per launch. So a direct launch does
+  not catch a tensor on the wrong device (the key holds the first tensor's device only): the
+  kernels' callers pass tensors of the GPU they run on.
 - If the compiled-kernel interface differs (another Triton version), the first direct launch
   raises before launching anything; the cache then turns itself off and every launch takes the
   normal path. Under ``TRITON_INTERPRET=1`` it is off from the start.
@@ -113,12 +118,11 @@ class LaunchCache:
         if not self.enabled:
             self.kernel[grid](*tensors, *scalars, **constexprs)
             return True
-        try:  # the common case in two plain passes (every eager launch pays for the key)
-            layout = (
-                tuple([t.data_ptr() & 15 for t in tensors]),
-                tuple([t.dtype for t in tensors]),
-            )
-        except AttributeError:  # a TMA descriptor among the tensors
+        try:  # the common case in plain passes (every eager launch pays for the key)
+            args = [t.data_ptr() for t in tensors]
+            layout = (tuple([p & 15 for p in args]), tuple([t.dtype for t in tensors]))
+        except AttributeError:  # a TMA descriptor among the tensors: it is passed as it is
+            args = [t.data_ptr() if isinstance(t, torch.Tensor) else t for t in tensors]
             layout = tuple([_alignment_and_dtype(t) for t in tensors])
         key = (
             grid,
@@ -133,7 +137,7 @@ class LaunchCache:
             return True
         runner, constant_args = entry
         try:
-            runner(*tensors, *scalars, *constant_args)
+            runner(*args, *scalars, *constant_args)
         except (AttributeError, TypeError, SystemError):
             if self.direct_launches:
                 raise  # it worked before: a real error, not an interface mismatch
