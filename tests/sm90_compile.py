@@ -223,9 +223,13 @@ def main() -> int:
             dtype=torch.bfloat16, num_sentinels=2,
         )  # fmt: skip
         new = torch.zeros(len(batch.q), 8, 128, dtype=torch.bfloat16)
-        check("hopper extend_attention", attention_hopper.extend_attention, batch.q,
-              (new, new.clone()), batch.k_cache, batch.v_cache, *batch.metadata(), 0.1,
-              torch.zeros_like(batch.q), min_q_len=128)  # fmt: skip
+        new_kv, out = (new, new.clone()), torch.zeros_like(batch.q)
+        # CPU tensors: the descriptors without launch_descriptors' device gate
+        descriptors = attention_hopper._descriptors(batch.q, new_kv, batch.k_cache,
+                                                    batch.v_cache, out)  # fmt: skip
+        check("hopper extend_attention", attention_hopper.extend_attention, batch.q, new_kv,
+              batch.k_cache, batch.v_cache, *batch.metadata(), 0.1, out, min_q_len=128,
+              descriptors=descriptors)  # fmt: skip
     # the fused one-row decode: rotary and the KV store in the attention kernel
     one_row = attention_tiles.AttentionTiles(
         block_q=1, group_pad=16, block_n=64, num_splits=32, min_split_blocks=1,

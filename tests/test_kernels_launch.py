@@ -77,8 +77,8 @@ def test_everything_triton_specializes_on_is_in_the_key():
 
 
 def test_tma_descriptors_are_keyed_by_their_base_and_block():
-    """A TMA descriptor among the tensors (the attention's new keys): its base address mod 16,
-    dtype and block are in the key, its address, shape and strides are not (runtime values)."""
+    """A TMA descriptor (the attention's new keys): its base address mod 16, dtype and block
+    are in the key, its address, shape and strides are not (runtime values)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     kernel = FakeKernel()
@@ -96,7 +96,7 @@ def test_tma_descriptors_are_keyed_by_their_base_and_block():
         (desc(rows.half()), "jit"),  # dtype
     ]
     for descriptor, _ in launches:
-        cache((4,), (x, descriptor), (64,), dict(BLOCK=16))
+        cache((4,), (x,), (64,), dict(BLOCK=16), descriptors=(descriptor,))
     assert [entry[0] for entry in kernel.log] == [want for _, want in launches]
     # a direct launch passes the tensor as its address and the descriptor as it is
     assert kernel.log[1][2] == (x.data_ptr(), launches[1][0], 64)

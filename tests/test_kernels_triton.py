@@ -163,8 +163,9 @@ def test_extend_reads_new_keys_from_their_rows(
 
 
 class _StandInHopper:
-    """Stands in for ``kernels.attention_hopper`` (sm_90 only): writes the reference rows of
-    the requests of at least ``min_q_len`` tokens, as the Gluon kernel does."""
+    """Stands in for the Hopper extend (sm_90 only; ``kernels.attention.hopper_extend`` returns
+    its launch): writes the reference rows of the requests of at least ``min_q_len`` tokens, as
+    the Gluon kernel does."""
 
     def __init__(self, want: torch.Tensor) -> None:
         self.want = want
@@ -194,7 +195,7 @@ def test_extend_splits_its_requests_between_hopper_and_triton(
     args = (batch.q, batch.k_cache, batch.v_cache, *batch.metadata(), batch.page_size, 0.25)
     want = reference.paged_attention(*[_f64(a) for a in args[:3]], *args[3:])
     hopper = _StandInHopper(want)
-    monkeypatch.setattr(attention, "hopper_extend", lambda *a: hopper)
+    monkeypatch.setattr(attention, "hopper_extend", lambda *a: hopper.extend_attention)
     monkeypatch.setattr(attention, "HOPPER_MIN_QUERY_LEN", 8)
     monkeypatch.setattr(attention, "_LAUNCHED", _EveryKind())  # empty launches are left out
     kwargs = {"new_kv": _new_rows(batch), "max_query_len": max_query_len}
@@ -229,7 +230,7 @@ def test_extend_leaves_out_launches_without_requests_once_their_kind_ran(monkeyp
     args = (batch.q, batch.k_cache, batch.v_cache, *batch.metadata(), batch.page_size, 0.25)
     want = reference.paged_attention(*[_f64(a) for a in args[:3]], *args[3:])
     hopper = _StandInHopper(want)
-    monkeypatch.setattr(attention, "hopper_extend", lambda *a: hopper)
+    monkeypatch.setattr(attention, "hopper_extend", lambda *a: hopper.extend_attention)
     monkeypatch.setattr(attention, "HOPPER_MIN_QUERY_LEN", 8)
     monkeypatch.setattr(attention, "_LAUNCHED", set())
     launches = []

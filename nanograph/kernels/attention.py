@@ -28,6 +28,7 @@ Invariants:
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from dataclasses import dataclass
@@ -47,6 +48,7 @@ from nanograph.kernels.attention_tiles import (
 )
 from nanograph.kernels.counters import split_counters
 from nanograph.kernels.launch import LaunchCache
+from nanograph.kernels.tma import rows_descriptor
 
 
 @dataclass(frozen=True)
@@ -212,7 +214,7 @@ def paged_attention(
         launches = [(t, (a, min(b, short))) for t, (a, b) in launches]
         kind = ("hopper", *variant)
         if not _skippable(kind, max(lo, HOPPER_MIN_QUERY_LEN), hi):
-            hopper.extend_attention(
+            hopper(
                 q, new_kv, k_cache, v_cache, page_table, seq_lens, query_lens, query_start_loc,
                 scale, out, min_q_len=max(lo, HOPPER_MIN_QUERY_LEN),
             )  # fmt: skip
@@ -254,9 +256,10 @@ def _skippable(kind: tuple, min_q_len: int, max_q_len: int) -> bool:
 
 def hopper_extend(q, k_cache, v_cache, new_kv, out, page_size, sliding_window, sinks,
                    softcap):  # fmt: skip
-    """``kernels.attention_hopper`` where it supports this extend (its docstring says when),
-    else None; ``NANOGRAPH_HOPPER_ATTENTION=0`` makes it None. Imported here, on a CUDA extend
-    only: it needs Triton's Gluon."""
+    """The Hopper extend's launch for these inputs (``kernels.attention_hopper.extend_attention``
+    with its TMA descriptors bound: a call takes that function's other arguments) where that
+    module supports them (its docstring says when), else None; ``NANOGRAPH_HOPPER_ATTENTION=0``
+    makes it None. Imported here, on a CUDA extend only: it needs Triton's Gluon."""
     if new_kv is None or not q.is_cuda or os.environ.get(HOPPER_SWITCH) == "0":
         return None
     try:
@@ -264,7 +267,10 @@ def hopper_extend(q, k_cache, v_cache, new_kv, out, page_size, sliding_window, s
     except ImportError:  # a Triton without Gluon's Hopper layer
         return None
     args = (q, k_cache, v_cache, new_kv, out, page_size, sliding_window, sinks, softcap)
-    return attention_hopper if attention_hopper.supported(*args) else None
+    descriptors = attention_hopper.launch_descriptors(*args)
+    if descriptors is None:
+        return None
+    return functools.partial(attention_hopper.extend_attention, descriptors=descriptors)
 
 
 def _rope_store_kv(q, k_cache, v_cache, rope: RopeStore, out: torch.Tensor) -> None:
@@ -275,23 +281,6 @@ def _rope_store_kv(q, k_cache, v_cache, rope: RopeStore, out: torch.Tensor) -> N
         rope.slot_mapping, q_norm_weight=rope.q_norm, k_norm_weight=rope.k_norm, eps=rope.eps,
         num_tokens=rope.num_tokens, zero_padding=out if rope.num_tokens is not None else None,
     )  # fmt: skip
-
-
-def tma_rows(x: torch.Tensor) -> bool:
-    """Whether rows ``[N, Hkv, D]`` can be read as a 2-D TMA tensor ``[N, Hkv * D]``: heads
-    contiguous in a row, the base and the row stride 16-byte aligned."""
-    size = x.element_size()
-    return (
-        x.stride(2) == 1 and x.stride(1) == x.shape[2]
-        and x.data_ptr() % 16 == 0 and x.stride(0) * size % 16 == 0
-    )  # fmt: skip
-
-
-def _rows_descriptor(x: torch.Tensor, block_n: int) -> TensorDescriptor:
-    """A TMA descriptor of rows ``[N, Hkv, D]`` as ``[N, Hkv * D]`` in ``[block_n, D]`` boxes
-    (rows past N read as zeros)."""
-    n, heads, d = x.shape
-    return TensorDescriptor(x, [n, heads * d], [x.stride(0), 1], [block_n, d])
 
 
 def _launch(
@@ -334,12 +323,15 @@ def _launch(
     # a function of the tiles, not of the batch, so that the start-up warm-up compiles every
     # variant a request meets: one-row tiles (pdl_wait: chosen for one row only) have no padding
     zero_padding = rope is not None and rope.num_tokens is not None and not tiles.pdl_wait
-    new_keys = (
-        tiles.new_keys and new_kv is not None and sliding_window == 0
-        and all(x.dtype == k_cache.dtype and tma_rows(x) for x in new_kv)
-    )  # fmt: skip
+    descriptors = (None, None)
+    if tiles.new_keys and new_kv is not None and sliding_window == 0:
+        descriptors = tuple(
+            rows_descriptor(x, tiles.block_n, TensorDescriptor) if x.dtype == k_cache.dtype
+            else None for x in new_kv
+        )  # fmt: skip
+    new_keys = None not in descriptors
     # without new keys, the descriptors' places take a placeholder pointer
-    k_desc, v_desc = (_rows_descriptor(x, tiles.block_n) for x in new_kv) if new_keys else (q, q)
+    k_desc, v_desc = descriptors if new_keys else (q, q)
     launched = _launch_attention(
         (grid0, num_kv_heads, tiles.num_splits),
         (
@@ -349,7 +341,6 @@ def _launch(
             r.k, r.v, r.positions, r.cos_sin_cache, r.slot_mapping,
             r.q_norm if r.q_norm is not None else q, r.k_norm if r.k_norm is not None else q,
             r.num_tokens if r.num_tokens is not None else seq_lens,
-            k_desc, v_desc,
         ),
         (
             num_seqs, tiles.num_splits, min_q_len, max_q_len,
@@ -394,5 +385,6 @@ def _launch(
             num_stages=tiles.num_stages,
             launch_pdl=pdl_wait,
         ),
+        descriptors=(k_desc, v_desc),
     )  # fmt: skip
     return launched

@@ -23,9 +23,10 @@ Invariants:
 - A new-key box may run into the next request's rows (finite, masked by the causal mask) or
   past N (zero fill); prefix pages past the prefix's last are not looked up (the last is
   loaded again, masked). Masked values must be finite: the engine's KV pool is zero-filled.
-- ``supported`` is the only gate: bf16, head_dim 128, 16-slot pages, no window, sinks or
-  softcap, rows TMA can read, sm_90, Triton with Gluon (3.6 was measured). Anything else takes
-  the Triton kernel. ``NANOGRAPH_HOPPER_ATTENTION=0`` turns it off (A/B runs).
+- ``launch_descriptors`` is the only gate: bf16, head_dim 128, 16-slot pages, no window, sinks
+  or softcap, rows TMA can read, sm_90, Triton with Gluon (3.6 was measured); it returns None
+  otherwise, and the Triton kernel takes the extend. ``NANOGRAPH_HOPPER_ATTENTION=0`` turns
+  it off (A/B runs).
 """
 
 from __future__ import annotations
@@ -47,8 +48,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from nanograph.kernels.attention import tma_rows
 from nanograph.kernels.launch import LaunchCache
+from nanograph.kernels.tma import rows_descriptor
 
 # TMA copies under Triton 3.7+'s names, or 3.6's (the same builtins, renamed)
 _tma_copy_in = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
@@ -70,20 +71,23 @@ def _hopper(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device) == (9, 0)
 
 
-def supported(
+def launch_descriptors(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     new_kv: tuple[torch.Tensor, torch.Tensor] | None, out: torch.Tensor, page_size: int,
     sliding_window: int, sinks: torch.Tensor | None, softcap: float,
-) -> bool:  # fmt: skip
-    """Whether an extend with these inputs can run here (see the module's invariants)."""
+) -> tuple[TensorDescriptor, ...] | None:  # fmt: skip
+    """The TMA descriptors ``extend_attention`` launches with, where an extend with these
+    inputs can run here (see the module's invariants), else None."""
     if new_kv is None or not q.is_cuda:
-        return False
-    rows = (q, out, k_cache, v_cache, *new_kv)
-    return (
+        return None
+    if not (
         _hopper(q.device) and page_size == PAGE_SIZE and q.shape[2] == HEAD_DIM
         and sliding_window == 0 and sinks is None and softcap == 0.0
-        and all(x.dtype == torch.bfloat16 and tma_rows(x) for x in rows)
-    )  # fmt: skip
+        and all(x.dtype == torch.bfloat16 for x in (q, out, k_cache, v_cache, *new_kv))
+    ):  # fmt: skip
+        return None
+    descriptors = _descriptors(q, new_kv, k_cache, v_cache, out)
+    return None if None in descriptors else descriptors
 
 
 @gluon.jit
@@ -338,40 +342,21 @@ def _box_layout(rows: int, d: int) -> gl.NVMMASharedLayout:
     return gl.NVMMASharedLayout.get_default_for([rows, d], gl.bfloat16)
 
 
-class _Address:
-    """What a launch reads of a descriptor's tensor: its address and dtype. A cached descriptor
-    holds this, not the tensor, so that it keeps no activation alive."""
-
-    __slots__ = ("address", "dtype")
-
-    def __init__(self, address: int, dtype: torch.dtype) -> None:
-        self.address, self.dtype = address, dtype
-
-    def data_ptr(self) -> int:
-        return self.address
-
-
-_descriptors: dict[tuple, TensorDescriptor] = {}
-_MAX_DESCRIPTORS = 1024
-
-
-def _rows_descriptor(x: torch.Tensor, rows: int) -> TensorDescriptor:
-    """Rows ``[N, H, D]`` (heads contiguous, as ``supported`` checks) as a 2-D TMA tensor
-    ``[N, H * D]`` in ``[rows, D]`` boxes (past N: zero fill). Cached by what it is made of:
-    an eager launch built six, ~3 us of host time each (graph replays of a breakable prefill
-    run this launch eagerly every layer)."""
-    address = x.data_ptr()
-    key = (address, x.shape, x.stride(0), x.dtype, rows)
-    desc = _descriptors.get(key)
-    if desc is None:
-        if len(_descriptors) >= _MAX_DESCRIPTORS:
-            _descriptors.clear()
-        n, heads, d = x.shape
-        desc = _descriptors[key] = TensorDescriptor(
-            _Address(address, x.dtype), [n, heads * d], [x.stride(0), 1], [rows, d],
-            _box_layout(rows, d),
-        )  # fmt: skip
-    return desc
+def _descriptors(
+    q: torch.Tensor, new_kv: tuple[torch.Tensor, torch.Tensor], k_cache: torch.Tensor,
+    v_cache: torch.Tensor, out: torch.Tensor,
+) -> tuple[TensorDescriptor | None, ...]:  # fmt: skip
+    """The launch's TMA descriptors, in its order: rows ``[N, H, D]`` as 2-D tensors
+    ``[N, H * D]`` in boxes of a consumer's q rows, a ring slot's new keys, a page (past N:
+    zero fill); None for a tensor TMA cannot read (``kernels.tma``). Cached there: graph
+    replays of a breakable prefill make this launch eagerly every layer."""
+    rows = BLOCK_M // 2
+    return (
+        rows_descriptor(q, rows, TensorDescriptor, _box_layout),
+        *(rows_descriptor(x, BLOCK_N, TensorDescriptor, _box_layout) for x in new_kv),
+        *(rows_descriptor(x, PAGE_SIZE, TensorDescriptor, _box_layout) for x in (k_cache, v_cache)),
+        rows_descriptor(out, rows, TensorDescriptor, _box_layout),
+    )  # fmt: skip
 
 
 _launch = LaunchCache(_extend_fwd)
@@ -381,28 +366,22 @@ def extend_attention(
     q: torch.Tensor, new_kv: tuple[torch.Tensor, torch.Tensor], k_cache: torch.Tensor,
     v_cache: torch.Tensor, page_table: torch.Tensor, seq_lens: torch.Tensor,
     query_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float, out: torch.Tensor,
-    min_q_len: int,
+    min_q_len: int, descriptors: tuple[TensorDescriptor, ...],
 ) -> None:  # fmt: skip
     """Writes the rows of ``out [N, Hq, D]`` of the requests with at least ``min_q_len`` query
     tokens (``paged_attention`` passes ``kernels.attention.HOPPER_MIN_QUERY_LEN``): causal
     attention over each one's cached prefix (pages) and its new keys (``new_kv``, a row per row
-    of q). Inputs as ``kernels.attention.paged_attention`` takes them, and ``supported`` must
-    hold."""
+    of q). Inputs as ``kernels.attention.paged_attention`` takes them; ``descriptors`` are
+    what ``launch_descriptors`` returned for them (not None)."""
     num_tokens, num_q_heads, _ = q.shape
     num_seqs = seq_lens.shape[0]
-    k_new, v_new = new_kv
-    rows = BLOCK_M // 2
-    descriptors = (
-        _rows_descriptor(q, rows), _rows_descriptor(k_new, BLOCK_N),
-        _rows_descriptor(v_new, BLOCK_N), _rows_descriptor(k_cache, PAGE_SIZE),
-        _rows_descriptor(v_cache, PAGE_SIZE), _rows_descriptor(out, rows),
-    )  # fmt: skip
     _launch(
         ((num_tokens // BLOCK_M + num_seqs) * num_q_heads,),
-        (out, page_table, seq_lens, query_lens, query_start_loc, *descriptors),
+        (out, page_table, seq_lens, query_lens, query_start_loc),
         (
             num_seqs, min_q_len, page_table.stride(0), out.stride(0), num_q_heads,
-            num_q_heads // k_new.shape[1], scale * _LOG2E,
+            num_q_heads // new_kv[0].shape[1], scale * _LOG2E,
         ),
         {"STAGES": STAGES, "num_warps": 4, "maxnreg": _MAXNREG},
+        descriptors,
     )  # fmt: skip

@@ -6,10 +6,11 @@ eager break (the attention launch between two graph segments) that is most of th
 eager forwards pay it several times per layer.
 
 Invariants:
-- A kernel launched through ``LaunchCache`` takes its tensors (or TMA descriptors) first,
-  then its scalars, then its constexprs. The cache key holds everything Triton specializes a
-  compiled kernel on, and more: the grid, the device, each tensor's dtype and address modulo
-  16 (a descriptor's block too), every scalar and every constexpr or launch option by value.
+- A kernel launched through ``LaunchCache`` takes its tensors first, then its TMA
+  descriptors, then its scalars, then its constexprs. The cache key holds everything Triton
+  specializes a compiled kernel on, and more: the grid, the device, each tensor's dtype and
+  address modulo 16 (a descriptor's block too), every scalar and every constexpr or launch
+  option by value.
   Calls with equal keys can share one compiled kernel.
 - A key's first launch goes through Triton's normal path, which compiles (or finds) the kernel
   and returns it; later launches call that compiled kernel's launcher with the same arguments
@@ -85,18 +86,20 @@ def _compiled(kernel: Any) -> Any:
 
 
 def _alignment_and_dtype(t: Any) -> tuple:
-    """What Triton specializes a tensor argument on (and a TMA descriptor's block, whose base
-    pointer, shape and strides are runtime values like a tensor's address). One call per
-    argument cost ~1.6 us more a launch than the plain passes: launches without descriptors
-    take those."""
+    """What Triton specializes a descriptor argument on: its base's address mod 16, dtype and
+    block (its address, shape and strides are runtime values like a tensor's address); for a
+    tensor in a descriptor's place, what a tensor's pass records. Called per descriptor only:
+    a call per argument cost ~1.6 us more a launch than the plain passes over the tensors."""
     if isinstance(t, torch.Tensor):
         return t.data_ptr() & 15, t.dtype
     return t.base.data_ptr() & 15, t.base.dtype, tuple(t.block_shape)
 
 
 class LaunchCache:
-    """``cache(grid, tensors, scalars, constexprs)`` launches
-    ``kernel[grid](*tensors, *scalars, **constexprs)``."""
+    """``cache(grid, tensors, scalars, constexprs, descriptors)`` launches
+    ``kernel[grid](*tensors, *descriptors, *scalars, **constexprs)``; ``descriptors`` are TMA
+    descriptors (or tensors standing in their places), apart so that the tensors' pass stays
+    plain."""
 
     MAX_ENTRIES = 4096  # distinct launches remembered; then start over
 
@@ -109,21 +112,21 @@ class LaunchCache:
 
     def __call__(
         self, grid: tuple[int, ...], tensors: tuple[torch.Tensor, ...], scalars: tuple,
-        constexprs: dict[str, Any],
+        constexprs: dict[str, Any], descriptors: tuple = (),
     ) -> bool:  # fmt: skip
         """Launches; False where it only compiled (``compile_ahead`` in ``parallel_compiles``)."""
         if self.compile_ahead and _COMPILE_ONLY.get():
-            self.kernel.warmup(*tensors, *scalars, grid=grid, **constexprs)
+            self.kernel.warmup(*tensors, *descriptors, *scalars, grid=grid, **constexprs)
             return False
         if not self.enabled:
-            self.kernel[grid](*tensors, *scalars, **constexprs)
+            self.kernel[grid](*tensors, *descriptors, *scalars, **constexprs)
             return True
-        try:  # the common case in plain passes (every eager launch pays for the key)
-            args = [t.data_ptr() for t in tensors]
-            layout = (tuple([p & 15 for p in args]), tuple([t.dtype for t in tensors]))
-        except AttributeError:  # a TMA descriptor among the tensors: it is passed as it is
-            args = [t.data_ptr() if isinstance(t, torch.Tensor) else t for t in tensors]
-            layout = tuple([_alignment_and_dtype(t) for t in tensors])
+        # plain passes over the tensors: every eager launch pays for the key
+        args = [t.data_ptr() for t in tensors]
+        layout = (tuple([p & 15 for p in args]), tuple([t.dtype for t in tensors]))
+        if descriptors:  # passed as they are (a tensor in a descriptor's place as its address)
+            layout += tuple([_alignment_and_dtype(d) for d in descriptors])
+            args += [d.data_ptr() if isinstance(d, torch.Tensor) else d for d in descriptors]
         key = (
             grid,
             tensors[0].get_device(),  # a compiled kernel is loaded per device
@@ -133,7 +136,7 @@ class LaunchCache:
         )
         entry = self.runners.get(key)
         if entry is None:
-            self._first_launch(key, grid, tensors + scalars, constexprs)
+            self._first_launch(key, grid, tensors + descriptors + scalars, constexprs)
             return True
         runner, constant_args = entry
         try:
@@ -144,7 +147,7 @@ class LaunchCache:
             # Another Triton's compiled-kernel interface: launch through the JIT from now on.
             self.enabled = False
             self.runners.clear()
-            self.kernel[grid](*tensors, *scalars, **constexprs)
+            self.kernel[grid](*tensors, *descriptors, *scalars, **constexprs)
             return True
         self.direct_launches += 1
         return True
