@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# For the next device session (stop 55 landed the three host-cost patches its live_tests and
+# live_bench stages measured: benchmarks/results/h100/stop55_8962cf1/COMMAND.md).
+# From the repo root with NANOGRAPH_COMMIT exported, most important first:
+#   bash docs/wip/stop56_calls.sh verify $OUT/v  # ~3 min: the attention and graph-backend GPU
+#     tests (the live-range test's fixed expectation, 4660053, never ran on a GPU)
+#   bash docs/wip/stop56_calls.sh h200 $OUT/h    # ~8 min, on an H200 only: issue 18's figures
+#     there with the Hopper extend (0.6b prefill, every arm and the peer; attention)
+set -uo pipefail
+stage=$1 out=$(mkdir -p "$2" && cd "$2" && pwd)
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,power.limit --format=csv > "$out/gpu_$stage.txt"
+case $stage in
+  verify)
+    timeout 400 python3 -m pytest -q tests/gpu/test_kernels_attention.py \
+      tests/gpu/test_graph_backends.py > "$out/tests.log" 2>&1
+    tail -n 3 "$out/tests.log" ;;
+  h200)  # the Hopper extend was only ever measured on H100s (stops 52, 53, 55)
+    grep -q H200 "$out/gpu_$stage.txt" || { echo "not an H200"; exit 2; }
+    timeout 300 python3 -m nanograph bench prefill --models qwen3-0.6b --lengths 256,2048,8192 \
+      --out "$out/prefill_06b.json" > "$out/prefill_06b.log" 2>&1
+    grep -E "^qwen3-0.6b [a-z_]+:" "$out/prefill_06b.log"
+    timeout 200 python3 -m nanograph bench attention --cases \
+      extend_1x8192,extend_1x32k,extend_1x8192_06b,extend_1x32k_06b,extend_32x256 \
+      --out "$out/attention.json" > "$out/attention.log" 2>&1
+    grep -E "^ *extend_" "$out/attention.log" ;;
+  *) echo "unknown stage $stage" >&2; exit 2 ;;
+esac
