@@ -4,11 +4,17 @@ holding no tensor; read through the tensor itself for the interpreter (CPU)."""
 from __future__ import annotations
 
 import gc
+import os
 import weakref
 
 import pytest
 import torch
 
+# Importing triton decorates its language's functions, which reads TRITON_INTERPRET: settle it
+# first, as the interpreter test modules do, or they run against a compiled-mode triton when
+# this module is collected before them. Not on a GPU machine, whose kernels must compile.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
 from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
 
