@@ -4,6 +4,8 @@
 # From the repo root with NANOGRAPH_COMMIT exported, most important first:
 #   bash docs/wip/stop56_calls.sh verify $OUT/v  # ~3 min: the attention and graph-backend GPU
 #     tests (the live-range test's fixed expectation, 4660053, never ran on a GPU)
+#   bash docs/wip/stop56_calls.sh native_ab $OUT/n  # ~5 min: issue 15's native-MoE ratio with
+#     the experts' weights pre-transposed (no .t() an expert) against before, alternating
 #   bash docs/wip/stop56_calls.sh h200 $OUT/h    # ~8 min, on an H200 only: issue 18's figures
 #     there with the Hopper extend (0.6b prefill, every arm and the peer; attention)
 set -uo pipefail
@@ -15,6 +17,19 @@ case $stage in
     timeout 400 python3 -m pytest -q tests/gpu/test_kernels_attention.py \
       tests/gpu/test_graph_backends.py > "$out/tests.log" 2>&1
     tail -n 3 "$out/tests.log" ;;
+  native_ab)  # issue 15: the native MoE's weights pre-transposed (native_pretransposed.patch,
+    # applied in the tree sent) against the .t() an expert before it, alternating, two each
+    for i in 1 2; do
+      for arm in after before; do
+        [ $arm = before ] && { git apply -R docs/wip/native_pretransposed.patch || exit 2; }
+        timeout 170 python3 -m nanograph bench prefill --models gpt-oss-20b,qwen3-30b-a3b \
+          --lengths 256 --arms eager,breakable --moe-backend torch_native --peer-lengths '' \
+          --repeats 15 --out "$out/native_${arm}_$i.json" 2>&1 | grep -v "^INFO" \
+          > "$out/native_${arm}_$i.log"
+        [ $arm = before ] && git apply docs/wip/native_pretransposed.patch
+        echo "== $arm $i"; grep -A2 "speedup over eager" "$out/native_${arm}_$i.log"
+      done
+    done ;;
   h200)  # the Hopper extend was only ever measured on H100s (stops 52, 53, 55)
     grep -q H200 "$out/gpu_$stage.txt" || { echo "not an H200"; exit 2; }
     timeout 300 python3 -m nanograph bench prefill --models qwen3-0.6b --lengths 256,2048,8192 \
