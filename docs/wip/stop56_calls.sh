@@ -4,6 +4,10 @@
 # From the repo root with NANOGRAPH_COMMIT exported, most important first:
 #   bash docs/wip/stop56_calls.sh verify $OUT/v  # ~3 min: the attention and graph-backend GPU
 #     tests (the live-range test's fixed expectation, 4660053, never ran on a GPU)
+#   bash docs/wip/stop56_calls.sh spec_tests $OUT/s  # ~2 min: tests/gpu/test_spec_gpu.py with
+#     the draft loop's one-launch input advance (kernels/draft_inputs.py)
+#   bash docs/wip/stop56_calls.sh draft_ab $OUT/d  # ~4 min: issue 16's draft loop over k
+#     drafter steps (device time) with that advance and without it
 #   bash docs/wip/stop56_calls.sh native_ab $OUT/n  # ~5 min: issue 15's native-MoE ratio with
 #     the experts' weights pre-transposed (no .t() an expert) against before, alternating
 #   bash docs/wip/stop56_calls.sh h200 $OUT/h    # ~8 min, on an H200 only: issue 18's figures
@@ -17,6 +21,20 @@ case $stage in
     timeout 400 python3 -m pytest -q tests/gpu/test_kernels_attention.py \
       tests/gpu/test_graph_backends.py > "$out/tests.log" 2>&1
     tail -n 3 "$out/tests.log" ;;
+  spec_tests)  # the draft loop's one-launch input advance (draft_advance.patch) on the GPU
+    timeout 400 python3 -m pytest -q tests/gpu/test_spec_gpu.py > "$out/spec_tests.log" 2>&1
+    tail -n 3 "$out/spec_tests.log" ;;
+  draft_ab)  # issue 16: the draft loop with the one-launch advance (in the tree sent) and
+    # without it (draft_advance.patch reversed): device time of the loop over k drafter steps
+    for arm in after before; do
+      [ $arm = before ] && { git apply -R docs/wip/draft_advance.patch || exit 2; }
+      timeout 250 python3 -m nanograph bench spec --target qwen3-0.6b --drafter qwen3-0.6b \
+        --arms self:4 --batches 1,4 --new-tokens 64 --repeats 3 \
+        --out "$out/spec_$arm.json" > "$out/spec_$arm.log" 2>&1
+      [ $arm = before ] && git apply docs/wip/draft_advance.patch
+      echo "== $arm"; grep -E "batch [0-9]+:" "$out/spec_$arm.log" \
+        | grep -oE "batch [0-9]+|'draft_loop[a-z_]*': [0-9.]+|'drafter_decode': [0-9.]+"
+    done ;;
   native_ab)  # issue 15: the native MoE's weights pre-transposed (native_pretransposed.patch,
     # applied in the tree sent) against the .t() an expert before it, alternating, two each
     for i in 1 2; do
