@@ -37,7 +37,7 @@ case $stage in
     done ;;
   native_ab)  # issue 15: the native MoE's weights pre-transposed (native_pretransposed.patch,
     # applied in the tree sent) against the .t() an expert before it, alternating, two each
-    for i in 1 2; do
+    for i in $(seq "${RUNS:-2}"); do
       for arm in after before; do
         [ $arm = before ] && { git apply -R docs/wip/native_pretransposed.patch || exit 2; }
         timeout 170 python3 -m nanograph bench prefill --models gpt-oss-20b,qwen3-30b-a3b \
