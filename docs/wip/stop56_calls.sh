@@ -10,6 +10,8 @@
 #     drafter steps (device time) with that advance and without it
 #   bash docs/wip/stop56_calls.sh native_ab $OUT/n  # ~5 min: issue 15's native-MoE ratio with
 #     the experts' weights pre-transposed (no .t() an expert) against before, alternating
+# spec_tests and draft_ab need docs/wip/draft_advance.patch applied in the tree sent, and
+# native_ab docs/wip/native_pretransposed.patch (git apply both here, send, then git apply -R).
 #   bash docs/wip/stop56_calls.sh h200 $OUT/h    # ~8 min, on an H200 only: issue 18's figures
 #     there with the Hopper extend (0.6b prefill, every arm and the peer; attention)
 set -uo pipefail
