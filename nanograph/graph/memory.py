@@ -102,10 +102,6 @@ class GraphPool:
         """Device memory the pool holds (what graph memory costs the process)."""
         return sum(s["total_size"] for s in self.segments())
 
-    def allocated_bytes(self) -> int:
-        """Bytes of the pool handed out to live blocks right now."""
-        return sum(s["allocated_size"] for s in self.segments())
-
     def address_ranges(self, exclude: frozenset[int] = frozenset()) -> AddressRanges:
         """The pool's address ranges now, minus blocks starting at `exclude`, for `owns` checks."""
         ranges = [(s["address"], s["address"] + s["total_size"]) for s in self.segments()]
@@ -185,11 +181,3 @@ def weak_alias(t: torch.Tensor) -> torch.Tensor:
     alias_storage = make_storage(storage.data_ptr(), t.device, storage.nbytes())
     alias = torch.empty(0, dtype=t.dtype, device=t.device)
     return alias.set_(alias_storage, t.storage_offset(), t.size(), t.stride())
-
-
-def device_memory() -> dict[str, int]:
-    """Allocator totals for the current device (bytes), for memory tests and benchmarks."""
-    return {
-        "allocated": torch.cuda.memory_allocated(),
-        "reserved": torch.cuda.memory_reserved(),
-    }
