@@ -58,8 +58,8 @@ native() {  # $1: a name for the files
 case $stage in
   tests)
     bash benchmarks/run_device.sh tests-parallel "$out" ;;
-  lean_ab)
-    for i in 1 2; do
+  lean_ab)  # RUNS=1: one pair
+    for i in $(seq "${RUNS:-2}"); do
       host "lean_$i"
       without docs/wip/lean_launch.patch host "runner_$i"
     done ;;
