@@ -193,3 +193,128 @@ def test_a_launch_compiled_asynchronously_still_records_its_launcher():
     for _ in range(2):
         cache((4,), (x,), (64,), dict(BLOCK=16, num_warps=4))
     assert [entry[0] for entry in kernel.log] == ["jit", "direct"]
+
+
+# Triton 3.6's compiled kernel, as far as the lean launch reads it: ``run`` (the CudaLauncher)
+# with the C ``launch``, wrapped to encode TMA descriptors (``wrap_handle_tensordesc``'s closure
+# over launcher, tensordesc_indices and tensordesc_meta, and the module's make_tensordesc_arg).
+ENCODED: list = []
+
+
+def make_tensordesc_arg(desc, meta):
+    ENCODED.append(desc)
+    return [("tma", desc.name, meta), *desc.shape]
+
+
+def wrap_handle_tensordesc(launcher, tensordesc_indices, tensordesc_meta):
+    def inner(*args):
+        base, kernel_args = list(args[:13]), args[13:]
+        for i, arg in enumerate(kernel_args):
+            expanded = [arg]
+            if i in tensordesc_indices:
+                expanded = make_tensordesc_arg(arg, tensordesc_meta[0])
+            base.extend(expanded)
+        return launcher(*base)
+
+    return inner
+
+
+class FakeDescriptor:
+    def __init__(self, name: str, base: torch.Tensor) -> None:
+        self.name, self.base, self.block_shape, self.shape = name, base, [8, 16], [64, 32]
+
+
+class FakeRun:
+    def __init__(self, log: list, descriptor_slots: set[int], scratch: int = 0) -> None:
+        self.log = log
+        self.launch = self.c_launch  # like the C function: no closure
+        if descriptor_slots:
+            self.launch = wrap_handle_tensordesc(self.c_launch, descriptor_slots,
+                                                 [{"swizzle": 128}])  # fmt: skip
+        self.launch_cooperative_grid, self.launch_pdl = False, True
+        self.global_scratch_size, self.profile_scratch_size = scratch, 0
+
+    def c_launch(self, *args):
+        self.log.append(("c", args))
+
+
+class Fake36Compiled(FakeCompiled):
+    function, packed_metadata = 0xF00, ("warps", 4)
+
+    def __init__(self, log, descriptor_slots, scratch=0) -> None:
+        super().__init__(log, None)
+        self.run = FakeRun(log, descriptor_slots, scratch)
+
+
+class Fake36Kernel(FakeKernel):
+    arg_names = ["x_ptr", "desc", "n", "BLOCK"]
+
+    def __init__(self, descriptor_slots=frozenset(), scratch=0) -> None:
+        super().__init__()
+        self.descriptor_slots, self.scratch = set(descriptor_slots), scratch
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.log.append(("jit", grid, args, kwargs))
+            return Fake36Compiled(self.log, self.descriptor_slots, self.scratch)
+
+        return launch
+
+
+@pytest.fixture
+def triton36(monkeypatch):
+    """Triton 3.6's version, and a current stream without a GPU."""
+    triton = pytest.importorskip("triton")
+    from nanograph.kernels import launch
+
+    monkeypatch.setattr(triton, "__version__", "3.6.0")
+    monkeypatch.setattr(launch, "_current_stream", lambda: lambda: 7)
+    ENCODED.clear()
+
+
+def test_a_triton_36_launch_calls_the_c_launcher_itself(triton36):
+    """Later launches call the C launcher with the grid, the current stream, the kernel's
+    function and packed metadata, no scratch and no hooks, then the arguments; a descriptor is
+    encoded once per descriptor object, then its encoding is reused."""
+    kernel = Fake36Kernel(descriptor_slots={1})
+    cache = LaunchCache(kernel)
+    x, rows = torch.zeros(64), torch.zeros(64, 32)
+    first, second = FakeDescriptor("first", rows), FakeDescriptor("second", rows)
+    for desc in (first, first, first, second):
+        cache((4,), (x,), (64,), dict(BLOCK=16, num_warps=4), descriptors=(desc,))
+    assert [entry[0] for entry in kernel.log] == ["jit", "c", "c", "c"]
+    head = (4, 1, 1, 7, 0xF00, False, True, None, None, ("warps", 4), None, None, None)
+    want = [(*head, x.data_ptr(), ("tma", d.name, {"swizzle": 128}), 64, 32, 64, 16)
+            for d in (first, first, second)]  # fmt: skip
+    assert [entry[1] for entry in kernel.log[1:]] == want
+    assert ENCODED == [first, second] and cache.direct_launches == 3
+    # without descriptors the launcher is the C function itself
+    plain = Fake36Kernel()
+    plain.arg_names = FakeKernel.arg_names  # no descriptor argument
+    cache = LaunchCache(plain)
+    for _ in range(2):
+        cache((2, 3), (x,), (64,), dict(BLOCK=16, num_warps=4))
+    assert plain.log[-1] == ("c", (2, 3, 1, *head[3:], x.data_ptr(), 64, 16))
+
+
+@pytest.mark.parametrize("why", ["scratch", "hook", "version", "slots"])
+def test_the_runner_launches_where_the_c_launcher_is_not_the_known_one(triton36, monkeypatch, why):
+    """Scratch memory, a launch hook, another Triton, descriptors where the launcher does not
+    encode them: the compiled kernel's runner launches, as before."""
+    import triton
+    from triton import knobs
+
+    if why == "hook":
+        hook = getattr(knobs.runtime, "launch_enter_hook", None)
+        if not hasattr(hook, "calls"):
+            pytest.skip("this Triton's launch hooks are not chains")
+        monkeypatch.setattr(hook, "calls", [lambda metadata: None])
+    if why == "version":
+        monkeypatch.setattr(triton, "__version__", "3.9.0")
+    kernel = Fake36Kernel(descriptor_slots={1} if why != "slots" else set(),
+                          scratch=64 if why == "scratch" else 0)  # fmt: skip
+    cache = LaunchCache(kernel)
+    x, desc = torch.zeros(64), FakeDescriptor("d", torch.zeros(64, 32))
+    for _ in range(2):
+        cache((4,), (x,), (64,), dict(BLOCK=16, num_warps=4), descriptors=(desc,))
+    assert [entry[0] for entry in kernel.log] == ["jit", "direct"]

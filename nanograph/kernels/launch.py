@@ -20,6 +20,12 @@ Invariants:
   (``cuPointerGetAttribute``), once per tensor argument per launch. So a direct launch does
   not catch a tensor on the wrong device (the key holds the first tensor's device only): the
   kernels' callers pass tensors of the GPU they run on.
+- Under Triton 3.6 a direct launch calls the compiled kernel's C launcher itself
+  (``_lean_launch``): no per-call device, stream-handle and metadata lookups in Python, no
+  empty launch-hook calls, and a TMA descriptor encoded once per descriptor object (the
+  descriptors passed here are ``kernels.tma``'s, cached by what they are made of: an object
+  never changes). Elsewhere, or with scratch memory or a launch hook, the compiled kernel's
+  own runner launches.
 - If the compiled-kernel interface differs (another Triton version), the first direct launch
   raises before launching anything; the cache then turns itself off and every launch takes the
   normal path. Under ``TRITON_INTERPRET=1`` it is off from the start.
@@ -162,4 +168,94 @@ class LaunchCache:
         if len(self.runners) >= self.MAX_ENTRIES:
             self.runners.clear()
         grid3 = tuple(grid) + (1,) * (3 - len(grid))
-        self.runners[key] = (compiled[grid3], tuple(constexprs[n] for n in names))
+        runner = compiled[grid3]  # loads the kernel's module: before any lean launch
+        descriptor_slots = [i for i, a in enumerate(args) if _is_descriptor(a)]
+        lean = _lean_launch(compiled, grid3, descriptor_slots)
+        self.runners[key] = (lean or runner, tuple(constexprs[n] for n in names))
+
+
+def _is_descriptor(arg: Any) -> bool:
+    return hasattr(arg, "block_shape") and not isinstance(arg, torch.Tensor)
+
+
+_ENCODED_MAX = 1024  # TMA descriptors' encodings remembered; then start over
+_LEAN_TRITON = ("3.6.",)  # Triton versions whose C launcher ``_lean_launch`` calls
+
+
+def _lean_launch(compiled: Any, grid3: tuple, descriptor_slots: list[int]) -> Any | None:
+    """A direct launch of ``compiled`` that calls its C launcher itself (Triton 3.6's
+    ``CudaLauncher``), or None under another Triton, where the launcher is not that one, the
+    kernel needs scratch memory or a launch hook is set (then the compiled kernel's own runner
+    launches).
+
+    Why: per call, the runner looks up the device and stream, builds launch metadata, checks
+    for scratch memory and hands the launch hooks (empty chains, still called) to the C
+    launcher, and a kernel with TMA descriptors encodes each one again
+    (``fill_tma_descriptor``: six for the Hopper extend, every eager attention launch). This
+    keeps one call to the current stream's lookup, and each descriptor's encoding per
+    descriptor object: ``kernels.tma`` caches those by what they are made of, so the same
+    object is the same descriptor (an object stays referenced while its encoding is kept, so
+    its id is not reused)."""
+    try:
+        import triton
+        from triton import knobs
+
+        if not triton.__version__.startswith(_LEAN_TRITON):
+            return None  # another C launcher signature (3.9's takes its arguments differently)
+        run = compiled.run
+        c_launch, function, metadata = run.launch, compiled.function, compiled.packed_metadata
+        cooperative, pdl = run.launch_cooperative_grid, run.launch_pdl
+        scratch = run.global_scratch_size or run.profile_scratch_size
+        hooks = (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook)
+        stream = _current_stream()
+    except (ImportError, AttributeError, RuntimeError):
+        return None
+    if scratch or any(h is not None and getattr(h, "calls", True) for h in hooks):
+        return None
+    closure = getattr(c_launch, "__closure__", None)
+    if closure:  # a launcher wrapped to encode TMA descriptors (wrap_handle_tensordesc)
+        cells = dict(zip(c_launch.__code__.co_freevars, (c.cell_contents for c in closure)))
+        encode = c_launch.__globals__.get("make_tensordesc_arg")
+        wanted = {"launcher", "tensordesc_indices", "tensordesc_meta"}
+        if (encode is None or not wanted <= cells.keys()
+                or sorted(cells["tensordesc_indices"]) != descriptor_slots):  # fmt: skip
+            return None
+        c_launch, metas = cells["launcher"], list(cells["tensordesc_meta"])
+        metas += [None] * (len(descriptor_slots) - len(metas))
+    elif descriptor_slots:
+        return None
+    encoded: dict[tuple, tuple] = {}
+
+    def with_encoded_descriptors(args: tuple) -> list:
+        out, start = [], 0
+        for j, slot in enumerate(descriptor_slots):
+            out += args[start:slot]
+            desc = args[slot]
+            hit = encoded.get((id(desc), j))
+            if hit is None or hit[0] is not desc:
+                if len(encoded) >= _ENCODED_MAX:
+                    encoded.clear()
+                hit = encoded[(id(desc), j)] = (desc, encode(desc, metas[j]))
+            out += hit[1]
+            start = slot + 1
+        out += args[start:]
+        return out
+
+    grid_x, grid_y, grid_z = grid3
+
+    def launch(*args: Any) -> None:
+        if descriptor_slots:
+            args = with_encoded_descriptors(args)
+        c_launch(grid_x, grid_y, grid_z, stream(), function, cooperative, pdl, None, None,
+                 metadata, None, None, None, *args)  # fmt: skip
+
+    return launch
+
+
+def _current_stream() -> Any:
+    """The current stream's handle, looked up as Triton's runner does (its driver's device and
+    stream functions: torch's current device and raw stream)."""
+    from triton.runtime import driver
+
+    get_device, get_stream = driver.active.get_current_device, driver.active.get_current_stream
+    return lambda: get_stream(get_device())

@@ -284,6 +284,29 @@ def test_an_eager_live_range_leaves_out_the_empty_launch_and_a_later_capture_hol
 
 
 @pytest.mark.skipif(_hopper_module() is None, reason="needs sm_90 and Triton's Gluon")
+def test_triton_36_direct_launches_call_the_c_launcher():
+    """Under Triton 3.6 a launch's later calls go to its C launcher itself
+    (``kernels.launch._lean_launch``; the Hopper extend's six TMA descriptors encoded once), and
+    give what the first call, through Triton's JIT, gave."""
+    import triton
+
+    if not triton.__version__.startswith("3.6."):
+        pytest.skip("the lean launch is Triton 3.6's")
+    hopper = _hopper_module()
+    batch = _batch([16], [300], layout=QWEN3_06B, seed=5)
+    new_kv, want = _new_rows(batch)
+    args = (batch.q, batch.k_cache, batch.v_cache, *batch.metadata(), 16, 128**-0.5)
+    direct = hopper._launch.direct_launches
+    outs = [paged_attention(*args, new_kv=new_kv).clone() for _ in range(3)]
+    torch.cuda.synchronize()
+    for got in outs:
+        torch.testing.assert_close(got[:300].float(), want[:300], atol=2e-2, rtol=2e-2)
+    assert torch.equal(outs[0], outs[2]), "a direct launch computes what the JIT's did"
+    assert hopper._launch.direct_launches >= direct + 2
+    assert all(fn.__name__ == "launch" for fn, _ in hopper._launch.runners.values())
+
+
+@pytest.mark.skipif(_hopper_module() is None, reason="needs sm_90 and Triton's Gluon")
 def test_hopper_extend_can_be_turned_off(monkeypatch):
     batch = _batch([0], [512], layout=QWEN3_06B)
     new_kv, _ = _new_rows(batch)
