@@ -27,7 +27,17 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from nanograph.kernels import argmax, attention, attention_tiles, fused, gemv, moe, pdl, rows
+from nanograph.kernels import (
+    argmax,
+    attention,
+    attention_tiles,
+    draft_inputs,
+    fused,
+    gemv,
+    moe,
+    pdl,
+    rows,
+)
 from nanograph.kernels.testing import make_paged_batch
 
 try:  # the Hopper extend (Gluon): compiled where this Triton has Gluon's Hopper layer
@@ -188,7 +198,7 @@ def main() -> int:
     launches = [attention._launch_attention, fused._launch_norm, fused._launch_silu_and_mul,
                 fused._launch_rope_store_kv, gemv._launch, moe._launch_gemm, moe._launch_act,
                 moe._launch_pair_gate_up, moe._launch_pair_down, moe._launch_route, rows._launch,
-                argmax._launch]  # fmt: skip
+                argmax._launch, draft_inputs._launch]  # fmt: skip
     if attention_hopper is not None:
         launches.append(attention_hopper._launch)
     for launch in launches:
@@ -292,6 +302,11 @@ def main() -> int:
           out=torch.empty(1, 151936), tiles=gemv.choose_tiles(151936, 1024, 0))  # fmt: skip
     for width in (151936, 1000):
         check(f"argmax {width}", argmax.argmax, torch.randn(3, width))
+    # a draft loop's step-to-step inputs (the runner's int64 token rows, int32 lengths and pages)
+    tokens, ids, positions, slots = (torch.zeros(3, dtype=torch.long) for _ in range(4))
+    seq_lens, table = torch.ones(3, dtype=torch.int32), torch.zeros(8, 20, dtype=torch.int32)
+    check("draft inputs", draft_inputs.advance_draft_inputs, tokens, ids, positions, seq_lens,
+          slots, table, 16)  # fmt: skip
     # the fused decode's variants: norm prologue (q/k/v, gate/up), residual epilogue (o, down)
     for tiles in (gemv.GemvTiles(), gemv.GemvTiles(4, 512, 8, 4)):
         x = torch.randn(1, 1024, dtype=torch.bfloat16)

@@ -935,3 +935,57 @@ def test_argmax_matches_torch(width, block):
     assert argmax.argmax(x[:0], block=block).shape == (0,)
     with pytest.raises(ValueError, match="contiguous in width"):
         argmax.argmax(torch.randn(4, 8).T)
+    drafts = torch.full((3, 6), -1, dtype=torch.long)  # a draft loop's rows, written in place
+    got = argmax.argmax(x, out=drafts[1], block=block)
+    assert got.data_ptr() == drafts[1].data_ptr()
+    assert drafts[1].tolist() == x.argmax(dim=-1).tolist() and int(drafts[0].max()) == -1
+    for bad in (drafts[:, 0], drafts[1, :5], drafts[1].int()):
+        with pytest.raises(ValueError, match="out needs"):
+            argmax.argmax(x, out=bad, block=block)
+
+
+@pytest.mark.parametrize("num_slots, page_size", [(1, 16), (5, 4), (13, 1), (64, 16)])
+def test_draft_inputs_advance_equals_the_torch_ops(num_slots, page_size):
+    """One launch moves a draft loop's inputs on as the runner's torch ops do: live slots one
+    position on (across page boundaries: positions just before one), sentinel slots (length 0)
+    kept, slot -1; every slot's token copied. Three steps in a row; a page table wider than
+    the slots' rows and with more rows than slots."""
+    draft_inputs = _import_interpreted("nanograph.kernels.draft_inputs")
+    from nanograph.runners.decode_runner import advance_inputs
+
+    g = torch.Generator().manual_seed(num_slots)
+    max_pages = 12
+    seq_lens = torch.randint(1, page_size * 8, (num_slots,), generator=g, dtype=torch.int32)
+    seq_lens[2::3] = 0  # sentinel slots
+    seq_lens[0] = page_size  # its next position starts a page
+    positions = (seq_lens.long() - 1).clamp(min=0)
+    table = torch.randint(1, 500, (num_slots + 3, max_pages), generator=g, dtype=torch.int32)
+    state = {
+        "ids": torch.randint(0, 100, (num_slots,), generator=g),
+        "positions": positions,
+        "seq_lens": seq_lens.clone(),
+        "slots": torch.zeros(num_slots, dtype=torch.long),
+    }
+    mine = {k: v.clone() for k, v in state.items()}
+    rows = torch.arange(num_slots)
+    for _ in range(3):
+        tokens = torch.randint(0, 100, (num_slots,), generator=g)
+        draft_inputs.advance_draft_inputs(tokens, *mine.values(), table, page_size)
+        advance_inputs(tokens, *state.values(), table[:num_slots], rows, page_size)
+        for name in state:
+            assert mine[name].tolist() == state[name].tolist(), name
+    live = seq_lens > 0
+    assert (mine["slots"][~live] == -1).all() and (mine["slots"][live] >= 0).all()
+    assert mine["seq_lens"][live].tolist() == (seq_lens[live] + 3).tolist()
+
+
+def test_draft_inputs_advance_refuses_bad_buffers():
+    draft_inputs = _import_interpreted("nanograph.kernels.draft_inputs")
+    ids, positions, slots = (torch.zeros(4, dtype=torch.long) for _ in range(3))
+    seq_lens, table = torch.ones(4, dtype=torch.int32), torch.zeros(4, 8, dtype=torch.int32)
+    with pytest.raises(ValueError, match="positions needs"):
+        draft_inputs.advance_draft_inputs(ids, ids, positions[:3], seq_lens, slots, table, 16)
+    with pytest.raises(ValueError, match="page_table needs"):
+        draft_inputs.advance_draft_inputs(ids, ids, positions, seq_lens, slots, table[:3], 16)
+    with pytest.raises(ValueError, match="page_table needs"):
+        draft_inputs.advance_draft_inputs(ids, ids, positions, seq_lens, slots, table.T, 16)

@@ -70,16 +70,22 @@ def _argmax_kernel(
 _launch = LaunchCache(_argmax_kernel)
 
 
-def argmax(x: torch.Tensor, *, block: int = BLOCK) -> torch.Tensor:
-    """``x.argmax(dim=-1)`` of ``x [rows, width]`` (float, contiguous in width) as int64 [rows];
-    ``block``: the columns of a program (a power of two; tests take small ones)."""
+def argmax(x: torch.Tensor, *, out: torch.Tensor | None = None, block: int = BLOCK) -> torch.Tensor:
+    """``x.argmax(dim=-1)`` of ``x [rows, width]`` (float, contiguous in width) as int64 [rows],
+    into ``out`` if given (a contiguous int64 [rows]: a captured loop's drafts row, without a
+    copy launch); ``block``: the columns of a program (a power of two; tests take small
+    ones)."""
     if x.dim() != 2 or x.stride(1) != 1:
         raise ValueError(f"argmax takes rows [rows, width] contiguous in width, got "
                          f"{tuple(x.shape)} with strides {x.stride()}")  # fmt: skip
     rows, width = x.shape
     if width == 0 or width >= FAR_INDEX:
         raise ValueError(f"argmax needs 1 to {FAR_INDEX - 1} columns, got {width}")
-    out = torch.empty(rows, dtype=torch.int64, device=x.device)
+    if out is None:
+        out = torch.empty(rows, dtype=torch.int64, device=x.device)
+    elif out.shape != (rows,) or out.dtype != torch.int64 or out.stride(0) != 1:
+        raise ValueError(f"out needs [{rows}] int64 contiguous, got {tuple(out.shape)} "
+                         f"{out.dtype} with strides {out.stride()}")  # fmt: skip
     if rows == 0:
         return out
     block = min(block, triton.next_power_of_2(width))

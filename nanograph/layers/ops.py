@@ -227,16 +227,18 @@ def logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return linear(x, weight).float()
 
 
-def argmax(x: torch.Tensor) -> torch.Tensor:
+def argmax(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """``x.argmax(dim=-1)`` of float rows ``[B, V]`` (int64 ``[B]``, the first index of the
-    maximum): on CUDA one Triton launch (``kernels/argmax.py``; torch's took 8 us and a
-    memset for one 151,936-wide row on the H200), elsewhere torch's."""
+    maximum; into ``out`` if given): on CUDA one Triton launch (``kernels/argmax.py``; torch's
+    took 8 us and a memset for one 151,936-wide row on the H200), elsewhere torch's."""
     if (x.is_cuda and x.dim() == 2 and x.stride(-1) == 1 and x.is_floating_point()
             and not torch.compiler.is_compiling()):  # fmt: skip
         from nanograph.kernels.argmax import argmax as argmax_rows
 
-        return argmax_rows(x)
-    return x.argmax(dim=-1)
+        return argmax_rows(x, out=out)
+    if out is None:
+        return x.argmax(dim=-1)
+    return torch.argmax(x, dim=-1, out=out)
 
 
 def mlp(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:

@@ -65,16 +65,12 @@ class DraftRunner(DecodeRunner):
         drafts = self.drafts[:, :s]
 
         def loop() -> torch.Tensor:
-            live = seq_lens > 0  # sentinel slots stay zero-length, their rows write no KV
             for step in range(self.loop_steps):
                 hidden = self.model(ids, positions)
-                drafts[step].copy_(ops.argmax(self.model.compute_logits(hidden)))
+                ops.argmax(self.model.compute_logits(hidden), out=drafts[step])
                 if step + 1 < self.loop_steps:
-                    ids.copy_(drafts[step])
-                    positions.add_(live)
-                    seq_lens.add_(live.to(seq_lens.dtype))
-                    pages = table[rows, positions // page_size].to(slots.dtype)
-                    slots.copy_(torch.where(live, pages * page_size + positions % page_size, -1))
+                    advance_inputs(drafts[step], ids, positions, seq_lens, slots, table, rows,
+                                   page_size)  # fmt: skip
             return drafts
 
         return loop
@@ -99,4 +95,27 @@ class DraftRunner(DecodeRunner):
         return self.drafts[:, : batch.num_requests]
 
 
-__all__ = ["DecodeRunner", "DraftRunner"]
+def advance_inputs(
+    tokens: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor, seq_lens: torch.Tensor,
+    slots: torch.Tensor, table: torch.Tensor, rows: torch.Tensor, page_size: int,
+) -> None:  # fmt: skip
+    """A loop step's drafts ``tokens`` become the next step's inputs, in place: live slots
+    (``seq_lens > 0``) move one position on, and their KV slot is looked up in the page
+    table; sentinel slots stay zero-length, slot -1 (their rows write no KV). On CUDA one
+    launch (``kernels/draft_inputs.py``: these ops took a dozen); ``rows`` is
+    ``arange(len(tokens))`` owned by the caller (a tensor made inside a capture is freed with
+    the closure, under the graph that reads it)."""
+    if tokens.is_cuda and not torch.compiler.is_compiling():
+        from nanograph.kernels.draft_inputs import advance_draft_inputs
+
+        advance_draft_inputs(tokens, ids, positions, seq_lens, slots, table, page_size)
+        return
+    live = seq_lens > 0
+    ids.copy_(tokens)
+    positions.add_(live)
+    seq_lens.add_(live.to(seq_lens.dtype))
+    pages = table[rows, positions // page_size].to(slots.dtype)
+    slots.copy_(torch.where(live, pages * page_size + positions % page_size, -1))
+
+
+__all__ = ["DecodeRunner", "DraftRunner", "advance_inputs"]
