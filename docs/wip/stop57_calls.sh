@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# For the next device session. Stop 56 ran stop56_calls.sh (at 51c0183: tests and three A/B
+# stages, benchmarks/results/h100/stop56_2bc6104/COMMAND.md) and landed its three patches.
+# Left: issue 18's figures on an H200 with the Hopper extend and the direct C launcher
+# (only ever measured on H100s). From the repo root with NANOGRAPH_COMMIT exported:
+#   bash docs/wip/stop57_calls.sh h200 $OUT/h    # ~8 min, on an H200 only: 0.6b prefill,
+#     every arm and the peer, 256 / 2048 / 8192; attention (Hopper extend against SDPA)
+#   bash docs/wip/stop57_calls.sh tests $OUT/t   # ~5 min: every tests/gpu file but TP
+# PREDICTED (H100, stops 55-56: full 2.08 / 5.55 / 28.52 ms, breakable 2.31 at 256): on the
+# H200 (more bandwidth, a different host) the 8192 figures ~26-28 ms for every graph arm.
+set -uo pipefail
+stage=$1 out=$(mkdir -p "$2" && cd "$2" && pwd)
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,power.limit --format=csv > "$out/gpu_$stage.txt"
+case $stage in
+  tests)
+    bash benchmarks/run_device.sh tests-parallel "$out" ;;
+  h200)  # the Hopper extend was only ever measured on H100s (stops 52, 53, 55)
+    grep -q H200 "$out/gpu_$stage.txt" || { echo "not an H200"; exit 2; }
+    timeout 300 python3 -m nanograph bench prefill --models qwen3-0.6b --lengths 256,2048,8192 \
+      --out "$out/prefill_06b.json" > "$out/prefill_06b.log" 2>&1
+    grep -E "^qwen3-0.6b [a-z_]+:" "$out/prefill_06b.log"
+    timeout 200 python3 -m nanograph bench attention --cases \
+      extend_1x8192,extend_1x32k,extend_1x8192_06b,extend_1x32k_06b,extend_32x256 \
+      --out "$out/attention.json" > "$out/attention.log" 2>&1
+    grep -E "^ *extend_" "$out/attention.log" ;;
+  *) echo "unknown stage $stage" >&2; exit 2 ;;
+esac
