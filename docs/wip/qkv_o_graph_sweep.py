@@ -10,7 +10,8 @@ router), but never swept these two. At 4.4 TB/s they would take ~7 us a layer le
 step: issue 18's 240 tok/s needs 0.14.
 
 Run from the repo root on the device: ``PYTHONPATH=$PWD python3 docs/wip/qkv_o_graph_sweep.py``
-(``--30b``: qwen3-30b-a3b's attention half, whose q/k/v and o at 4.4 TB/s would take ~4 us a
+(``--mlp``: the gate/up and down products instead, stop 57; ``--30b``: qwen3-30b-a3b's
+attention half, whose q/k/v and o at 4.4 TB/s would take ~4 us a
 layer less, 0.2 ms a step: issue 15's 60% needs 0.15; ``--ncu``: the default graph replayed
 three times, nothing timed, for Nsight Compute; ``--smoke``: a few tiny layers once, eagerly,
 under TRITON_INTERPRET=1 on CPU).
@@ -114,6 +115,21 @@ if "--ncu" in sys.argv:
     sys.exit(0)
 print(f"defaults: {tiles}", flush=True)
 timed(tiles, "default")
+if "--mlp" in sys.argv:
+    # stop 57: the MLP's two products, never swept in a graph (issue 18's qwen3-8b batch 1
+    # needs ~0.14 ms a step; gate/up streams ~3.7 TB/s, down ~3.4 where the LM head reaches
+    # 4.4: both at 4.2 would save ~0.3 ms)
+    sweep("gu", [T(16, 512, 8, 3), T(16, 512, 8, 5), T(8, 512, 8, 4), T(8, 1024, 8, 3),
+                 T(32, 256, 8, 4), T(32, 512, 8, 3), T(16, 1024, 8, 2), T(16, 1024, 8, 3),
+                 T(16, 256, 4, 6), T(8, 512, 4, 4), T(4, 1024, 4, 4), T(16, 512, 4, 4),
+                 T(32, 512, 16, 3), T(16, 512, 16, 4)])  # fmt: skip
+    timed(tiles, "default again")
+    sweep("down", [T(4, 1024, 8, 3), T(4, 1024, 8, 4), T(8, 1024, 8, 3), T(8, 512, 8, 3),
+                   T(8, 512, 8, 5), T(4, 2048, 8, 2), T(16, 512, 8, 4), T(8, 256, 4, 6),
+                   T(4, 512, 4, 4), T(8, 1024, 4, 3), T(16, 256, 8, 4),
+                   T(4, 1024, 4, 3)])  # fmt: skip
+    timed(tiles, "default at the end")
+    sys.exit(0)
 sweep("qkv", [T(8, 512, 8, 4), T(4, 1024, 8, 4), T(16, 256, 4, 4), T(8, 1024, 8, 3),
               T(32, 256, 8, 3), T(16, 512, 4, 4), T(16, 1024, 8, 2), T(8, 256, 4, 6)])  # fmt: skip
 timed(tiles, "default again")

@@ -6,6 +6,9 @@
 #   bash docs/wip/stop57_calls.sh h200 $OUT/h    # ~8 min, on an H200 only: 0.6b prefill,
 #     every arm and the peer, 256 / 2048 / 8192; attention (Hopper extend against SDPA)
 #   bash docs/wip/stop57_calls.sh tests $OUT/t   # ~5 min: every tests/gpu file but TP
+#   bash docs/wip/stop57_calls.sh diag $OUT/d    # ~5 min, any GPU: where the batch-1 decode
+#     graph's time goes, per kernel of a layer (decode_breakdown.py, qwen3-8b and 0.6b), and
+#     qwen3-8b's gate/up and down tiles swept inside a graph (qkv_o_graph_sweep.py --mlp)
 # PREDICTED (H100, stops 55-56: full 2.08 / 5.55 / 28.52 ms, breakable 2.31 at 256): on the
 # H200 (more bandwidth, a different host) the 8192 figures ~26-28 ms for every graph arm.
 set -uo pipefail
@@ -24,5 +27,11 @@ case $stage in
       extend_1x8192,extend_1x32k,extend_1x8192_06b,extend_1x32k_06b,extend_32x256 \
       --out "$out/attention.json" > "$out/attention.log" 2>&1
     grep -E "^ *extend_" "$out/attention.log" ;;
+  diag)
+    timeout 240 python3 docs/wip/decode_breakdown.py "$out" qwen3-8b,qwen3-0.6b \
+      > "$out/breakdown.log" 2>&1
+    grep -v "^ *0.00 us" "$out/breakdown.log" | tail -60
+    timeout 300 python3 docs/wip/qkv_o_graph_sweep.py --mlp > "$out/mlp_sweep.log" 2>&1
+    cat "$out/mlp_sweep.log" | grep -v Warning ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;
 esac
