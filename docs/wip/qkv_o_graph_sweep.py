@@ -10,8 +10,9 @@ router), but never swept these two. At 4.4 TB/s they would take ~7 us a layer le
 step: issue 18's 240 tok/s needs 0.14.
 
 Run from the repo root on the device: ``PYTHONPATH=$PWD python3 docs/wip/qkv_o_graph_sweep.py``
-(``--mlp``: the gate/up and down products instead, stop 57; ``--30b``: qwen3-30b-a3b's
-attention half, whose q/k/v and o at 4.4 TB/s would take ~4 us a
+(``--att``: the one-row attention's slices, stop 57, ``--06b`` with qwen3-0.6b's shapes,
+``--context N`` tokens; ``--mlp``: the gate/up and down products instead, stop 57;
+``--30b``: qwen3-30b-a3b's attention half, whose q/k/v and o at 4.4 TB/s would take ~4 us a
 layer less, 0.2 ms a step: issue 15's 60% needs 0.15; ``--ncu``: the default graph replayed
 three times, nothing timed, for Nsight Compute; ``--smoke``: a few tiny layers once, eagerly,
 under TRITON_INTERPRET=1 on CPU).
@@ -35,8 +36,12 @@ elif "--30b" in sys.argv:
     # trace); a dense MLP of the bytes its 8 experts stream (50 MB gate/up, 25 MB down) stands
     # in for the MoE half between layers
     L, H, HQ, HKV, D, INTER, CONTEXT, DEV = 48, 2048, 32, 4, 128, 6144, 511, "cuda"
+elif "--06b" in sys.argv:  # qwen3-0.6b's shapes (the engine fuses its layer; this does not)
+    L, H, HQ, HKV, D, INTER, CONTEXT, DEV = 28, 1024, 16, 8, 128, 3072, 511, "cuda"
 else:
     L, H, HQ, HKV, D, INTER, CONTEXT, DEV = 36, 4096, 32, 8, 128, 12288, 511, "cuda"
+if "--context" in sys.argv:
+    CONTEXT = int(sys.argv[sys.argv.index("--context") + 1])
 torch.manual_seed(0)
 bf = dict(dtype=torch.float32 if SMOKE else torch.bfloat16, device=DEV)
 QKV = (HQ + 2 * HKV) * D
@@ -115,6 +120,34 @@ if "--ncu" in sys.argv:
     sys.exit(0)
 print(f"defaults: {tiles}", flush=True)
 timed(tiles, "default")
+if "--att" in sys.argv:
+    # stop 57: the one-row decode attention is the largest kernel of a layer after the
+    # products (H100, decode_breakdown.py: 9.7 us a layer on qwen3-8b, 9.3 on 0.6b at 511
+    # tokens, against ~1 MB of KV). Its default slices 511 keys into 8 one-block slices and
+    # merges them (partials, an atomic, the last slice reads them back); never swept: fewer
+    # slices (min_split_blocks) and no merge at all (num_splits 1).
+    one_row = attention_tiles.choose_tiles(torch.device(DEV), 1, 1, HQ, HKV, D, 1)
+    print(f"one-row attention default: {one_row}", flush=True)
+    variants = [(64, 32, m, 8, 3) for m in (2, 4, 8)]  # (block_n, splits, min blocks, warps, st)
+    variants += [
+        (64, 1, 1, 8, 3),
+        (64, 1, 1, 4, 3),
+        (64, 1, 1, 4, 2),
+        (128, 1, 1, 8, 2),
+        (32, 1, 1, 4, 3),
+        (128, 32, 2, 8, 2),
+        (32, 32, 4, 4, 3),
+        (32, 32, 2, 4, 3),
+        (64, 32, 2, 4, 3),
+        (64, 32, 4, 4, 3),
+        (64, 2, 1, 8, 3),
+        (64, 4, 1, 8, 3),
+    ]
+    sweep("att", [dataclasses.replace(one_row, block_n=bn, num_splits=sp, min_split_blocks=mb,
+                                      num_warps=w, num_stages=st)
+                  for bn, sp, mb, w, st in variants])  # fmt: skip
+    timed(tiles, "default at the end")
+    sys.exit(0)
 if "--mlp" in sys.argv:
     # stop 57: the MLP's two products, never swept in a graph (issue 18's qwen3-8b batch 1
     # needs ~0.14 ms a step; gate/up streams ~3.7 TB/s, down ~3.4 where the LM head reaches

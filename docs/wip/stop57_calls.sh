@@ -6,6 +6,7 @@
 #   bash docs/wip/stop57_calls.sh h200 $OUT/h    # ~8 min, on an H200 only: 0.6b prefill,
 #     every arm and the peer, 256 / 2048 / 8192; attention (Hopper extend against SDPA)
 #   bash docs/wip/stop57_calls.sh tests $OUT/t   # ~5 min: every tests/gpu file but TP
+#   bash docs/wip/stop57_calls.sh att $OUT/a     # ~8 min, any GPU: one-row attention slices
 #   bash docs/wip/stop57_calls.sh diag $OUT/d    # ~5 min, any GPU: where the batch-1 decode
 #     graph's time goes, per kernel of a layer (decode_breakdown.py, qwen3-8b and 0.6b), and
 #     qwen3-8b's gate/up and down tiles swept inside a graph (qkv_o_graph_sweep.py --mlp)
@@ -33,5 +34,11 @@ case $stage in
     grep -v "^ *0.00 us" "$out/breakdown.log" | tail -60
     timeout 300 python3 docs/wip/qkv_o_graph_sweep.py --mlp > "$out/mlp_sweep.log" 2>&1
     cat "$out/mlp_sweep.log" | grep -v Warning ;;
+  att)  # the one-row decode attention's slices in a graph of layers (diag found it 9.3-9.7 us)
+    W=docs/wip/qkv_o_graph_sweep.py
+    timeout 200 python3 $W --att > "$out/att_8b.log" 2>&1; grep -v Warn "$out/att_8b.log"
+    timeout 200 python3 $W --att --06b > "$out/att_06b.log" 2>&1; grep -v Warn "$out/att_06b.log"
+    timeout 150 python3 $W --att --context 4095 > "$out/att_8b_4k.log" 2>&1
+    grep -v Warn "$out/att_8b_4k.log" ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;
 esac
