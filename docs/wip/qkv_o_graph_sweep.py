@@ -10,7 +10,8 @@ router), but never swept these two. At 4.4 TB/s they would take ~7 us a layer le
 step: issue 18's 240 tok/s needs 0.14.
 
 Run from the repo root on the device: ``PYTHONPATH=$PWD python3 docs/wip/qkv_o_graph_sweep.py``
-(``--att``: the one-row attention's slices, stop 57, ``--06b`` with qwen3-0.6b's shapes,
+(``--att``: the one-row attention's slices, stop 57, ``--att-long`` their length at long
+contexts, ``--06b`` with qwen3-0.6b's shapes,
 ``--context N`` tokens; ``--mlp``: the gate/up and down products instead, stop 57;
 ``--30b``: qwen3-30b-a3b's attention half, whose q/k/v and o at 4.4 TB/s would take ~4 us a
 layer less, 0.2 ms a step: issue 15's 60% needs 0.15; ``--ncu``: the default graph replayed
@@ -120,6 +121,15 @@ if "--ncu" in sys.argv:
     sys.exit(0)
 print(f"defaults: {tiles}", flush=True)
 timed(tiles, "default")
+if "--att-long" in sys.argv:
+    # stop 57: at 4095 tokens the 8b graph took 154.0 us a layer with 4 key blocks a slice
+    # against 158.3-161.3 for the default 2 (32 slices): how the slice length should grow
+    one_row = attention_tiles.choose_tiles(torch.device(DEV), 1, 1, HQ, HKV, D, 1)
+    sweep("att", [dataclasses.replace(one_row, min_split_blocks=m) for m in (2, 4, 8, 16)])
+    timed(tiles, "default again")
+    sweep("att", [dataclasses.replace(one_row, min_split_blocks=m) for m in (4, 2)])
+    timed(tiles, "default at the end")
+    sys.exit(0)
 if "--att" in sys.argv:
     # stop 57: the one-row decode attention is the largest kernel of a layer after the
     # products (H100, decode_breakdown.py: 9.7 us a layer on qwen3-8b, 9.3 on 0.6b at 511

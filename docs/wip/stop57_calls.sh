@@ -7,6 +7,8 @@
 #     every arm and the peer, 256 / 2048 / 8192; attention (Hopper extend against SDPA)
 #   bash docs/wip/stop57_calls.sh tests $OUT/t   # ~5 min: every tests/gpu file but TP
 #   bash docs/wip/stop57_calls.sh att $OUT/a     # ~8 min, any GPU: one-row attention slices
+#   bash docs/wip/stop57_calls.sh long $OUT/l    # ~6 min, any GPU: one-row slices at 1k-16k
+#     tokens (qkv_o_graph_sweep.py --att-long), bench decode qwen3-8b / 0.6b full 1, 8, 32
 #   bash docs/wip/stop57_calls.sh diag $OUT/d    # ~5 min, any GPU: where the batch-1 decode
 #     graph's time goes, per kernel of a layer (decode_breakdown.py, qwen3-8b and 0.6b), and
 #     qwen3-8b's gate/up and down tiles swept inside a graph (qkv_o_graph_sweep.py --mlp)
@@ -40,5 +42,14 @@ case $stage in
     timeout 200 python3 $W --att --06b > "$out/att_06b.log" 2>&1; grep -v Warn "$out/att_06b.log"
     timeout 150 python3 $W --att --context 4095 > "$out/att_8b_4k.log" 2>&1
     grep -v Warn "$out/att_8b_4k.log" ;;
+  long)  # key blocks a one-row slice at long contexts; this H100's batch-1 decode roofline
+    for ctx in 1023 2047 4095 8191 16383; do
+      timeout 100 python3 docs/wip/qkv_o_graph_sweep.py --att-long --context $ctx \
+        > "$out/long_$ctx.log" 2>&1
+      echo "== $ctx"; grep "us a layer" "$out/long_$ctx.log" | sed 's/AttentionTiles.*min_split/min_split/'
+    done
+    timeout 240 python3 -m nanograph bench decode --models qwen3-8b,qwen3-0.6b --arms full \
+      --batches 1,8,32 --out "$out/decode.json" > "$out/decode.log" 2>&1
+    tail -25 "$out/decode.log" ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;
 esac
