@@ -339,7 +339,8 @@ def test_target_verify(num_splits):
 def test_split_counters_reset_and_min_split_blocks():
     # The last slice of each tile merges and re-zeroes its counter, so back-to-back launches
     # (a graph replay, the next layer) start from zero; a key range shorter than
-    # min_split_blocks x block_n runs as one slice whatever num_splits allows.
+    # min_split_blocks x block_n runs as one slice whatever num_splits allows, unless
+    # min_slices keeps it cut into that many shorter slices.
     from dataclasses import replace
 
     batch = _batch([5, 40, 0, 23], [3, 9, 6, 1], seed=11)
@@ -348,7 +349,10 @@ def test_split_counters_reset_and_min_split_blocks():
     base = attention_tiles.choose_tiles(torch.device("cpu"), batch.q.shape[0], 6, 4, 2, 16, None, 4)
     want = reference.paged_attention(*[_f64(a) for a in args[:3]], *args[3:])
     real = int(batch.num_tokens[0])
-    for tiles in (base, base, replace(base, min_split_blocks=100)):
+    variants = (base, base, replace(base, min_split_blocks=100),
+                replace(base, min_split_blocks=3, min_slices=2),
+                replace(base, min_split_blocks=2, min_slices=4))  # fmt: skip
+    for tiles in variants:
         got = attention.paged_attention(*args, tiles=tiles)
         torch.testing.assert_close(got[:real].double(), want[:real], atol=2e-4, rtol=2e-4)
         counters = split_counters(batch.q.device, 0)

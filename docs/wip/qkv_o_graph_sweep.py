@@ -123,11 +123,14 @@ print(f"defaults: {tiles}", flush=True)
 timed(tiles, "default")
 if "--att-long" in sys.argv:
     # stop 57: at 4095 tokens the 8b graph took 154.0 us a layer with 4 key blocks a slice
-    # against 158.3-161.3 for the default 2 (32 slices): how the slice length should grow
+    # against 158.3-161.3 for the default 2 (32 slices): how the slice length should grow.
+    # (min_split_blocks, min_slices): slices of at least m blocks, but at least s of them
     one_row = attention_tiles.choose_tiles(torch.device(DEV), 1, 1, HQ, HKV, D, 1)
-    sweep("att", [dataclasses.replace(one_row, min_split_blocks=m) for m in (2, 4, 8, 16)])
+    grow = [(2, 8), (4, 8), (4, 16), (8, 8), (8, 16), (2, 16), (4, 1)]
+    replace = dataclasses.replace
+    sweep("att", [replace(one_row, min_split_blocks=m, min_slices=s) for m, s in grow])
     timed(tiles, "default again")
-    sweep("att", [dataclasses.replace(one_row, min_split_blocks=m) for m in (4, 2)])
+    sweep("att", [replace(one_row, min_split_blocks=m, min_slices=s) for m, s in grow[:3]])
     timed(tiles, "default at the end")
     sys.exit(0)
 if "--att" in sys.argv:

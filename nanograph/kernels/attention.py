@@ -365,6 +365,7 @@ def _launch(
             SPLITS_CAP=max(MAX_SPLITS, tiles.num_splits),
             MAY_SPLIT=tiles.num_splits > 1,
             MIN_SPLIT_BLOCKS=tiles.min_split_blocks,
+            MIN_SLICES=tiles.min_slices,
             PREFETCH_PAGES=tiles.prefetch_pages,
             MERGE_ROWS=min(tiles.block_q * tiles.group_pad, 16),
             USE_WINDOW=sliding_window > 0,

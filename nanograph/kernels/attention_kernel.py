@@ -9,10 +9,11 @@ Invariants:
   sequence still fills the GPU). ``num_splits`` is a runtime value (the grid's third dim: one
   kernel serves every split count > 1, and one-slice launches compile without the merge); a
   tile uses only as many slices as its key range fills with MIN_SPLIT_BLOCKS key blocks each,
-  so a short range takes one slice and writes its output directly. A split tile writes a
-  normalized partial output plus its log-sum-exp; the last of its slices to finish (an atomic
-  counter per tile) merges them, then resets the counter to zero for the next launch
-  (kernels/counters.py: the persistent buffers and their lanes).
+  so a short range takes one slice and writes its output directly; with MIN_SLICES > 1 a range
+  of fewer than MIN_SLICES x MIN_SPLIT_BLOCKS blocks keeps MIN_SLICES slices (shorter ones).
+  A split tile writes a normalized partial output plus its log-sum-exp; the last of its
+  slices to finish (an atomic counter per tile) merges them, then resets the counter to zero
+  for the next launch (kernels/counters.py: the persistent buffers and their lanes).
 - The one-row decode (``AttentionTiles.pdl_wait``, sm_90+) is a programmatic dependent launch
   behind the kernel that wrote q (the q/k/v GEMV when this kernel rotates q itself, given
   ``rope``; else rope + KV store): it reads the lengths and the page table and prefetches its
@@ -250,6 +251,7 @@ def _paged_attention_kernel(
     SPLITS_CAP: tl.constexpr,  # a power of two >= num_splits (the merge's lse vector)
     MAY_SPLIT: tl.constexpr,  # num_splits > 1: only then is the merge compiled in
     MIN_SPLIT_BLOCKS: tl.constexpr,
+    MIN_SLICES: tl.constexpr,  # a long range keeps this many slices as they grow (AttentionTiles)
     PREFETCH_PAGES: tl.constexpr,
     MERGE_ROWS: tl.constexpr,
     USE_WINDOW: tl.constexpr,
@@ -336,7 +338,8 @@ def _paged_attention_kernel(
     if NEW_KEYS:  # the cached prefix's blocks, then this forward's from its first new token
         prefix_blocks = tl.cdiv(context_len, BLOCK_N)
         num_blocks = prefix_blocks + tl.cdiv(kv_hi - context_len, BLOCK_N)
-    blocks_per_split = tl.maximum(tl.cdiv(num_blocks, num_splits), MIN_SPLIT_BLOCKS)
+    least_blocks = tl.minimum(MIN_SPLIT_BLOCKS, tl.cdiv(num_blocks, MIN_SLICES))
+    blocks_per_split = tl.maximum(tl.cdiv(num_blocks, num_splits), least_blocks)
     active_splits = tl.cdiv(num_blocks, blocks_per_split)
     if split >= active_splits:
         return  # the key range is too short to use this slice

@@ -64,6 +64,10 @@ class AttentionTiles:
     # forward's own k/v rows (given as ``new_kv``) through TMA descriptors instead of gathered
     # from the paged cache (flat tiles; a launch with a window reads the pages)
     new_keys: bool = False
+    # a key range of fewer than min_slices x min_split_blocks blocks still takes min_slices
+    # slices (as many as it has blocks): slices grow from one block toward min_split_blocks
+    # as the range grows, instead of a short range taking one slice
+    min_slices: int = 1
 
 
 @functools.lru_cache(maxsize=8)
