@@ -345,6 +345,20 @@ def test_decode_one_32k_sequence(prefetch_pages):
     _check(batch, max_query_len=1, tiles=dataclasses.replace(tiles, prefetch_pages=prefetch_pages))
 
 
+@pytest.mark.parametrize("context", [100, 1023, 2047, 4095, 9000])
+@pytest.mark.parametrize("least", [(4, 8), (2, 16), (8, 1)], ids=["4x8", "2x16", "8x1"])
+def test_one_row_slices_of_several_blocks(context, least):
+    """Slices of at least ``min_split_blocks`` key blocks, but ``min_slices`` of them while
+    the range is shorter (AttentionTiles.min_slices): every split layout agrees."""
+    from nanograph.kernels.attention_tiles import choose_tiles
+
+    batch = _batch([context], [1], seed=context)
+    tiles = choose_tiles(batch.q.device, 1, 1, 32, 8, 128, 1)
+    m, s = least
+    _check(batch, max_query_len=1,
+           tiles=dataclasses.replace(tiles, min_split_blocks=m, min_slices=s))  # fmt: skip
+
+
 @LONG_LAYOUTS
 @pytest.mark.parametrize("context", [0, 511, 4095, 32767])
 def test_one_row_decode_with_rope_in_the_kernel(layout, context):
