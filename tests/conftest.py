@@ -248,6 +248,24 @@ def assert_pages_back(llm) -> None:
         assert cache.stats().evictable_pages == cache.stats().cached_pages
 
 
+def record_attention_launch_ranges(monkeypatch) -> list[tuple[int, int]]:
+    """From now on, the ``(min_q_len, max_q_len)`` of each Triton attention launch, in order.
+    The launch kinds seen so far are forgotten, so a launch with no request in its range runs
+    once more for its kind."""
+    from nanograph.kernels import attention
+
+    monkeypatch.setattr(attention, "_LAUNCHED", set())
+    ranges: list[tuple[int, int]] = []
+    real_launch = attention._launch
+
+    def recording(*args):
+        ranges.append(args[14:16])  # min_q_len, max_q_len
+        return real_launch(*args)
+
+    monkeypatch.setattr(attention, "_launch", recording)
+    return ranges
+
+
 def fused_decode_agreement(build: Callable, prompts: list, params, ran: list) -> float:
     """Greedy tokens of an engine from ``build()`` with the fused batch-1 decode off, then on
     ("auto"): each request alone (batch 1), then all together. ``ran`` is a list the caller's

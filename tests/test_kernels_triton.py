@@ -226,21 +226,15 @@ def test_extend_leaves_out_launches_without_requests_once_their_kind_ran(monkeyp
     """Given the live batch's range (an eager call), a launch whose share of it is empty runs
     the first time its kind is seen (it loads the kernel, which a later capture could not),
     and is left out from then on; a range that holds requests always launches."""
+    from conftest import record_attention_launch_ranges
+
     batch = _batch([0, 5], [20, 9], seed=12)
     args = (batch.q, batch.k_cache, batch.v_cache, *batch.metadata(), batch.page_size, 0.25)
     want = reference.paged_attention(*[_f64(a) for a in args[:3]], *args[3:])
     hopper = _StandInHopper(want)
     monkeypatch.setattr(attention, "hopper_extend", lambda *a: hopper.extend_attention)
     monkeypatch.setattr(attention, "HOPPER_MIN_QUERY_LEN", 8)
-    monkeypatch.setattr(attention, "_LAUNCHED", set())
-    launches = []
-    real_launch = attention._launch
-
-    def counting_launch(*a):
-        launches.append(a[14:16])  # min_q_len, max_q_len
-        return real_launch(*a)
-
-    monkeypatch.setattr(attention, "_launch", counting_launch)
+    launches = record_attention_launch_ranges(monkeypatch)
     kwargs = {"new_kv": _new_rows(batch), "query_len_range": (9, 20)}  # both long
     for call in range(2):
         got = attention.paged_attention(*args, **kwargs)

@@ -247,18 +247,10 @@ def test_an_eager_live_range_leaves_out_the_empty_launch_and_a_later_capture_hol
     for short requests (one a length class of the plan, each with no request in its range)
     once, for their kinds, then only the Hopper kernel; a CUDA graph captured after that
     (every length) replays right for a batch of a long and a short request."""
-    from nanograph.kernels import attention
+    from conftest import record_attention_launch_ranges
 
-    monkeypatch.setattr(attention, "_LAUNCHED", set())
     hopper_calls = _count_hopper_launches(monkeypatch)
-    triton_ranges = []
-    real_launch = attention._launch
-
-    def counted(*a):
-        triton_ranges.append(a[14:16])  # min_q_len, max_q_len
-        return real_launch(*a)
-
-    monkeypatch.setattr(attention, "_launch", counted)
+    triton_ranges = record_attention_launch_ranges(monkeypatch)
     batch = _batch([0, 100], [600, 40], layout=QWEN3_06B, seed=3)
     new_kv, want = _new_rows(batch)
     n = batch.q.shape[0]
