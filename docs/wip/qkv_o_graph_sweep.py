@@ -142,20 +142,10 @@ if "--att" in sys.argv:
     one_row = attention_tiles.choose_tiles(torch.device(DEV), 1, 1, HQ, HKV, D, 1)
     print(f"one-row attention default: {one_row}", flush=True)
     variants = [(64, 32, m, 8, 3) for m in (2, 4, 8)]  # (block_n, splits, min blocks, warps, st)
-    variants += [
-        (64, 1, 1, 8, 3),
-        (64, 1, 1, 4, 3),
-        (64, 1, 1, 4, 2),
-        (128, 1, 1, 8, 2),
-        (32, 1, 1, 4, 3),
-        (128, 32, 2, 8, 2),
-        (32, 32, 4, 4, 3),
-        (32, 32, 2, 4, 3),
-        (64, 32, 2, 4, 3),
-        (64, 32, 4, 4, 3),
-        (64, 2, 1, 8, 3),
-        (64, 4, 1, 8, 3),
-    ]
+    variants += [(64, 1, 1, 8, 3), (64, 1, 1, 4, 3), (64, 1, 1, 4, 2), (128, 1, 1, 8, 2),
+                 (32, 1, 1, 4, 3), (128, 32, 2, 8, 2), (32, 32, 4, 4, 3), (32, 32, 2, 4, 3),
+                 (64, 32, 2, 4, 3), (64, 32, 4, 4, 3), (64, 2, 1, 8, 3),
+                 (64, 4, 1, 8, 3)]  # fmt: skip
     sweep("att", [dataclasses.replace(one_row, block_n=bn, num_splits=sp, min_split_blocks=mb,
                                       num_warps=w, num_stages=st)
                   for bn, sp, mb, w, st in variants])  # fmt: skip
