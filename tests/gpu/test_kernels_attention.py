@@ -341,10 +341,11 @@ def test_decode_one_32k_sequence(prefetch_pages):
 @pytest.mark.parametrize("least", [(4, 8), (2, 16), (8, 1)], ids=["4x8", "2x16", "8x1"])
 def test_one_row_slices_of_several_blocks(context, least):
     """Slices of at least ``min_split_blocks`` key blocks, but ``min_slices`` of them while
-    the range is shorter (AttentionTiles.min_slices): every split layout agrees."""
+    the range is shorter (AttentionTiles.min_slices): every split layout agrees, and the
+    zero-length sentinel slots (no key blocks) are left alone."""
     from nanograph.kernels.attention_tiles import choose_tiles
 
-    batch = _batch([context], [1], seed=context)
+    batch = _batch([context], [1], sentinels=3, seed=context)
     tiles = choose_tiles(batch.q.device, 1, 1, 32, 8, 128, 1)
     m, s = least
     _check(batch, max_query_len=1,
