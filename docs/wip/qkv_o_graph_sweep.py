@@ -1,4 +1,4 @@
-"""Prepared for the next device session (stop 45, not run): qwen3-8b's batch-1 q/k/v and o GEMV
+"""Written in stop 45, run in stops 52 and 57: qwen3-8b's batch-1 q/k/v and o GEMV
 tiles swept inside a CUDA graph of 36 unfused decode layers, the engine's own kernels in the
 engine's order: add_rmsnorm, q/k/v GEMV, the one-row attention rotating and storing its key
 (``RopeStore``, 511 tokens of context, a KV cache per layer), o GEMV, add_rmsnorm, gate/up GEMV,
