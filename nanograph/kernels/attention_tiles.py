@@ -37,6 +37,15 @@ PROGRAMS_PER_SM = 4
 # The small-query (memory-bound) regime: query tokens x padded group rows per request up to this
 # fit one tile, so the per-request layout wastes nothing and split-KV pays off.
 SMALL_QUERY_ROWS = 64
+# A one-row decode's key slices (the prefetching configuration): (at least this many key
+# blocks a slice, but at least this many slices while the range has that many blocks). Up to
+# 8 blocks (512 tokens) a slice is one block, as before; from 32 to 128 blocks the slices hold
+# 4 instead of 1-2, so fewer programs meet in the merge. H100, stop 57, 36 qwen3-8b layers in a
+# graph (docs/wip/qkv_o_graph_sweep.py --att-long): -3.7 to -4.5 us a layer at 2,047 and
+# 4,095 tokens, -0.4 to -1.3 at 1,023, the same config at 511 and 8,191; qwen3-0.6b decode at
+# batch 1 after a 2,048-token prompt 964-969 against 932-933 tok/s, after 4,096 level (859
+# against 860). Longer slices (4 blocks past 16 slices, 8 blocks) measured no better.
+ONE_ROW_SLICES = (4, 8)
 # Extend batches averaging at most this many tokens per request slot count as short requests.
 SHORT_REQUEST_TOKENS = 512
 # No request's query is longer (int32 lengths): the upper end of an unrestricted launch.
@@ -171,8 +180,11 @@ def choose_tiles(
     # 1 x 32k, 11.6 vs 12.4 us at 1 x 512). Larger batches keep the configuration measured
     # before (batch 8-32 not swept with this one yet).
     prefetch = on_gpu and small and max_query_len == 1 and num_splits >= MAX_SPLITS
+    min_slices = 1
     if prefetch:
         num_warps, num_stages = 8, 3
+        # slices of one key block up to 8 of them, then longer ones (ONE_ROW_SLICES)
+        min_split_blocks, min_slices = ONE_ROW_SLICES
     # The one-row decode follows a one-row launch that lets it start early (the q/k/v GEMV, or
     # rope + KV store once it has waited). H200 (a42ae37, behind rope + KV store): the decode
     # graph -2.2% on qwen3-0.6b and -2.1% on qwen3-30b-a3b; the same launch at batch 8 and 32
@@ -182,7 +194,7 @@ def choose_tiles(
     prefetch = prefetch or prefetch_long
     return AttentionTiles(
         block_q, group_pad, block_n, num_splits, min_split_blocks, small, num_warps, num_stages,
-        prefetch, pdl_wait, new_keys,
+        prefetch, pdl_wait, new_keys, min_slices,
     )  # fmt: skip
 
 
