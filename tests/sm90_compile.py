@@ -156,6 +156,8 @@ def _attention_cases():
         block_q=1, group_pad=16, block_n=64, num_splits=32, min_split_blocks=1,
         per_request=True, num_warps=4, num_stages=2,
     )  # fmt: skip
+    # the prefetching (one to four rows) decode's slices, as choose_tiles sets them on a GPU
+    slices = dict(zip(("min_split_blocks", "min_slices"), attention_tiles.ONE_ROW_SLICES))
     sinks = torch.zeros(32, dtype=torch.float32)
     yield "extend", {"tiles": gpu_extend}, None
     yield "extend split", {"tiles": replace(gpu_extend, num_splits=2)}, None
@@ -167,12 +169,12 @@ def _attention_cases():
     yield "decode split", {"tiles": gpu_decode, "max_query_len": 1}, None
     yield "decode", {"tiles": replace(gpu_decode, num_splits=1), "max_query_len": 1}, None
     yield "decode split prefetch", {
-        "tiles": replace(gpu_decode, prefetch_pages=True, num_warps=8, num_stages=3),
+        "tiles": replace(gpu_decode, prefetch_pages=True, num_warps=8, num_stages=3, **slices),
         "max_query_len": 1,
     }, None  # fmt: skip
     yield "decode one row, a programmatic dependent launch", {
         "tiles": replace(gpu_decode, prefetch_pages=True, num_warps=8, num_stages=3,
-                         pdl_wait=True),
+                         pdl_wait=True, **slices),
         "max_query_len": 1,
     }, None  # fmt: skip
     yield "extend window prefetch", {
@@ -242,8 +244,10 @@ def main() -> int:
               descriptors=descriptors)  # fmt: skip
     # the fused one-row decode: rotary and the KV store in the attention kernel
     one_row = attention_tiles.AttentionTiles(
-        block_q=1, group_pad=16, block_n=64, num_splits=32, min_split_blocks=1,
-        per_request=True, num_warps=8, num_stages=3, prefetch_pages=True, pdl_wait=True,
+        block_q=1, group_pad=16, block_n=64, num_splits=32,
+        min_split_blocks=attention_tiles.ONE_ROW_SLICES[0], per_request=True, num_warps=8,
+        num_stages=3, prefetch_pages=True, pdl_wait=True,
+        min_slices=attention_tiles.ONE_ROW_SLICES[1],
     )  # fmt: skip
     for norm in (False, True):
         batch = make_paged_batch([40], [1], num_q_heads=32, num_kv_heads=8, head_dim=128,
