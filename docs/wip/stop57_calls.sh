@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# For the next device session. Stop 56 ran stop56_calls.sh (at 51c0183: tests and three A/B
-# stages, benchmarks/results/h100/stop56_2bc6104/COMMAND.md) and landed its three patches.
-# Left: issue 18's figures on an H200 with the Hopper extend and the direct C launcher
-# (only ever measured on H100s). From the repo root with NANOGRAPH_COMMIT exported:
+# Stop 57 ran diag, att and long here (benchmarks/results/h100/stop57_*/COMMAND.md) and landed
+# the one-row decode's longer slices (5604227) with only tests/gpu/test_kernels_attention.py
+# run. Next, in this order: tests (every tests/gpu file), slices_ab (the slices on qwen3-8b
+# and 30b-a3b), h200 (issue 18's figures on an H200 with the Hopper extend and the direct C
+# launcher, only ever measured on H100s). From the repo root with NANOGRAPH_COMMIT exported:
 #   bash docs/wip/stop57_calls.sh h200 $OUT/h    # ~8 min, on an H200 only: 0.6b prefill,
 #     every arm and the peer, 256 / 2048 / 8192; attention (Hopper extend against SDPA)
 #   bash docs/wip/stop57_calls.sh tests $OUT/t   # ~5 min: every tests/gpu file but TP
 #   bash docs/wip/stop57_calls.sh att $OUT/a     # ~8 min, any GPU: one-row attention slices
 #   bash docs/wip/stop57_calls.sh long $OUT/l    # ~6 min, any GPU: one-row slices at 1k-16k
 #     tokens (qkv_o_graph_sweep.py --att-long), bench decode qwen3-8b / 0.6b full 1, 8, 32
+#   bash docs/wip/stop57_calls.sh slices_ab $OUT/s  # ~7 min: 5604227's slices on qwen3-8b
+#     (batch 1 and 4, prompts 2048 / 4096) and 30b-a3b, alternating with them off
 #   bash docs/wip/stop57_calls.sh diag $OUT/d    # ~5 min, any GPU: where the batch-1 decode
 #     graph's time goes, per kernel of a layer (decode_breakdown.py, qwen3-8b and 0.6b), and
 #     qwen3-8b's gate/up and down tiles swept inside a graph (qkv_o_graph_sweep.py --mlp)
@@ -53,5 +56,19 @@ case $stage in
     timeout 240 python3 -m nanograph bench decode --models qwen3-8b,qwen3-0.6b --arms full \
       --batches 1,8,32 --out "$out/decode.json" > "$out/decode.log" 2>&1
     tail -25 "$out/decode.log" ;;
+  slices_ab)  # 5604227's one-row slices past 512 tokens on the models not measured with them
+    # ("off": docs/wip/onerow_slices_off.patch puts back the old (1, 1)); ~7 min
+    B="python3 -m nanograph bench decode --arms full --new-tokens 128 --repeats 3"
+    for tree in off on off on; do
+      [ $tree = off ] && git apply docs/wip/onerow_slices_off.patch
+      for L in 2048 4096; do
+        timeout 100 $B --models qwen3-8b --batches 1,4 --prompt-len $L \
+          --out "$out/8b_${L}_$tree.json" 2>&1 | grep "decode=full"
+      done
+      timeout 100 $B --models qwen3-30b-a3b --batches 1 --prompt-len 2048 \
+        --out "$out/30b_2048_$tree.json" 2>&1 | grep "decode=full"
+      [ $tree = off ] && git apply -R docs/wip/onerow_slices_off.patch
+      echo "== $tree"
+    done ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;
 esac
