@@ -338,11 +338,10 @@ def _paged_attention_kernel(
     if NEW_KEYS:  # the cached prefix's blocks, then this forward's from its first new token
         prefix_blocks = tl.cdiv(context_len, BLOCK_N)
         num_blocks = prefix_blocks + tl.cdiv(kv_hi - context_len, BLOCK_N)
+    least_blocks = MIN_SPLIT_BLOCKS
     if MIN_SLICES > 1:  # (at least one: a zero-length slot has no blocks)
         least_blocks = tl.maximum(tl.minimum(MIN_SPLIT_BLOCKS, tl.cdiv(num_blocks, MIN_SLICES)), 1)
-        blocks_per_split = tl.maximum(tl.cdiv(num_blocks, num_splits), least_blocks)
-    else:
-        blocks_per_split = tl.maximum(tl.cdiv(num_blocks, num_splits), MIN_SPLIT_BLOCKS)
+    blocks_per_split = tl.maximum(tl.cdiv(num_blocks, num_splits), least_blocks)
     active_splits = tl.cdiv(num_blocks, blocks_per_split)
     if split >= active_splits:
         return  # the key range is too short to use this slice
