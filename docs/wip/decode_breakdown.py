@@ -3,15 +3,17 @@ device from the repo root: ``python3 docs/wip/decode_breakdown.py OUT_DIR [model
 
 ``bench floor`` attributes busy time by kernel name, which puts the q/k/v, o, gate/up and down
 GEMVs under one name. Here the profiled replays of the decode graph (the engine's own,
-``runner.forward`` on a batch-1 step at 511 tokens of context) are walked in start order and
-each kernel gets the time it runs past every kernel before it (under programmatic dependent
-launch a kernel starts early and waits: its own duration overstates it). Kernels are labelled by
+``runner.forward`` on a batch-1 step at 511 tokens of context, or the environment's CONTEXT
+less one) are walked in start order and each kernel gets the time it runs past every kernel
+before it (under programmatic dependent launch a kernel starts early and waits: its own
+duration overstates it). Kernels are labelled by
 their place in a layer (the period between two attention kernels), so each product of the layer
 gets its own line: microseconds a layer and a step, against the weight bytes it streams.
 Writes ``OUT_DIR/decode_breakdown.json`` and prints a table per model.
 """
 
 import json
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -24,7 +26,8 @@ from nanograph.bench.floor import graph_replay_ms, step_batch
 
 out_dir = Path(sys.argv[1] if len(sys.argv) > 1 else ".")
 models = (sys.argv[2] if len(sys.argv) > 2 else "qwen3-8b,qwen3-0.6b").split(",")
-REPEATS, CONTEXT = 20, 512
+REPEATS = 20
+CONTEXT = int(os.environ.get("CONTEXT", 512))  # tokens the step's row follows
 GAP_US = 25.0  # idle that separates two synchronised forwards
 
 
