@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # Stop 57 ran diag, att and long here (benchmarks/results/h100/stop57_*/COMMAND.md) and landed
-# the one-row decode's longer slices (5604227) with only tests/gpu/test_kernels_attention.py
-# run. Next, in this order: tests (every tests/gpu file), slices_ab (the slices on qwen3-8b
-# and 30b-a3b), h200 (issue 18's figures on an H200 with the Hopper extend and the direct C
-# launcher, only ever measured on H100s). From the repo root with NANOGRAPH_COMMIT exported:
+# the one-row decode's longer slices (5604227); stop 58 ran tests and slices_ab at 311ec69
+# (benchmarks/results/h100/stop58_311ec69). Next: h200 (issue 18's figures on an H200 with the
+# Hopper extend and the direct C launcher, only ever measured on H100s), ncu. From the repo root with NANOGRAPH_COMMIT exported:
 #   bash docs/wip/stop57_calls.sh h200 $OUT/h    # ~8 min, on an H200 only: 0.6b prefill,
 #     every arm and the peer, 256 / 2048 / 8192; attention (Hopper extend against SDPA)
 #   bash docs/wip/stop57_calls.sh tests $OUT/t   # ~5 min: every tests/gpu file but TP
@@ -12,6 +11,8 @@
 #     tokens (qkv_o_graph_sweep.py --att-long), bench decode qwen3-8b / 0.6b full 1, 8, 32
 #   bash docs/wip/stop57_calls.sh slices_ab $OUT/s  # ~7 min: 5604227's slices on qwen3-8b
 #     (batch 1 and 4, prompts 2048 / 4096) and 30b-a3b, alternating with them off
+#   bash docs/wip/stop57_calls.sh ncu $OUT/n      # ~3 min, a Firecracker machine: Nsight Compute
+#     on the one-row decode attention (qwen3-0.6b shapes; NCU_SHAPES= for qwen3-8b's)
 #   bash docs/wip/stop57_calls.sh diag $OUT/d    # ~5 min, any GPU: where the batch-1 decode
 #     graph's time goes, per kernel of a layer (decode_breakdown.py, qwen3-8b and 0.6b), and
 #     qwen3-8b's gate/up and down tiles swept inside a graph (qkv_o_graph_sweep.py --mlp)
@@ -56,6 +57,16 @@ case $stage in
     timeout 240 python3 -m nanograph bench decode --models qwen3-8b,qwen3-0.6b --arms full \
       --batches 1,8,32 --out "$out/decode.json" > "$out/decode.log" 2>&1
     tail -25 "$out/decode.log" ;;
+  ncu)  # where the one-row decode attention's ~9.5 us a layer go (stop 45's command, never
+    # run): Nsight Compute on its graph nodes (each alone: no PDL overlap), qwen3-0.6b shapes
+    timeout 200 ncu --clock-control none --graph-profiling node -k regex:_paged_attention_kernel \
+      --launch-skip 36 --launch-count 4 --set full --import-source yes -o "$out/onerow" \
+      python3 docs/wip/qkv_o_graph_sweep.py --ncu ${NCU_SHAPES---06b} > "$out/ncu.log" 2>&1
+    tail -4 "$out/ncu.log"
+    ncu -i "$out/onerow.ncu-rep" --page details > "$out/details.txt" 2>&1
+    ncu -i "$out/onerow.ncu-rep" --page source --print-source sass --csv > "$out/sass.csv" 2>&1
+    grep -E "Duration|Elapsed Cycles|Registers|Grid Size|Block Size|Achieved Occ|Warp Cycles|DRAM Th|Issued Ipc" \
+      "$out/details.txt" | head -40 ;;
   slices_ab)  # 5604227's one-row slices past 512 tokens on the models not measured with them
     # ("off": docs/wip/onerow_slices_off.patch puts back the old (1, 1)); ~7 min
     B="python3 -m nanograph bench decode --arms full --new-tokens 128 --repeats 3"
