@@ -26,7 +26,7 @@ case $stage in
   tests)
     bash benchmarks/run_device.sh tests-parallel "$out" ;;
   h200)  # the Hopper extend was only ever measured on H100s (stops 52, 53, 55)
-    grep -q H200 "$out/gpu_$stage.txt" || { echo "not an H200"; exit 2; }
+    grep -q H200 "$out/gpu_$stage.txt" || [ -n "${ANY_GPU:-}" ] || { echo "not an H200"; exit 2; }
     timeout 300 python3 -m nanograph bench prefill --models qwen3-0.6b --lengths 256,2048,8192 \
       --out "$out/prefill_06b.json" > "$out/prefill_06b.log" 2>&1
     grep -E "^qwen3-0.6b [a-z_]+:" "$out/prefill_06b.log"
