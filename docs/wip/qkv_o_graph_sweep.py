@@ -11,12 +11,12 @@ step: issue 18's 240 tok/s needs 0.14.
 
 Run from the repo root on the device: ``PYTHONPATH=$PWD python3 docs/wip/qkv_o_graph_sweep.py``
 (``--att``: the one-row attention's slices, stop 57, ``--att-long`` their length at long
-contexts, ``--06b`` with qwen3-0.6b's shapes,
-``--context N`` tokens; ``--mlp``: the gate/up and down products instead, stop 57;
-``--30b``: qwen3-30b-a3b's attention half, whose q/k/v and o at 4.4 TB/s would take ~4 us a
-layer less, 0.2 ms a step: issue 15's 60% needs 0.15; ``--ncu``: the default graph replayed
-three times, nothing timed, for Nsight Compute; ``--smoke``: a few tiny layers once, eagerly,
-under TRITON_INTERPRET=1 on CPU).
+contexts, ``--att-stages`` its stages left out one at a time with ``onerow_stages.patch``
+applied, stop 58; ``--06b`` with qwen3-0.6b's shapes, ``--context N`` tokens; ``--mlp``: the
+gate/up and down products instead, stop 57; ``--30b``: qwen3-30b-a3b's attention half, whose
+q/k/v and o at 4.4 TB/s would take ~4 us a layer less, 0.2 ms a step: issue 15's 60% needs
+0.15; ``--ncu``: the default graph replayed three times, nothing timed, for Nsight Compute;
+``--smoke``: a few tiny layers once, eagerly, under TRITON_INTERPRET=1 on CPU).
 """
 
 import dataclasses
@@ -132,6 +132,21 @@ if "--att-long" in sys.argv:
     timed(tiles, "default again")
     sweep("att", [replace(one_row, min_split_blocks=m, min_slices=s) for m, s in grow[:3]])
     timed(tiles, "default at the end")
+    sys.exit(0)
+if "--att-stages" in sys.argv:
+    # stop 58: Nsight Compute found the one-row decode a chain of dependent round trips (~12
+    # us alone at 511 tokens, 5% of DRAM bandwidth); what each stage of it costs inside the
+    # graph, with onerow_stages.patch's SKIP bits (outputs wrong: timings only), twice around
+    one_row = attention_tiles.choose_tiles(torch.device(DEV), 1, 1, HQ, HKV, D, 1)
+    if not hasattr(one_row, "skip"):
+        sys.exit("--att-stages needs docs/wip/onerow_stages.patch applied")
+    stages = {1: "an empty kernel", 2: "return after the wait", 4: "no L2 prefetch",
+              8: "no rope + KV store", 16: "no key loop", 32: "return after the key loop",
+              64: "partials, no atomic or merge", 8 | 16 | 64: "q and partials only"}  # fmt: skip
+    for _ in range(2):
+        for bits, name in stages.items():
+            timed({**tiles, "att": dataclasses.replace(one_row, skip=bits)}, f"skip {bits}: {name}")
+        timed(tiles, "default again")
     sys.exit(0)
 if "--att" in sys.argv:
     # stop 57: the one-row decode attention is the largest kernel of a layer after the

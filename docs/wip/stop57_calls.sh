@@ -2,7 +2,9 @@
 # Stop 57 ran diag, att and long here (benchmarks/results/h100/stop57_*/COMMAND.md) and landed
 # the one-row decode's longer slices (5604227); stop 58 ran tests and slices_ab at 311ec69
 # (benchmarks/results/h100/stop58_311ec69). Next: h200 (issue 18's figures on an H200 with the
-# Hopper extend and the direct C launcher, only ever measured on H100s), ncu. From the repo root with NANOGRAPH_COMMIT exported:
+# Hopper extend and the direct C launcher, only ever measured on H100s), stages (ncu ran in
+# stop 58: the one-row decode is a chain of round trips; which of them cost what in a graph).
+# From the repo root with NANOGRAPH_COMMIT exported:
 #   bash docs/wip/stop57_calls.sh h200 $OUT/h    # ~8 min, on an H200 only: 0.6b prefill,
 #     every arm and the peer, 256 / 2048 / 8192; attention (Hopper extend against SDPA)
 #   bash docs/wip/stop57_calls.sh tests $OUT/t   # ~5 min: every tests/gpu file but TP
@@ -13,9 +15,14 @@
 #     (batch 1 and 4, prompts 2048 / 4096) and 30b-a3b, alternating with them off
 #   bash docs/wip/stop57_calls.sh ncu $OUT/n      # ~3 min, a Firecracker machine: Nsight Compute
 #     on the one-row decode attention (qwen3-0.6b shapes; NCU_SHAPES= for qwen3-8b's)
+#   bash docs/wip/stop57_calls.sh stages $OUT/g   # ~4 min, any GPU: the one-row decode's stages
+#     left out one at a time in a graph of layers (onerow_stages.patch; SHAPE= for qwen3-8b's)
 #   bash docs/wip/stop57_calls.sh diag $OUT/d    # ~5 min, any GPU: where the batch-1 decode
 #     graph's time goes, per kernel of a layer (decode_breakdown.py, qwen3-8b and 0.6b), and
 #     qwen3-8b's gate/up and down tiles swept inside a graph (qkv_o_graph_sweep.py --mlp)
+# PREDICTED for stages (0.6b shapes, the attention ~9.3 us a layer of the graph): an empty
+# kernel ~7 us a layer less than the default, returning after the wait ~5 less, no key loop
+# ~1.5 less, no merge (32) ~2 less, no L2 prefetch ~+0.5 more, no rope + KV store ~0.5 less.
 # PREDICTED (H100, stops 55-56: full 2.08 / 5.55 / 28.52 ms, breakable 2.31 at 256): on the
 # H200 (more bandwidth, a different host) the 8192 figures ~26-28 ms for every graph arm.
 set -uo pipefail
@@ -67,6 +74,13 @@ case $stage in
     ncu -i "$out/onerow.ncu-rep" --page source --print-source sass --csv > "$out/sass.csv" 2>&1
     grep -E "Duration|Elapsed Cycles|Registers|Grid Size|Block Size|Achieved Occ|Warp Cycles|DRAM Th|Issued Ipc" \
       "$out/details.txt" | head -40 ;;
+  stages)  # what each stage of the one-row decode costs in a graph of layers (ncu found it a
+    # chain of round trips): onerow_stages.patch's SKIP bits, qwen3-0.6b shapes (SHAPE= for 8b's)
+    git apply docs/wip/onerow_stages.patch
+    timeout 270 python3 docs/wip/qkv_o_graph_sweep.py --att-stages ${SHAPE---06b} \
+      > "$out/stages${SHAPE---06b}.log" 2>&1
+    git apply -R docs/wip/onerow_stages.patch
+    grep -v Warn "$out/stages${SHAPE---06b}.log" ;;
   slices_ab)  # 5604227's one-row slices past 512 tokens on the models not measured with them
     # ("off": docs/wip/onerow_slices_off.patch puts back the old (1, 1)); ~7 min
     B="python3 -m nanograph bench decode --arms full --new-tokens 128 --repeats 3"
