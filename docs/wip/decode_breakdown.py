@@ -6,10 +6,10 @@ GEMVs under one name. Here the profiled replays of the decode graph (the engine'
 ``runner.forward`` on a batch-1 step at 511 tokens of context, or the environment's CONTEXT
 less one) are walked in start order and each kernel gets the time it runs past every kernel
 before it (under programmatic dependent launch a kernel starts early and waits: its own
-duration overstates it). Kernels are labelled by
-their place in a layer (the period between two attention kernels), so each product of the layer
-gets its own line: microseconds a layer and a step, against the weight bytes it streams.
-Writes ``OUT_DIR/decode_breakdown.json`` and prints a table per model.
+duration overstates it). Kernels are labelled by their place in a layer (the period between
+two attention kernels), so each product of the layer gets its own line: microseconds a layer
+and a step, against the weight bytes it streams. Writes ``OUT_DIR/decode_breakdown.json``
+and prints a table per model.
 """
 
 import json
