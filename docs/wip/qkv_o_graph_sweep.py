@@ -136,7 +136,9 @@ if "--att-long" in sys.argv:
 if "--att-stages" in sys.argv:
     # stop 58: Nsight Compute found the one-row decode a chain of dependent round trips (~12
     # us alone at 511 tokens, 5% of DRAM bandwidth); what each stage of it costs inside the
-    # graph, with onerow_stages.patch's SKIP bits (outputs wrong: timings only), twice around
+    # graph, with onerow_stages.patch's SKIP bits (outputs wrong: timings only), twice around.
+    # 1 skips the wait too, so the o GEMV may overlap q/k/v: a floor, not a stage; 2 is the
+    # launch, the wait and the grid's completion with no work after the wait
     one_row = attention_tiles.choose_tiles(torch.device(DEV), 1, 1, HQ, HKV, D, 1)
     if not hasattr(one_row, "skip"):
         sys.exit("--att-stages needs docs/wip/onerow_stages.patch applied")
