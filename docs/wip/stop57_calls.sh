@@ -64,8 +64,8 @@ case $stage in
     timeout 240 python3 -m nanograph bench decode --models qwen3-8b,qwen3-0.6b --arms full \
       --batches 1,8,32 --out "$out/decode.json" > "$out/decode.log" 2>&1
     tail -25 "$out/decode.log" ;;
-  ncu)  # where the one-row decode attention's ~9.5 us a layer go (stop 45's command, never
-    # run): Nsight Compute on its graph nodes (each alone: no PDL overlap), qwen3-0.6b shapes
+  ncu)  # where the one-row decode attention's ~9.5 us a layer go (stop 45's command, first
+    # run in stop 58): Nsight Compute on its graph nodes (each alone: no PDL), qwen3-0.6b shapes
     timeout 200 ncu --clock-control none --graph-profiling node -k regex:_paged_attention_kernel \
       --launch-skip 36 --launch-count 4 --set full --import-source yes -o "$out/onerow" \
       python3 docs/wip/qkv_o_graph_sweep.py --ncu ${NCU_SHAPES---06b} > "$out/ncu.log" 2>&1
