@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Stop 57 ran diag, att and long here (benchmarks/results/h100/stop57_*/COMMAND.md) and landed
 # the one-row decode's longer slices (5604227); stop 58 ran tests and slices_ab at 311ec69
-# (benchmarks/results/h100/stop58_311ec69). Next: h200 (issue 18's figures on an H200 with the
-# Hopper extend and the direct C launcher, only ever measured on H100s), stages (ncu ran in
-# stop 58: the one-row decode is a chain of round trips; which of them cost what in a graph).
+# (benchmarks/results/h100/stop58_311ec69). Next, in this order: one_range (the patch of that
+# name in the engine), tests with PATCH=docs/wip/onerow_one_range.patch if it measures (then
+# land it), stages (which round trips of the one-row decode cost what inside a graph), h200
+# (issue 18's figures on an H200 with the Hopper extend, only ever measured on H100s).
 # From the repo root with NANOGRAPH_COMMIT exported:
 #   bash docs/wip/stop57_calls.sh h200 $OUT/h    # ~8 min, on an H200 only: 0.6b prefill,
 #     every arm and the peer, 256 / 2048 / 8192; attention (Hopper extend against SDPA)
@@ -17,9 +18,16 @@
 #     on the one-row decode attention (qwen3-0.6b shapes; NCU_SHAPES= for qwen3-8b's)
 #   bash docs/wip/stop57_calls.sh stages $OUT/g   # ~4 min, any GPU: the one-row decode's stages
 #     left out one at a time in a graph of layers (onerow_stages.patch; SHAPE= for qwen3-8b's)
+#   PATCH=docs/wip/onerow_one_range.patch bash docs/wip/stop57_calls.sh tests $OUT/t
+#   bash docs/wip/stop57_calls.sh one_range $OUT/o  # ~5 min, any GPU: the patch in the engine
 #   bash docs/wip/stop57_calls.sh diag $OUT/d    # ~5 min, any GPU: where the batch-1 decode
 #     graph's time goes, per kernel of a layer (decode_breakdown.py, qwen3-8b and 0.6b), and
 #     qwen3-8b's gate/up and down tiles swept inside a graph (qkv_o_graph_sweep.py --mlp)
+# PREDICTED for one_range (H100, written before any run): qwen3-0.6b batch 1 after 512 tokens
+# +5% (3-8%), batch 4 about the same; after 2,048 +3%; qwen3-30b-a3b +2.5% (1.5-4%); qwen3-8b
+# +1%. Why: ncu's execution counts put ~1,233 of a working warp's 1,816 instructions in the
+# key loops, whose code the patch cuts from 1,818 to 636 (sm_90 SASS, qwen3-0.6b's variant);
+# at ~10 cycles an issued instruction a warp, ~1.5-3 us a layer of the ~9.3.
 # PREDICTED for stages (0.6b shapes, the attention ~9.3 us a layer of the graph): an empty
 # kernel ~7 us a layer less than the default, returning after the wait ~5 less, no key loop
 # ~1.5 less, no merge (32) ~2 less, no L2 prefetch ~+0.5 more, no rope + KV store ~0.5 less.
@@ -30,8 +38,10 @@ stage=$1 out=$(mkdir -p "$2" && cd "$2" && pwd)
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,power.limit --format=csv > "$out/gpu_$stage.txt"
 case $stage in
-  tests)
-    bash benchmarks/run_device.sh tests-parallel "$out" ;;
+  tests)  # PATCH=docs/wip/X.patch: with that patch applied
+    [ -n "${PATCH:-}" ] && git apply "$PATCH"
+    bash benchmarks/run_device.sh tests-parallel "$out"
+    [ -n "${PATCH:-}" ] && git apply -R "$PATCH" ;;
   h200)  # the Hopper extend was only ever measured on H100s (stops 52, 53, 55)
     grep -q H200 "$out/gpu_$stage.txt" || [ -n "${ANY_GPU:-}" ] || { echo "not an H200"; exit 2; }
     timeout 300 python3 -m nanograph bench prefill --models qwen3-0.6b --lengths 256,2048,8192 \
@@ -75,12 +85,34 @@ case $stage in
     grep -E "Duration|Elapsed Cycles|Registers|Grid Size|Block Size|Achieved Occ|Warp Cycles|DRAM Th|Issued Ipc" \
       "$out/details.txt" | head -40 ;;
   stages)  # what each stage of the one-row decode costs in a graph of layers (ncu found it a
-    # chain of round trips): onerow_stages.patch's SKIP bits, qwen3-0.6b shapes (SHAPE= for 8b's)
+    # chain of round trips): onerow_stages.patch's SKIP bits, made on top of
+    # onerow_one_range.patch (applied first unless it has landed); qwen3-0.6b shapes (SHAPE=
+    # for 8b's)
+    R=docs/wip/onerow_one_range.patch one=
+    git apply --check $R 2>/dev/null && git apply $R && one=1
     git apply docs/wip/onerow_stages.patch
     timeout 270 python3 docs/wip/qkv_o_graph_sweep.py --att-stages ${SHAPE---06b} \
       > "$out/stages${SHAPE---06b}.log" 2>&1
     git apply -R docs/wip/onerow_stages.patch
+    [ -n "$one" ] && git apply -R $R
     grep -v Warn "$out/stages${SHAPE---06b}.log" ;;
+  one_range)  # onerow_one_range.patch (one masked key loop a slice in the one- to four-row
+    # decode) alternating with main: qwen3-0.6b batch 1 and 4 after 512 and 2,048 tokens,
+    # qwen3-30b-a3b and qwen3-8b batch 1 after 512; ~5 min
+    B="python3 -m nanograph bench decode --arms full --new-tokens 128 --repeats 3"
+    for tree in off on off on; do
+      [ $tree = on ] && git apply docs/wip/onerow_one_range.patch
+      for L in 512 2048; do
+        timeout 80 $B --models qwen3-0.6b --batches 1,4 --prompt-len $L \
+          --out "$out/06b_${L}_$tree.json" 2>&1 | grep "decode=full"
+      done
+      for M in qwen3-30b-a3b qwen3-8b; do
+        timeout 100 $B --models $M --batches 1 --prompt-len 512 \
+          --out "$out/${M}_512_$tree.json" 2>&1 | grep "decode=full"
+      done
+      [ $tree = on ] && git apply -R docs/wip/onerow_one_range.patch
+      echo "== $tree (the lines above)"
+    done ;;
   slices_ab)  # 5604227's one-row slices past 512 tokens on the models not measured with them
     # ("off": docs/wip/onerow_slices_off.patch puts back the old (1, 1)); ~7 min
     B="python3 -m nanograph bench decode --arms full --new-tokens 128 --repeats 3"
