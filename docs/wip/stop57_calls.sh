@@ -20,14 +20,16 @@
 #     left out one at a time in a graph of layers (onerow_stages.patch; SHAPE= for qwen3-8b's)
 #   PATCH=docs/wip/onerow_one_range.patch bash docs/wip/stop57_calls.sh tests $OUT/t
 #   bash docs/wip/stop57_calls.sh one_range $OUT/o  # ~5 min, any GPU: the patch in the engine
+#     (qwen3-0.6b; SET=big for qwen3-8b and 30b-a3b)
 #   bash docs/wip/stop57_calls.sh diag $OUT/d    # ~5 min, any GPU: where the batch-1 decode
 #     graph's time goes, per kernel of a layer (decode_breakdown.py, qwen3-8b and 0.6b), and
 #     qwen3-8b's gate/up and down tiles swept inside a graph (qkv_o_graph_sweep.py --mlp)
 # PREDICTED for one_range (H100, written before any run): qwen3-0.6b batch 1 after 512 tokens
-# +5% (3-8%), batch 4 about the same; after 2,048 +3%; qwen3-30b-a3b +2.5% (1.5-4%); qwen3-8b
-# +1%. Why: ncu's execution counts put ~1,233 of a working warp's 1,816 instructions in the
-# key loops, whose code the patch cuts from 1,818 to 636 (sm_90 SASS, qwen3-0.6b's variant);
-# at ~10 cycles an issued instruction a warp, ~1.5-3 us a layer of the ~9.3.
+# +5% (3-8%), batch 4 about the same, batch 8 and 32 +1-3%; after 2,048 +3%; qwen3-30b-a3b
+# +2.5% (1.5-4%); qwen3-8b batch 1 +1%, 8 and 32 level to +1%. Why: ncu's execution counts put
+# ~1,233 of a working warp's 1,816 instructions in the key loops, whose code the patch cuts
+# from 1,818 to 636 (sm_90 SASS, qwen3-0.6b's batch-1 variant); at ~10 cycles an issued
+# instruction a warp, ~1.5-3 us a layer of the ~9.3.
 # PREDICTED for stages (0.6b shapes, the attention ~9.3 us a layer of the graph): an empty
 # kernel ~7 us a layer less than the default, returning after the wait ~5 less, no key loop
 # ~1.5 less, no merge (32) ~2 less, no L2 prefetch ~+0.5 more, no rope + KV store ~0.5 less.
@@ -96,19 +98,22 @@ case $stage in
     git apply -R docs/wip/onerow_stages.patch
     [ -n "$one" ] && git apply -R $R
     grep -v Warn "$out/stages${SHAPE---06b}.log" ;;
-  one_range)  # onerow_one_range.patch (one masked key loop a slice in the one- to four-row
-    # decode) alternating with main: qwen3-0.6b batch 1 and 4 after 512 and 2,048 tokens,
-    # qwen3-30b-a3b and qwen3-8b batch 1 after 512; ~5 min
+  one_range)  # onerow_one_range.patch (one masked key loop a slice in every one-row decode)
+    # alternating with main. SET=small (default): qwen3-0.6b batches 1, 4, 8, 32 after 512
+    # tokens and 1, 4 after 2,048; SET=big: qwen3-8b batches 1, 8, 32 and qwen3-30b-a3b batch
+    # 1 after 512. ~5 min each; PASSES="off on" for a shorter one
     B="python3 -m nanograph bench decode --arms full --new-tokens 128 --repeats 3"
-    for tree in off on off on; do
+    if [ "${SET:-small}" = small ]; then
+      runs=("qwen3-0.6b 1,4,8,32 512" "qwen3-0.6b 1,4 2048")
+    else
+      runs=("qwen3-8b 1,8,32 512" "qwen3-30b-a3b 1 512")
+    fi
+    for tree in ${PASSES:-off on off on}; do
       [ $tree = on ] && git apply docs/wip/onerow_one_range.patch
-      for L in 512 2048; do
-        timeout 80 $B --models qwen3-0.6b --batches 1,4 --prompt-len $L \
-          --out "$out/06b_${L}_$tree.json" 2>&1 | grep "decode=full"
-      done
-      for M in qwen3-30b-a3b qwen3-8b; do
-        timeout 100 $B --models $M --batches 1 --prompt-len 512 \
-          --out "$out/${M}_512_$tree.json" 2>&1 | grep "decode=full"
+      for r in "${runs[@]}"; do
+        set -- $r
+        timeout 120 $B --models $1 --batches $2 --prompt-len $3 \
+          --out "$out/${1}_${3}_$tree.json" 2>&1 | grep "decode=full"
       done
       [ $tree = on ] && git apply -R docs/wip/onerow_one_range.patch
       echo "== $tree (the lines above)"
