@@ -137,7 +137,7 @@ if "--att-stages" in sys.argv:
     # stop 58: Nsight Compute found the one-row decode a chain of dependent round trips (~12
     # us alone at 511 tokens, 5% of DRAM bandwidth); what each stage of it costs inside the
     # graph, with onerow_stages.patch's SKIP bits (outputs wrong: timings only; made on top of
-    # onerow_one_range.patch, whose single key loop is timed against the three), twice around.
+    # onerow_lean.patch, whose single key loop is timed against the three), twice around.
     # 1 skips the wait too, so the o GEMV may overlap q/k/v: a floor, not a stage; 2 is the
     # launch, the wait and the grid's completion with no work after the wait
     one_row = attention_tiles.choose_tiles(torch.device(DEV), 1, 1, HQ, HKV, D, 1)
@@ -149,7 +149,7 @@ if "--att-stages" in sys.argv:
     for _ in range(2):
         for bits, name in stages.items():
             timed({**tiles, "att": dataclasses.replace(one_row, skip=bits)}, f"skip {bits}: {name}")
-        if one_row.one_range:  # onerow_one_range.patch's loop against the three it replaces
+        if one_row.one_range:  # onerow_lean.patch's loop against the three it replaces
             timed({**tiles, "att": dataclasses.replace(one_row, one_range=False)}, "three loops")
         timed(tiles, "default again")
     sys.exit(0)
