@@ -18,7 +18,6 @@ its variant.)
 import argparse
 import collections
 import csv
-import dataclasses
 import os
 import re
 import subprocess
@@ -41,8 +40,8 @@ KERNEL_FILE = ROOT / "nanograph" / "kernels" / "attention_kernel.py"
 
 
 def one_row_cubin(q_heads: int, out_dir: str) -> str:
-    """The one-row decode's variant as choose_tiles picks it on a GPU for batch 1 (CPU tensors:
-    the tiles are spelled out, as in tests/sm90_compile.py)."""
+    """The one-row decode's variant as choose_tiles picks it on an H100 or H200 for batch 1
+    (132 SMs; CPU tensors compile what a GPU would launch)."""
     cubins: list[str] = []
 
     def keep(cubin: bytes, name: str) -> None:
@@ -55,14 +54,8 @@ def one_row_cubin(q_heads: int, out_dir: str) -> str:
         attention._launch_attention.kernel
     )
     pdl.enabled = lambda t: True
-    tiles = attention_tiles.AttentionTiles(
-        block_q=1, group_pad=16, block_n=64, num_splits=32,
-        min_split_blocks=attention_tiles.ONE_ROW_SLICES[0], per_request=True, num_warps=8,
-        num_stages=3, prefetch_pages=True, pdl_wait=True,
-        min_slices=attention_tiles.ONE_ROW_SLICES[1],
-    )  # fmt: skip
-    if hasattr(tiles, "one_range"):  # onerow_lean.patch applied
-        tiles = dataclasses.replace(tiles, one_range=True)
+    attention_tiles._sm_count = lambda index: 132
+    tiles = attention_tiles.choose_tiles(torch.device("cuda", 0), 1, 1, q_heads, 8, 128, 1)
     batch = make_paged_batch([40], [1], num_q_heads=q_heads, num_kv_heads=8, head_dim=128,
                              page_size=16, dtype=torch.bfloat16)  # fmt: skip
     k, v = torch.randn(2, 1, 8, 128, dtype=torch.bfloat16)
