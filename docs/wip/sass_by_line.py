@@ -4,9 +4,9 @@ Compiles the one-row decode attention for sm_90 through ``tests/sm90_compile.py`
 launcher (qwen3-0.6b's heads by default: ``--q-heads 32`` for qwen3-8b's), disassembles it with
 Triton's bundled ``nvdisasm -gi`` (line info), and counts instructions per function and per
 source line. With ``--ncu SASS_CSV`` (``ncu -i REP --page source --print-source sass --csv`` of
-the same kernel, as ``stop57_calls.sh ncu`` writes it) each instruction is weighted by how many
-times it ran, and only those that ran ``--runs`` times (a working warp's straight-line path:
-512 = 64 programs x 8 warps at 511 tokens) are counted. Stop 58 found the one-row decode's key
+the same kernel, as ``stop57_calls.sh ncu`` writes it) only the instructions that ran
+``--runs`` times are counted (a working warp's straight-line path: 512 = 64 programs x 8 warps
+at 511 tokens; the merging slice's code ran 64 times). Stop 58 found the one-row decode's key
 loops and merge this way (``onerow_lean.patch``).
 
     PYTHONPATH=/tmp/t36:$PWD python3 docs/wip/sass_by_line.py [--q-heads N] [--ncu CSV]
