@@ -29,8 +29,10 @@
 # +4% (2-6%); qwen3-8b batch 1 +1.5%, 8 and 32 level to +1%. Why: ncu's execution counts put
 # ~1,233 of a working warp's 1,816 instructions in the key loops, whose code the patch cuts
 # from 1,818 to 636 (sm_90 SASS, qwen3-0.6b's batch-1 variant), and ~350 of the merging
-# slice's 512 merge instructions in the 14 padded rows of its 16 (the patch: 291 -> 135 in
-# _merge_rows); at ~10 cycles an issued instruction a warp, ~2-4 us a layer of the ~9.3.
+# slice's 512 merge instructions in the 14 padded rows of its 16 (the patch: 291 -> 145 in
+# _merge_rows), and ~90 of every slice's in normalising its partial (gone: 3,248 -> 1,600 in
+# all); at ~10 cycles an issued instruction a warp, ~2-4 us a layer of the ~9.3. Split extends
+# change too (their partials; SASS 9-17% shorter): prefill at 8k level or faster.
 # PREDICTED for stages (0.6b shapes, the attention ~9.3 us a layer of the graph): an empty
 # kernel ~7 us a layer less than the default, returning after the wait ~5 less, no key loop
 # ~1.5 less, no merge (32) ~2 less, no L2 prefetch ~+0.5 more, no rope + KV store ~0.5 less.
@@ -100,7 +102,7 @@ case $stage in
     [ -n "$one" ] && git apply -R $R
     grep -v Warn "$out/stages${SHAPE---06b}.log" ;;
   lean)  # onerow_lean.patch (every one-row decode's slice in one masked key loop, its merge
-    # over the group's rows only) alternating with main. SET=small (default): qwen3-0.6b batches 1, 4, 8, 32 after 512
+    # over the group's rows only, partials unnormalised) alternating with main. SET=small (default): qwen3-0.6b batches 1, 4, 8, 32 after 512
     # tokens and 1, 4 after 2,048; SET=big: qwen3-8b batches 1, 8, 32 and qwen3-30b-a3b batch
     # 1 after 512. ~5 min each; PASSES="off on" for a shorter one
     B="python3 -m nanograph bench decode --arms full --new-tokens 128 --repeats 3"
