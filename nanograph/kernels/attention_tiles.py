@@ -40,11 +40,12 @@ SMALL_QUERY_ROWS = 64
 # A one-row decode's key slices (the prefetching configuration): (at least this many key
 # blocks a slice, but at least this many slices while the range has that many blocks). Up to
 # 8 blocks (512 tokens) a slice is one block, as before; from 32 to 128 blocks the slices hold
-# 4 instead of 1-2, so fewer programs meet in the merge. H100, stop 57, 36 qwen3-8b layers in a
-# graph (docs/wip/qkv_o_graph_sweep.py --att-long): -3.7 to -4.5 us a layer at 2,047 and
-# 4,095 tokens, -0.4 to -1.3 at 1,023, the same config at 511 and 8,191; qwen3-0.6b decode at
-# batch 1 after a 2,048-token prompt 964-969 against 932-933 tok/s, after 4,096 level (859
-# against 860). Longer slices (4 blocks past 16 slices, 8 blocks) measured no better.
+# 4 instead of cdiv(blocks, 32) (1-3 below 97), so fewer programs meet in the merge. H100,
+# stop 57, 36 qwen3-8b layers in a graph (docs/wip/qkv_o_graph_sweep.py --att-long): -3.7 to
+# -4.5 us a layer at 2,047 and 4,095 tokens, -0.4 to -1.3 at 1,023, the same config at 511 and
+# 8,191. In the engine (stop 58, alternating with the old slices) after a 2,048-token prompt:
+# qwen3-8b +0.8% (batch 1) / +1.8% (batch 4), 30b-a3b +1.3%, 0.6b +3.1% / +7.4%; level after
+# 4,096 and 8,192. Longer slices (4 blocks past 16 slices, 8 blocks) measured no better.
 ONE_ROW_SLICES = (4, 8)
 # Extend batches averaging at most this many tokens per request slot count as short requests.
 SHORT_REQUEST_TOKENS = 512
