@@ -154,7 +154,7 @@ def _attention_cases():
     )  # fmt: skip
     gpu_decode = attention_tiles.AttentionTiles(
         block_q=1, group_pad=16, block_n=64, num_splits=32, min_split_blocks=1,
-        per_request=True, num_warps=4, num_stages=2,
+        per_request=True, num_warps=4, num_stages=2, one_range=True,
     )  # fmt: skip
     # the prefetching (one to four rows) decode's slices, as choose_tiles sets them on a GPU
     slices = dict(zip(("min_split_blocks", "min_slices"), attention_tiles.ONE_ROW_SLICES))
@@ -181,7 +181,8 @@ def _attention_cases():
         "tiles": replace(gpu_extend, num_splits=2, prefetch_pages=True), "sliding_window": 100,
     }, None  # fmt: skip
     yield "verify split", {
-        "tiles": replace(gpu_decode, block_q=4, group_pad=4, num_splits=2), "max_query_len": 4,
+        "tiles": replace(gpu_decode, block_q=4, group_pad=4, num_splits=2, one_range=False),
+        "max_query_len": 4,
     }, None  # fmt: skip
     # this forward's keys from its own rows (TMA): the long-prompt tiles, split and not, and
     # the short-request ones (new_kv: the test's rows, given by main)
@@ -247,7 +248,7 @@ def main() -> int:
         block_q=1, group_pad=16, block_n=64, num_splits=32,
         min_split_blocks=attention_tiles.ONE_ROW_SLICES[0], per_request=True, num_warps=8,
         num_stages=3, prefetch_pages=True, pdl_wait=True,
-        min_slices=attention_tiles.ONE_ROW_SLICES[1],
+        min_slices=attention_tiles.ONE_ROW_SLICES[1], one_range=True,
     )  # fmt: skip
     for norm in (False, True):
         batch = make_paged_batch([40], [1], num_q_heads=32, num_kv_heads=8, head_dim=128,

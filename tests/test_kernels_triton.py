@@ -708,6 +708,41 @@ def test_one_row_decode_with_rope_under_window_sinks_and_softcap(num_splits):
     torch.testing.assert_close(got.double(), want, atol=2e-4, rtol=2e-4)
 
 
+@pytest.mark.parametrize(
+    ("context", "num_splits", "min_split_blocks", "min_slices", "window"),
+    [(0, 4, 1, 1, 0), (37, 4, 1, 1, 0), (64, 2, 2, 1, 0), (100, 8, 2, 4, 0), (37, 4, 1, 1, 7),
+     (100, 2, 4, 1, 21)],
+)  # fmt: skip
+def test_one_range_gives_the_three_loops_output(
+    context, num_splits, min_split_blocks, min_slices, window
+):
+    """AttentionTiles.one_range (a slice's key blocks in one masked loop, the one-row decode's
+    configuration on a GPU) gives the three-loop kernel's output bit for bit: the same blocks
+    in the same order, and a mask that keeps a key changes nothing. With the new key rotated
+    and stored in the launch, page ids loaded a block ahead, several blocks a slice, slices
+    kept short (min_slices), and a window (gpt-oss: sinks, softcap) starting inside a block."""
+    sinks = torch.randn(4, generator=torch.Generator().manual_seed(2)) if window else None
+    attend = dict(sliding_window=window, sinks=sinks, softcap=3.0 if window else 0.0)
+    batch, rope, _, slot, want = _one_row_rope(
+        context, 4, 2, 16, True, torch.float32, 11, sliding_window=window, sinks=_f64(sinks),
+        softcap=attend["softcap"],
+    )  # fmt: skip
+    tiles = dataclasses.replace(
+        attention_tiles.choose_tiles(batch.q.device, 1, 1, 4, 2, 16, 1), num_splits=num_splits,
+        min_split_blocks=min_split_blocks, min_slices=min_slices, prefetch_pages=True,
+    )  # fmt: skip
+    outs = []
+    for one in (False, True):
+        outs.append(attention.paged_attention(
+            batch.q, batch.k_cache, batch.v_cache, *batch.metadata(), batch.page_size,
+            16**-0.5, max_query_len=1, rope=rope, tiles=dataclasses.replace(tiles, one_range=one),
+            **attend,
+        ))  # fmt: skip
+    torch.testing.assert_close(outs[1].double(), want, atol=2e-4, rtol=2e-4)
+    assert torch.equal(outs[0], outs[1])
+    assert torch.equal(batch.v_cache[slot], rope.v[0])
+
+
 def test_rope_in_attention_outside_a_one_row_tile_takes_rope_store_kv():
     """Launches other than the one-row decode's (forced flat tiles, a one-token extend) rotate
     and store through rope_store_kv first, with the same result; k/v rows unlike q's are

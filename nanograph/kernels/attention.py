@@ -299,13 +299,13 @@ def _launch(
             dtype=torch.float32,
             device=q.device,
         )
-        part_lse = torch.empty(
-            (num_tokens, num_q_heads, tiles.num_splits), dtype=torch.float32, device=q.device
+        part_ml = torch.empty(  # each partial's running max and sum
+            (num_tokens, num_q_heads, tiles.num_splits, 2), dtype=torch.float32, device=q.device
         )
     else:
         # unused by a one-slice launch, but of the split launches' types, so that both take
         # the same compiled kernel (pointer dtypes are part of a variant)
-        part_out = part_lse = _float32_placeholder(q.device)
+        part_out = part_ml = _float32_placeholder(q.device)
     if tiles.per_request:
         assert max_query_len is not None
         q_blocks_per_request = triton.cdiv(max_query_len, tiles.block_q)
@@ -335,7 +335,7 @@ def _launch(
     launched = _launch_attention(
         (grid0, num_kv_heads, tiles.num_splits),
         (
-            q, k_cache, v_cache, out, part_out, part_lse, counters,
+            q, k_cache, v_cache, out, part_out, part_ml, counters,
             sinks if sinks is not None else out,
             page_table, seq_lens, query_lens, query_start_loc,
             r.k, r.v, r.positions, r.cos_sin_cache, r.slot_mapping,
@@ -367,7 +367,11 @@ def _launch(
             MIN_SPLIT_BLOCKS=tiles.min_split_blocks,
             MIN_SLICES=tiles.min_slices,
             PREFETCH_PAGES=tiles.prefetch_pages,
-            MERGE_ROWS=min(tiles.block_q * tiles.group_pad, 16),
+            # a one-row tile merges only its group's rows (the kernel's MERGE_END)
+            MERGE_ROWS=(
+                triton.next_power_of_2(num_q_heads // num_kv_heads) if tiles.block_q == 1
+                else min(tiles.block_q * tiles.group_pad, 16)
+            ),
             USE_WINDOW=sliding_window > 0,
             USE_SOFTCAP=use_softcap,
             HAS_SINKS=sinks is not None,
@@ -382,6 +386,7 @@ def _launch(
             HAS_K_NORM=rope is not None and rope.k_norm is not None,
             ZERO_PADDING=zero_padding,
             NEW_KEYS=new_keys,
+            ONE_RANGE=tiles.one_range,
             num_warps=tiles.num_warps,
             num_stages=tiles.num_stages,
             launch_pdl=pdl_wait,

@@ -11,9 +11,12 @@ Invariants:
   tile uses only as many slices as its key range fills with MIN_SPLIT_BLOCKS key blocks each,
   so a short range takes one slice and writes its output directly; with MIN_SLICES > 1 a range
   of fewer than MIN_SLICES x MIN_SPLIT_BLOCKS blocks keeps MIN_SLICES slices (shorter ones).
-  A split tile writes a normalized partial output plus its log-sum-exp; the last of its
-  slices to finish (an atomic counter per tile) merges them, then resets the counter to zero
-  for the next launch (kernels/counters.py: the persistent buffers and their lanes).
+  A split tile writes its partial output unnormalized with its running max and sum; the last
+  of its slices to finish (an atomic counter per tile) merges them (a one-row tile only its
+  group's rows), then resets the counter to zero for the next launch (kernels/counters.py:
+  the persistent buffers and their lanes). A one-row decode walks its slice in one masked
+  key loop (AttentionTiles.one_range); other tiles cut it into the masked window start, the
+  blocks every row sees (unmasked) and the masked diagonal.
 - The one-row decode (``AttentionTiles.pdl_wait``, sm_90+) is a programmatic dependent launch
   behind the kernel that wrote q (the q/k/v GEMV when this kernel rotates q itself, given
   ``rope``; else rope + KV store): it reads the lengths and the page table and prefetches its
@@ -199,7 +202,7 @@ def _paged_attention_kernel(
     v_cache_ptr,
     out_ptr,
     part_out_ptr,  # fp32 [N, Hq, num_splits, HEAD_DIM], used when num_splits > 1
-    part_lse_ptr,  # fp32 [N, Hq, num_splits], log2 domain
+    part_ml_ptr,  # fp32 [N, Hq, num_splits, 2]: each partial's running max (log2) and sum
     counters_ptr,  # int32 [grid0 * num_kv_heads], zero between launches
     sinks_ptr,
     page_table_ptr,
@@ -268,6 +271,7 @@ def _paged_attention_kernel(
     # alone made qwen3-0.6b's batch-1 decode graph ~1% slower)
     ZERO_PADDING: tl.constexpr,
     NEW_KEYS: tl.constexpr,  # keys past the cached prefix from k_desc/v_desc (AttentionTiles)
+    ONE_RANGE: tl.constexpr,  # a slice's keys in one masked loop (AttentionTiles.one_range)
 ):
     if PDL:
         # the next kernel (the batch-1 o projection's GEMV) may launch now: it prefetches
@@ -409,6 +413,14 @@ def _paged_attention_kernel(
             BLOCK_N, HEAD_DIM, PAGE_SIZE, True, False, USE_SOFTCAP, DOT_PRECISION,
             PREFETCH_PAGES,
         )  # fmt: skip
+    elif ONE_RANGE:  # the whole slice in one masked loop (AttentionTiles.one_range)
+        acc, m_i, l_i = _attend_key_range(
+            acc, m_i, l_i, q, q_pos, split_lo, split_hi,
+            k_base, v_base, page_row_ptr, stride_k_slot, stride_v_slot, seq_len,
+            sliding_window, qk_scale, softcap,
+            BLOCK_N, HEAD_DIM, PAGE_SIZE, True, USE_WINDOW, USE_SOFTCAP, DOT_PRECISION,
+            PREFETCH_PAGES,
+        )  # fmt: skip
     else:
         acc, m_i, l_i = _attend_key_range(
             acc, m_i, l_i, q, q_pos, split_lo, tl.minimum(split_hi, full_lo),
@@ -435,22 +447,25 @@ def _paged_attention_kernel(
     # One-slice launches (every extend tile) leave the merge out: unrolled over BLOCK_M rows it
     # multiplied their compile time (minutes for the GPU tests' extend shapes) for nothing.
     if MAY_SPLIT and active_splits > 1:
-        # Write this slice's normalized partial (an empty slice writes lse = -inf), then
-        # count it in; the barrier orders every thread's stores before the atomic.
+        # Write this slice's partial as it stands, unnormalized, with its max and sum (an
+        # empty slice: 0, -inf, 0; normalizing here cost a division an element and a precise
+        # log2 a row on every slice's path), then count it in; the barrier orders every
+        # thread's stores before the atomic.
         row = (token * NUM_Q_HEADS + q_head) * num_splits + split
-        l_safe = tl.where(l_i > 0.0, l_i, 1.0)
-        part = acc / l_safe[:, None]
-        lse = tl.where(l_i > 0.0, m_i + tl.math.log2(l_safe), float("-inf"))
-        tl.store(part_out_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], part,
+        tl.store(part_out_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], acc,
                  mask=row_valid[:, None])  # fmt: skip
-        tl.store(part_lse_ptr + row, lse, mask=row_valid)
+        tl.store(part_ml_ptr + 2 * row, m_i, mask=row_valid)
+        tl.store(part_ml_ptr + 2 * row + 1, l_i, mask=row_valid)
         tl.debug_barrier()
         counter = counters_ptr + tl.program_id(0) * tl.num_programs(1) + kv_head
         if tl.atomic_add(counter, 1, sem="acq_rel") != active_splits - 1:
             return  # another slice is still running; the last one merges
-        for r0 in tl.static_range(0, BLOCK_M, MERGE_ROWS):
+        # a one-row tile's rows past its group are the dot's padding: merged, they cost the
+        # last slice instructions (qwen3-0.6b: ~350 of them, 16 rows for 2) and store nothing
+        MERGE_END: tl.constexpr = MERGE_ROWS if BLOCK_Q == 1 else BLOCK_M
+        for r0 in tl.static_range(0, MERGE_END, MERGE_ROWS):
             _merge_rows(
-                out_ptr, part_out_ptr, part_lse_ptr, sinks_ptr, r0, q_start, q_block, q_len,
+                out_ptr, part_out_ptr, part_ml_ptr, sinks_ptr, r0, q_start, q_block, q_len,
                 kv_head, active_splits, num_splits, stride_o_tok, stride_o_head,
                 NUM_Q_HEADS, GROUP, GROUP_PAD, BLOCK_Q, MERGE_ROWS, HEAD_DIM, SPLITS_CAP,
                 HAS_SINKS,
@@ -612,7 +627,7 @@ def _store_rows(
 
 
 @triton.jit
-def _merge_rows(out_ptr, part_out_ptr, part_lse_ptr, sinks_ptr, r0, q_start, q_block, q_len,
+def _merge_rows(out_ptr, part_out_ptr, part_ml_ptr, sinks_ptr, r0, q_start, q_block, q_len,
                 kv_head, active_splits, num_splits, stride_o_tok, stride_o_head,
                 NUM_Q_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
                 BLOCK_Q: tl.constexpr, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr,
@@ -630,26 +645,27 @@ def _merge_rows(out_ptr, part_out_ptr, part_lse_ptr, sinks_ptr, r0, q_start, q_b
     row_valid = (q_local < q_len) & head_valid
     token = (q_start + q_local).to(tl.int64)
     row = (token * NUM_Q_HEADS + q_head) * num_splits
-    # Every slice's lse in one load gives the final max and denominator up front, so the
-    # partials then only accumulate: their loads do not wait on one another, and a chunk of
-    # MERGE_UNROLL of them is in flight at once (a serial online merge paid one L2 round trip
-    # per slice).
+    # Every slice's max and sum in one load give the final max and denominator up front, so
+    # the partials then only accumulate: their loads do not wait on one another, and a chunk
+    # of MERGE_UNROLL of them is in flight at once (a serial online merge paid one L2 round
+    # trip per slice).
     offs_s = tl.arange(0, SPLITS_CAP)
-    lse = tl.load(part_lse_ptr + row[:, None] + offs_s[None, :],
-                  mask=row_valid[:, None] & (offs_s[None, :] < active_splits),
-                  other=float("-inf"), cache_modifier=".cg")  # fmt: skip
-    m_i = tl.max(lse, 1)
+    at = part_ml_ptr + 2 * (row[:, None] + offs_s[None, :])
+    live = row_valid[:, None] & (offs_s[None, :] < active_splits)
+    m_s = tl.load(at, mask=live, other=float("-inf"), cache_modifier=".cg")
+    l_s = tl.load(at + 1, mask=live, other=0.0, cache_modifier=".cg")
+    m_i = tl.max(m_s, 1)
     m_sub = tl.where(m_i == float("-inf"), 0.0, m_i)
-    l_i = tl.sum(tl.math.exp2(lse - m_sub[:, None]), 1)
+    l_i = tl.sum(l_s * tl.math.exp2(m_s - m_sub[:, None]), 1)
     acc = tl.zeros([ROWS, HEAD_DIM], tl.float32)
     for first in range(0, active_splits, MERGE_UNROLL):
         for j in tl.static_range(MERGE_UNROLL):
             s = first + j
             use = row_valid & ((offs_m * 0 + s) < active_splits)  # a [ROWS] mask
-            lse_s = tl.load(part_lse_ptr + row + s, mask=use, other=float("-inf"),
-                            cache_modifier=".cg")  # fmt: skip
+            m_j = tl.load(part_ml_ptr + 2 * (row + s), mask=use, other=float("-inf"),
+                          cache_modifier=".cg")  # fmt: skip
             part_s = tl.load(part_out_ptr + (row + s)[:, None] * HEAD_DIM + offs_d[None, :],
                              mask=use[:, None], other=0.0, cache_modifier=".cg")  # fmt: skip
-            acc += part_s.to(tl.float32) * tl.math.exp2(lse_s - m_sub)[:, None]
+            acc += part_s * tl.math.exp2(m_j - m_sub)[:, None]
     _store_rows(acc, m_i, l_i, out_ptr, sinks_ptr, token, q_head, head_valid, row_valid,
                 stride_o_tok, stride_o_head, HEAD_DIM, HAS_SINKS)  # fmt: skip

@@ -78,6 +78,13 @@ class AttentionTiles:
     # slices (as many as it has blocks): slices grow from one block toward min_split_blocks
     # as the range grows, instead of a short range taking one slice
     min_slices: int = 1
+    # a slice's key blocks in one masked loop instead of three (window start, blocks every row
+    # sees, the diagonal): each of the three is a pipelined loop whose prologue computes its
+    # first blocks' page ids and addresses even when its range is empty. A one-row decode's
+    # slices are a few blocks: in qwen3-0.6b's batch-1 variant ~1,233 of the 1,816 sm_90
+    # instructions a working warp runs at 511 tokens were key-loop code (ncu execution counts,
+    # stop 58); one loop cuts that code from 1,818 instructions to 636
+    one_range: bool = False
 
 
 @functools.lru_cache(maxsize=8)
@@ -186,6 +193,7 @@ def choose_tiles(
         num_warps, num_stages = 8, 3
         # slices of one key block up to 8 of them, then longer ones (ONE_ROW_SLICES)
         min_split_blocks, min_slices = ONE_ROW_SLICES
+    one_range = on_gpu and small and max_query_len == 1 and not exact  # every one-row decode
     # The one-row decode follows a one-row launch that lets it start early (the q/k/v GEMV, or
     # rope + KV store once it has waited). H200 (a42ae37, behind rope + KV store): the decode
     # graph -2.2% on qwen3-0.6b and -2.1% on qwen3-30b-a3b; the same launch at batch 8 and 32
@@ -195,7 +203,7 @@ def choose_tiles(
     prefetch = prefetch or prefetch_long
     return AttentionTiles(
         block_q, group_pad, block_n, num_splits, min_split_blocks, small, num_warps, num_stages,
-        prefetch, pdl_wait, new_keys, min_slices,
+        prefetch, pdl_wait, new_keys, min_slices, one_range,
     )  # fmt: skip
 
 
