@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Stop 57 ran diag, att and long here (benchmarks/results/h100/stop57_*/COMMAND.md) and landed
 # the one-row decode's longer slices (5604227); stop 58 ran tests and slices_ab at 311ec69
-# (benchmarks/results/h100/stop58_311ec69). Next, in this order: lean (onerow_lean.patch in
-# the engine), tests with PATCH=docs/wip/onerow_lean.patch if it measures (then land it),
-# stages (which round trips of the one-row decode cost what inside a graph), h200 (issue 18's
-# figures on an H200 with the Hopper extend, only ever measured on H100s).
+# (benchmarks/results/h100/stop58_311ec69); stop 59 ran lean (onerow_lean.patch, landed as
+# bd9bd52; the stage is gone with the patch, see 76252ff), tests with it, and stages
+# (benchmarks/results/h100/stop59_bd9bd52). Next: host (is the engine's batch-1 step
+# host-bound?), h200 (issue 18's figures on an H200 with the Hopper extend, only ever
+# measured on H100s).
 # From the repo root with NANOGRAPH_COMMIT exported:
 #   bash docs/wip/stop57_calls.sh h200 $OUT/h    # ~8 min, on an H200 only: 0.6b prefill,
 #     every arm and the peer, 256 / 2048 / 8192; attention (Hopper extend against SDPA)
@@ -18,21 +19,15 @@
 #     on the one-row decode attention (qwen3-0.6b shapes; NCU_SHAPES= for qwen3-8b's)
 #   bash docs/wip/stop57_calls.sh stages $OUT/g   # ~4 min, any GPU: the one-row decode's stages
 #     left out one at a time in a graph of layers (onerow_stages.patch; SHAPE= for qwen3-8b's)
-#   PATCH=docs/wip/onerow_lean.patch bash docs/wip/stop57_calls.sh tests $OUT/t
-#   bash docs/wip/stop57_calls.sh lean $OUT/o  # ~5 min, any GPU: the patch in the engine
-#     (qwen3-0.6b; SET=big for qwen3-8b and 30b-a3b)
+#   PATCH=docs/wip/X.patch bash docs/wip/stop57_calls.sh tests $OUT/t  # with a patch applied
+#   bash docs/wip/stop57_calls.sh host $OUT/o     # ~2 min, any GPU: the engine's host time a
+#     batch-1 decode step of qwen3-0.6b against the graph's (step_host_time.py)
 #   bash docs/wip/stop57_calls.sh diag $OUT/d    # ~5 min, any GPU: where the batch-1 decode
 #     graph's time goes, per kernel of a layer (decode_breakdown.py, qwen3-8b and 0.6b), and
 #     qwen3-8b's gate/up and down tiles swept inside a graph (qkv_o_graph_sweep.py --mlp)
-# PREDICTED for lean (H100, written before any run): qwen3-0.6b batch 1 after 512 tokens
-# +7% (4-11%), batch 4 about the same, batch 8 and 32 +1-4%; after 2,048 +4%; qwen3-30b-a3b
-# +4% (2-6%); qwen3-8b batch 1 +1.5%, 8 and 32 level to +1%. Why: ncu's execution counts put
-# ~1,233 of a working warp's 1,816 instructions in the key loops, whose code the patch cuts
-# from 1,818 to 636 (sm_90 SASS, qwen3-0.6b's batch-1 variant), and ~350 of the merging
-# slice's 512 merge instructions in the 14 padded rows of its 16 (the patch: 291 -> 145 in
-# _merge_rows), and ~90 of every slice's in normalising its partial (gone: 3,248 -> 1,600 in
-# all); at ~10 cycles an issued instruction a warp, ~2-4 us a layer of the ~9.3. Split extends
-# change too (their partials; SASS 9-17% shorter): prefill at 8k level or faster.
+# PREDICTED for host (H100, bd9bd52: graph 0.683 ms, engine step 0.827): the host's work a
+# step outside the read's wait ~0.2-0.3 ms, so the host keeps ahead and the read waits
+# ~0.5 ms a step; runner.forward + argmax back to back ~0.80 ms (the graph + the eager LM head).
 # PREDICTED for stages (0.6b shapes, the attention ~9.3 us a layer of the graph): an empty
 # kernel ~7 us a layer less than the default, returning after the wait ~5 less, no key loop
 # ~1.5 less, no merge (32) ~2 less, no L2 prefetch ~+0.5 more, no rope + KV store ~0.5 less.
@@ -90,37 +85,17 @@ case $stage in
     grep -E "Duration|Elapsed Cycles|Registers|Grid Size|Block Size|Achieved Occ|Warp Cycles|DRAM Th|Issued Ipc" \
       "$out/details.txt" | head -40 ;;
   stages)  # what each stage of the one-row decode costs in a graph of layers (ncu found it a
-    # chain of round trips): onerow_stages.patch's SKIP bits, made on top of
-    # onerow_lean.patch (applied first unless it has landed); qwen3-0.6b shapes (SHAPE=
-    # for 8b's)
-    R=docs/wip/onerow_lean.patch one=
-    git apply --check $R 2>/dev/null && git apply $R && one=1
+    # chain of round trips): onerow_stages.patch's SKIP bits; qwen3-0.6b shapes (SHAPE= for
+    # 8b's)
     git apply docs/wip/onerow_stages.patch
     timeout 270 python3 docs/wip/qkv_o_graph_sweep.py --att-stages ${SHAPE---06b} \
       > "$out/stages${SHAPE---06b}.log" 2>&1
     git apply -R docs/wip/onerow_stages.patch
-    [ -n "$one" ] && git apply -R $R
     grep -v Warn "$out/stages${SHAPE---06b}.log" ;;
-  lean)  # onerow_lean.patch (every one-row decode's slice in one masked key loop, its merge
-    # over the group's rows only, partials unnormalised) alternating with main. SET=small (default): qwen3-0.6b batches 1, 4, 8, 32 after 512
-    # tokens and 1, 4 after 2,048; SET=big: qwen3-8b batches 1, 8, 32 and qwen3-30b-a3b batch
-    # 1 after 512. ~5 min each; PASSES="off on" for a shorter one
-    B="python3 -m nanograph bench decode --arms full --new-tokens 128 --repeats 3"
-    if [ "${SET:-small}" = small ]; then
-      runs=("qwen3-0.6b 1,4,8,32 512" "qwen3-0.6b 1,4 2048")
-    else
-      runs=("qwen3-8b 1,8,32 512" "qwen3-30b-a3b 1 512")
-    fi
-    for tree in ${PASSES:-off on off on}; do
-      [ $tree = on ] && git apply docs/wip/onerow_lean.patch
-      for r in "${runs[@]}"; do
-        set -- $r
-        timeout 120 $B --models $1 --batches $2 --prompt-len $3 \
-          --out "$out/${1}_${3}_$tree.json" 2>&1 | grep "decode=full"
-      done
-      [ $tree = on ] && git apply -R docs/wip/onerow_lean.patch
-      echo "== $tree (the lines above)"
-    done ;;
+  host)  # the engine's host time a step against the GPU's (bench floor: graph 0.683 ms alone,
+    # the engine's step 0.827 on an H100)
+    timeout 150 python3 docs/wip/step_host_time.py qwen3-0.6b 256 > "$out/host_06b.log" 2>&1
+    grep -v Warn "$out/host_06b.log" | tail -34 ;;
   slices_ab)  # 5604227's one-row slices past 512 tokens on the models not measured with them
     # ("off": docs/wip/onerow_slices_off.patch puts back the old (1, 1)); ~7 min
     B="python3 -m nanograph bench decode --arms full --new-tokens 128 --repeats 3"
