@@ -3,9 +3,9 @@
 # the one-row decode's longer slices (5604227); stop 58 ran tests and slices_ab at 311ec69
 # (benchmarks/results/h100/stop58_311ec69); stop 59 ran lean (onerow_lean.patch, landed as
 # bd9bd52; the stage is gone with the patch, see 76252ff), tests with it, and stages
-# (benchmarks/results/h100/stop59_bd9bd52). Next: host (is the engine's batch-1 step
-# host-bound?), h200 (issue 18's figures on an H200 with the Hopper extend, only ever
-# measured on H100s).
+# (benchmarks/results/h100/stop59_bd9bd52) and host (the batch-1 engine step is GPU-bound).
+# Next: h200 (issue 18's figures on an H200 with the Hopper extend, only ever measured on
+# H100s; guarded: it exits on any other GPU unless ANY_GPU=1).
 # From the repo root with NANOGRAPH_COMMIT exported:
 #   bash docs/wip/stop57_calls.sh h200 $OUT/h    # ~8 min, on an H200 only: 0.6b prefill,
 #     every arm and the peer, 256 / 2048 / 8192; attention (Hopper extend against SDPA)
@@ -21,7 +21,7 @@
 #     left out one at a time in a graph of layers (onerow_stages.patch; SHAPE= for qwen3-8b's)
 #   PATCH=docs/wip/X.patch bash docs/wip/stop57_calls.sh tests $OUT/t  # with a patch applied
 #   bash docs/wip/stop57_calls.sh host $OUT/o     # ~2 min, any GPU: the engine's host time a
-#     batch-1 decode step of qwen3-0.6b against the graph's (step_host_time.py)
+#     batch-1 decode step of qwen3-0.6b against the graph's (step_host_time.py; ran in stop 59)
 #   bash docs/wip/stop57_calls.sh diag $OUT/d    # ~5 min, any GPU: where the batch-1 decode
 #     graph's time goes, per kernel of a layer (decode_breakdown.py, qwen3-8b and 0.6b), and
 #     qwen3-8b's gate/up and down tiles swept inside a graph (qkv_o_graph_sweep.py --mlp)
