@@ -9,7 +9,10 @@ before it (under programmatic dependent launch a kernel starts early and waits: 
 duration overstates it). Kernels are labelled by their place in a layer (the period between
 two attention kernels), so each product of the layer gets its own line: microseconds a layer
 and a step, against the weight bytes it streams. Writes ``OUT_DIR/decode_breakdown.json``
-and prints a table per model.
+and prints a table per model. ``NEW_TOKENS=n`` (stop 59) profiles instead an eager extend of
+n tokens of one request after CONTEXT - n cached ones: the shape of speculative decoding's
+draft-extend catch-up (n = 2), whose kernels (few-row products, separate norms and rope,
+the extend attention) are those its graph holds.
 """
 
 import json
@@ -28,6 +31,7 @@ out_dir = Path(sys.argv[1] if len(sys.argv) > 1 else ".")
 models = (sys.argv[2] if len(sys.argv) > 2 else "qwen3-8b,qwen3-0.6b").split(",")
 REPEATS = 20
 CONTEXT = int(os.environ.get("CONTEXT", 512))  # tokens the step's row follows
+NEW_TOKENS = int(os.environ.get("NEW_TOKENS", 1))  # > 1: an eager extend of that many tokens
 GAP_US = 25.0  # idle that separates two synchronised forwards
 
 
@@ -61,6 +65,18 @@ def attribute(forward: list[tuple[float, float, str]]) -> tuple[list[float], flo
     return out, idle
 
 
+def extend_batch(llm) -> tuple[object, list[list[int]]]:
+    """One request's last NEW_TOKENS tokens of CONTEXT, the rest cached (its pages allocated;
+    the cached keys are whatever the pool holds: timing only)."""
+    from nanograph.runners.forward_batch import ForwardBatch
+
+    kv = llm.engine.kv_cache
+    pages = [kv.allocator.allocate(kv.pages_needed(CONTEXT))]
+    ids = torch.randint(0, llm.engine.model_config.vocab_size, (NEW_TOKENS,)).tolist()
+    batch = ForwardBatch.build([ids], [CONTEXT - NEW_TOKENS], pages, kv.page_size, [True])
+    return batch, pages
+
+
 def breakdown(model: str) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
@@ -68,11 +84,11 @@ def breakdown(model: str) -> dict:
               max_num_seqs=1, max_model_len=CONTEXT + 64, progress=False,
               **STARTUP_CAPTURE)  # fmt: skip
     runner = llm.engine.runner
-    batch, pages = step_batch(llm, CONTEXT, 1)
+    batch, pages = step_batch(llm, CONTEXT, 1) if NEW_TOKENS == 1 else extend_batch(llm)
     for _ in range(5):
         runner.forward(batch)
     torch.cuda.synchronize()
-    replay_ms = graph_replay_ms(runner, batch, 1, 200)
+    replay_ms = graph_replay_ms(runner, batch, 1, 200) if NEW_TOKENS == 1 else None
     trace = out_dir / f"trace_{model}.json"
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(REPEATS):
@@ -111,7 +127,7 @@ for model in models:
     r = results[model] = breakdown(model)
     print(f"\n{model}: {r['kernels']} kernels a forward, {r['layers']} layers of {r['period']}; "
           f"span {r['span_us']:.1f} us (busy {r['busy_us']:.1f}, idle {r['idle_us']:.1f}); "
-          f"graph replayed back to back {r['replay_ms']:.3f} ms")  # fmt: skip
+          f"graph replayed back to back {r['replay_ms']} ms")  # fmt: skip
     for key, row in r["table"].items():
         each, count, step = row["us_each"], row["count"], row["us_step"]
         print(f"  {each:7.2f} us x {count:3d} = {step:8.1f}  {key[:110]}")
