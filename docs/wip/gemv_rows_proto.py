@@ -15,6 +15,9 @@ Times, as ``bench gemv`` does (graph replays over weight copies that flush the L
 qwen3-0.6b's and qwen3-8b's products at 2 and 4 rows: the few-row kernel (``gemm_rows``,
 default tiles), this kernel over a few tiles, and the one-row GEMV on one row (the floor).
 Checks each result against a float32 product. Not wired into the engine.
+MEASURED (stop 59, H100, ``h100/stop59_bd9bd52/rows_proto/``): slower than the few-row kernel on
+every product, at 2 rows qwen3-0.6b's products 0.808 against 0.629 ms a step (one row 0.483),
+qwen3-8b's 5.971 against 5.210 (4.969); kept for its numbers.
 PREDICTED (H100, before any run): 2 rows within 10% of the one-row GEMV and 15-30% under the
 few-row kernel on qwen3-0.6b's products; on qwen3-8b's within 5% of the GEMV and level to 10%
 under the few-row kernel; at 4 rows the register-heavy accumulators may lose that edge.
