@@ -32,7 +32,9 @@ models = (sys.argv[2] if len(sys.argv) > 2 else "qwen3-8b,qwen3-0.6b").split(","
 REPEATS = 20
 CONTEXT = int(os.environ.get("CONTEXT", 512))  # tokens the step's row follows
 NEW_TOKENS = int(os.environ.get("NEW_TOKENS", 1))  # > 1: an eager extend of that many tokens
-GAP_US = 25.0  # idle that separates two synchronised forwards
+# idle that separates two synchronised forwards: an eager extend's own launches are host-bound,
+# 20-80 us apart on an H100 (stop 59's NEW_TOKENS=2 run split every forward at 25 us)
+GAP_US = 25.0 if NEW_TOKENS == 1 else 200.0
 
 
 def kernels_of(trace_path: Path) -> list[list[tuple[float, float, str]]]:
