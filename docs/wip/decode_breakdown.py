@@ -67,18 +67,6 @@ def attribute(forward: list[tuple[float, float, str]]) -> tuple[list[float], flo
     return out, idle
 
 
-def extend_batch(llm) -> tuple[object, list[list[int]]]:
-    """One request's last NEW_TOKENS tokens of CONTEXT, the rest cached (its pages allocated;
-    the cached keys are whatever the pool holds: timing only)."""
-    from nanograph.runners.forward_batch import ForwardBatch
-
-    kv = llm.engine.kv_cache
-    pages = [kv.allocator.allocate(kv.pages_needed(CONTEXT))]
-    ids = torch.randint(0, llm.engine.model_config.vocab_size, (NEW_TOKENS,)).tolist()
-    batch = ForwardBatch.build([ids], [CONTEXT - NEW_TOKENS], pages, kv.page_size, [True])
-    return batch, pages
-
-
 def breakdown(model: str) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
@@ -86,7 +74,7 @@ def breakdown(model: str) -> dict:
               max_num_seqs=1, max_model_len=CONTEXT + 64, progress=False,
               **STARTUP_CAPTURE)  # fmt: skip
     runner = llm.engine.runner
-    batch, pages = step_batch(llm, CONTEXT, 1) if NEW_TOKENS == 1 else extend_batch(llm)
+    batch, pages = step_batch(llm, CONTEXT, 1, new_tokens=NEW_TOKENS)
     for _ in range(5):
         runner.forward(batch)
     torch.cuda.synchronize()

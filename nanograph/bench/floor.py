@@ -41,10 +41,13 @@ from nanograph.bench.common import (
 )
 
 
-def step_batch(llm, length: int, decode_batch: int = 0) -> tuple[object, list[list[int]]]:
+def step_batch(
+    llm, length: int, decode_batch: int = 0, new_tokens: int = 1
+) -> tuple[object, list[list[int]]]:
     """(ForwardBatch, its pages): a prefill of ``length`` tokens, or (``decode_batch`` > 0) one
-    decode step of that many requests with ``length`` tokens of context each. Give the pages
-    back with ``llm.engine.kv_cache.allocator.free`` once done."""
+    step of that many requests with ``length`` tokens of context each, the last
+    ``new_tokens`` of them new (1: a decode step; more: an extend, e.g. a draft-extend's
+    catch-up). Give the pages back with ``llm.engine.kv_cache.allocator.free`` once done."""
     from nanograph.runners.forward_batch import ForwardBatch
 
     kv = llm.engine.kv_cache
@@ -60,7 +63,10 @@ def step_batch(llm, length: int, decode_batch: int = 0) -> tuple[object, list[li
         raise MemoryError(f"{requests} x {length} tokens do not fit the KV pool")
     ids = [torch.randint(0, llm.engine.model_config.vocab_size, (length,)).tolist()
            for _ in range(requests)]  # fmt: skip
-    done, new = ([length - 1] * requests, [1] * requests) if decode_batch else ([0], [length])
+    done, new = (
+        ([length - new_tokens] * requests, [new_tokens] * requests) if decode_batch
+        else ([0], [length])
+    )  # fmt: skip
     new_ids = [i[c : c + k] for i, c, k in zip(ids, done, new)]
     return ForwardBatch.build(new_ids, done, pages, kv.page_size, [True] * requests), pages
 
