@@ -18,6 +18,12 @@ TRITON_INTERPRET=1 with ``--check`` (tiny shapes, against float64).
 PREDICTED (H100, before any run): qwen3-0.6b's products a step at 2 rows 0.50-0.53 ms (the
 one-row GEMV 0.483, the few-row kernel 0.629); qwen3-8b's 5.0-5.1 (4.97 and 5.21); at 4 rows
 within 20% of one row on 0.6b.
+MEASURED (stop 60, H100, ``h100/stop60_c25a30c/two_rows_proto/``), products a step, best tile
+per product: qwen3-0.6b at 2 rows **0.659 ms** against the few-row kernel's 0.626 and one row's
+0.479 (at the GEMV's own tiles 0.674); at 4 rows 0.885 against 0.627. qwen3-8b at 2 rows 5.338
+against 5.051 (one row 4.841), at 4 rows 7.928 against 5.069. Wrong: level with the few-row
+kernel on q/k/v and down at 2 rows, ahead on o (4.2 against 4.6 us), behind on gate/up (8.8
+against 7.2); the second row's FMAs are not free. Kept for its numbers; nothing to wire in.
 """
 
 import itertools

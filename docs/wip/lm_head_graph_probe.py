@@ -18,6 +18,12 @@ alone; (a) again. Checks (c)'s tokens equal (a)'s. Not wired into the engine.
 PREDICTED (H100, before any run): qwen3-0.6b batch 1 (c) 0.79-0.80 ms against (a) 0.827 (-4%);
 batch 8 -2%; qwen3-8b batch 1 -0.5 to -1%; qwen3-30b-a3b (c) no slower than (a), (a) unchanged
 after (c).
+MEASURED (stop 60, H100, ``h100/stop60_c25a30c/lm_head_probe/``): (c) against (a), tokens equal
+everywhere: qwen3-0.6b batch 1 0.7809 against 0.7957 ms (**-1.9%**; this machine's (a) is
+faster than stop 59's 0.827), batch 8 -0.9%; qwen3-30b-a3b -0.4% / -0.1%; qwen3-8b -0.2% /
+-0.2%. (a) and (b) the same before and after (c): no slow state. The eager tail costs ~15 us a
+step more than the same kernels in the graph (stop 59's note guessed ~10), not ~40: not worth
+a logits buffer per runner in the memory plan. Not wired in.
 """
 
 import sys

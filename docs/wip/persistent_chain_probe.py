@@ -25,6 +25,18 @@ Checks the persistent chain's final residual stream against the GEMV chain's.
 PREDICTED (H100, before any run): the GEMV chain ~17 us a layer (stop 59's in-graph products:
 4.23 + 3.36 + 5.66 + 4.19); a barrier 1-2 us; persistent without prefetch 15-20 us a layer,
 with ahead=2 11-14 (HBM time of a layer's 31.5 MB at 3.0 TB/s: 10.5).
+MEASURED (stop 60, H100, 132 SMs, ``h100/stop60_c25a30c/persistent/``, two runs): the GEMV
+chain **16.9 us a layer**; the barriers alone 4.2-4.3 us a layer (**~1.05 us a barrier**, any
+warp count); persistent 20.7 (16 warps) to 24.0 (4 warps) us a layer without prefetch,
+**30-34 with the L2 prefetch** (ahead 1 or 2: the layer's HBM time again, as if every
+prefetched line were read twice); each program's next weight slice in registers before the
+barrier 20.1 (16 warps, spilling) to 21.3. Results equal the GEMV chain's (0 difference; the
+register variant 0.0078 of the largest, its sums in another order). Wrong about the prefetch
+and about the products: past its barriers the persistent chain spends ~16 us a layer on the
+products, as much as the separate PDL GEMVs take in all. A kernel boundary under PDL costs
+about what a grid barrier does, and the separate launches keep more bytes in flight. With
+stop 44's persistent MoE block (39.3 against 34.9 us a layer) this closes the persistent
+kernel in Triton as the way to issue 18's batch-1 aim.
 """
 
 import sys

@@ -19,6 +19,13 @@ back; ``drafter_decode_ms``; the target's decode step back to back): ``pageable`
 PREDICTED (H100, before any run): if the copy stalls the host, ``cached`` takes the batch-1 draft
 loop from ~3.62 to ~3.45-3.50 ms back to back and the decode step from ~0.80 to ~0.79; if it
 does not, every arm within 1%.
+MEASURED (stop 60, H100, ``h100/stop60_c25a30c/rows_copy/``, two passes): every arm within
+0.3% back to back: batch 1 draft loop 3.512-3.518 ms (1.095-1.103x four drafter steps of
+0.797-0.802), one-token loop 3.139-3.157, target decode 0.7986-0.8031; batch 4 4.410-4.416
+(1.009-1.012x). The copy does not stall the host. The synchronised figures spread 0.86-1.06x
+between passes of the same arm (40 repeats). What the 2-token loop costs over the one-token
+loop (0.36-0.37 ms) is the 2-token forward's kernels: 3.15 ms = one catch-up step (~0.80) +
+three loop steps (~0.78 each), 3.52 = a 2-token catch-up of ~1.17 + the same three.
 """
 
 import sys
