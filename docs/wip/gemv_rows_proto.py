@@ -14,7 +14,8 @@ rows should stream the weight about as fast as one (the FMAs double, the bytes d
 Times, as ``bench gemv`` does (graph replays over weight copies that flush the L2), each of
 qwen3-0.6b's and qwen3-8b's products at 2 and 4 rows: the few-row kernel (``gemm_rows``,
 default tiles), this kernel over a few tiles, and the one-row GEMV on one row (the floor).
-Checks each result against a float32 product. Not wired into the engine.
+Checks each result against a float64 product. Not wired into the engine. Since stop 60 it runs
+through ``gemv_two_rows_proto.compare`` (which adds a column at the GEMV's tiles).
 MEASURED (stop 59, H100, ``h100/stop59_bd9bd52/rows_proto/``): slower than the few-row kernel on
 every product, at 2 rows qwen3-0.6b's products 0.808 against 0.629 ms a step (one row 0.483),
 qwen3-8b's 5.971 against 5.210 (4.969); kept for its numbers.
@@ -29,11 +30,6 @@ import sys
 import torch
 import triton
 import triton.language as tl
-
-from nanograph.bench.gemv import _timed_us, _weight_copies, projections
-from nanograph.kernels.gemv import choose_tiles, gemv
-from nanograph.kernels.rows import gemm_rows
-from nanograph.loader import resolve_model
 
 
 @triton.jit
@@ -82,66 +78,11 @@ def rows_gemv(x, w, silu_out=False, tiles=(8, 512, 8, 3)):
     return out
 
 
-def reference(x, w, silu_out):
-    y = (x.float() @ w.float().T).to(x.dtype).float()
-    if silu_out:
-        h = y.shape[1] // 2
-        y = torch.nn.functional.silu(y[:, :h]) * y[:, h:]
-    return y
-
-
 TILES = list(itertools.product((4, 8, 16), (512,), (4, 8), (3,)))
 
 
-def main() -> None:
-    models = sys.argv[1].split(",") if len(sys.argv) > 1 else ["qwen3-0.6b", "qwen3-8b"]
-    for model in models:
-        products = projections(resolve_model(model, "dummy").config)
-        products.pop("lm_head")
-        products["down"] = products.pop("silu_down")
-        for rows in (2, 4):
-            step = {"few-row": 0.0, "proto": 0.0, "gemv 1 row": 0.0}
-            for name, (n, k, times) in products.items():
-                silu = name == "gate_up"
-                weights = _weight_copies(n, k)
-                x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
-                want = reference(x, weights[0], silu)
-                best = None
-                for tiles in TILES:
-                    try:
-                        got = rows_gemv(x, weights[0], silu, tiles).float()
-                        err = ((got - want).abs().max() / want.abs().max()).item()
-                        us = _timed_us(lambda a, w, t=tiles, s=silu: rows_gemv(a, w, s, t),
-                                       weights, x, 25)  # fmt: skip
-                    except Exception as e:  # noqa: BLE001 - out of resources
-                        print(f"  {tiles}: {type(e).__name__}")
-                        continue
-                    if best is None or us < best[0]:
-                        best = (us, tiles, err)
-
-                def few_row(a, w, s=silu):
-                    return gemm_rows(a, w, silu_out=s)
-
-                def one_row(a, w, s=silu):
-                    return gemv(a[:1], w, silu_out=s)
-
-                def proto_rows(a, w, s=silu, t=best[1]):
-                    return rows_gemv(a, w, s, t)
-
-                few = _timed_us(few_row, weights, x, 100)
-                one = _timed_us(one_row, weights, x, 100)
-                proto = _timed_us(proto_rows, weights, x, 100)
-                step["few-row"] += times * few
-                step["proto"] += times * proto
-                step["gemv 1 row"] += times * one
-                print(f"{model} {rows} rows {name:8s} {n}x{k}: few-row {few:6.1f} us, proto "
-                      f"{proto:6.1f} us at {best[1]} (max err {best[2]:.2g} of the largest), "
-                      f"one-row GEMV {one:6.1f} us (default {choose_tiles(n, k, 0)})")  # fmt: skip
-                del weights
-                torch.cuda.empty_cache()
-            print(f"{model} {rows} rows, products a step: "
-                  + ", ".join(f"{a} {v / 1000:.3f} ms" for a, v in step.items()))  # fmt: skip
-
-
 if __name__ == "__main__":
-    main()
+    from gemv_two_rows_proto import compare  # docs/wip is first on sys.path when run
+
+    compare(rows_gemv, TILES, sys.argv[1].split(",") if len(sys.argv) > 1 else
+            ["qwen3-0.6b", "qwen3-8b"], rep_ms=25)  # fmt: skip

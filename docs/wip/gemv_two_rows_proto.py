@@ -41,6 +41,19 @@ def _acc_row(acc, w, x_ptr, row, stride_xm, k, K):
 
 
 @triton.jit
+def _acc_rows(a0, a1, a2, a3, w, x_ptr, stride_xm, k, K, ROWS: tl.constexpr):
+    """Each of the first ROWS rows' accumulators += w * that row of x (the others unchanged)."""
+    a0 = _acc_row(a0, w, x_ptr, 0, stride_xm, k, K)
+    if ROWS > 1:
+        a1 = _acc_row(a1, w, x_ptr, 1, stride_xm, k, K)
+    if ROWS > 2:
+        a2 = _acc_row(a2, w, x_ptr, 2, stride_xm, k, K)
+    if ROWS > 3:
+        a3 = _acc_row(a3, w, x_ptr, 3, stride_xm, k, K)
+    return a0, a1, a2, a3
+
+
+@triton.jit
 def _store_row(acc, acc_up, out_ptr, row, stride_om, offs_n, n_mask, SILU_OUT: tl.constexpr):
     y = tl.sum(acc, 1)
     if SILU_OUT:
@@ -67,23 +80,11 @@ def _rows_gemv_kernel(x_ptr, w_ptr, out_ptr, N, K, stride_xm, stride_wn, stride_
         wm = n_mask[:, None] & (k < K)[None, :]
         w = tl.load(w_rows + k[None, :], mask=wm, other=0.0,
                     eviction_policy="evict_first").to(tl.float32)  # fmt: skip
-        a0 = _acc_row(a0, w, x_ptr, 0, stride_xm, k, K)
-        if ROWS > 1:
-            a1 = _acc_row(a1, w, x_ptr, 1, stride_xm, k, K)
-        if ROWS > 2:
-            a2 = _acc_row(a2, w, x_ptr, 2, stride_xm, k, K)
-        if ROWS > 3:
-            a3 = _acc_row(a3, w, x_ptr, 3, stride_xm, k, K)
+        a0, a1, a2, a3 = _acc_rows(a0, a1, a2, a3, w, x_ptr, stride_xm, k, K, ROWS)
         if SILU_OUT:
             u = tl.load(up_rows + k[None, :], mask=wm, other=0.0,
                         eviction_policy="evict_first").to(tl.float32)  # fmt: skip
-            u0 = _acc_row(u0, u, x_ptr, 0, stride_xm, k, K)
-            if ROWS > 1:
-                u1 = _acc_row(u1, u, x_ptr, 1, stride_xm, k, K)
-            if ROWS > 2:
-                u2 = _acc_row(u2, u, x_ptr, 2, stride_xm, k, K)
-            if ROWS > 3:
-                u3 = _acc_row(u3, u, x_ptr, 3, stride_xm, k, K)
+            u0, u1, u2, u3 = _acc_rows(u0, u1, u2, u3, u, x_ptr, stride_xm, k, K, ROWS)
     _store_row(a0, u0, out_ptr, 0, stride_om, offs_n, n_mask, SILU_OUT)
     if ROWS > 1:
         _store_row(a1, u1, out_ptr, 1, stride_om, offs_n, n_mask, SILU_OUT)
@@ -135,13 +136,16 @@ def check() -> None:
 TILES = list(itertools.product((4, 8, 16), (512, 1024), (4, 8), (3, 4)))
 
 
-def main() -> None:
+def compare(product, tiles_swept, models: list[str], rep_ms: int = 15) -> None:
+    """Prints each product's time at 2 and 4 rows through ``product(x, w, silu_out, tiles)``
+    (its best of ``tiles_swept``, and at the one-row GEMV's tiles), the few-row kernel and the
+    one-row GEMV on one row, and their sums over a decode step. Shared with
+    ``gemv_rows_proto.py``, whose kernel takes the same arguments."""
     from nanograph.bench.gemv import _timed_us, _weight_copies, projections
     from nanograph.kernels.gemv import choose_tiles, gemv
     from nanograph.kernels.rows import gemm_rows
     from nanograph.loader import resolve_model
 
-    models = sys.argv[1].split(",") if len(sys.argv) > 1 else ["qwen3-0.6b", "qwen3-8b"]
     for model in models:
         products = projections(resolve_model(model, "dummy").config)
         products.pop("lm_head")
@@ -158,42 +162,30 @@ def main() -> None:
                 default = (default.block_n, default.block_k, default.num_warps,
                            default.num_stages)  # fmt: skip
                 best = None
-                for tiles in TILES:
+                for tiles in tiles_swept:
                     try:
-                        got = rows_gemv(x, weights[0], silu, tiles).double()
+                        got = product(x, weights[0], silu, tiles).double()
                         err = ((got - want).abs().max() / want.abs().max()).item()
-                        us = _timed_us(lambda a, w, t=tiles, s=silu: rows_gemv(a, w, s, t),
-                                       weights, x, 15)  # fmt: skip
+                        us = _timed_us(lambda a, w, t=tiles, s=silu: product(a, w, s, t),
+                                       weights, x, rep_ms)  # fmt: skip
                     except Exception as e:  # noqa: BLE001 - out of resources
                         print(f"  {tiles}: {type(e).__name__}")
                         continue
                     if best is None or us < best[0]:
                         best = (us, tiles, err)
-
-                def few_row(a, w, s=silu):
-                    return gemm_rows(a, w, silu_out=s)
-
-                def one_row(a, w, s=silu):
-                    return gemv(a[:1], w, silu_out=s)
-
-                def proto_rows(a, w, s=silu, t=best[1]):
-                    return rows_gemv(a, w, s, t)
-
-                def proto_default(a, w, s=silu, t=default):
-                    return rows_gemv(a, w, s, t)
-
-                few = _timed_us(few_row, weights, x, 100)
-                one = _timed_us(one_row, weights, x, 100)
-                proto = _timed_us(proto_rows, weights, x, 100)
-                proto_d = _timed_us(proto_default, weights, x, 100)
-                step["few-row"] += times * few
-                step["proto"] += times * proto
-                step["proto default tiles"] += times * proto_d
-                step["gemv 1 row"] += times * one
-                print(f"{model} {rows} rows {name:8s} {n}x{k}: few-row {few:6.1f} us, proto "
-                      f"{proto:6.1f} us at {best[1]} (max err {best[2]:.2g} of the largest), "
-                      f"at the GEMV's tiles {default} {proto_d:6.1f}, one-row GEMV {one:6.1f} us",
-                      flush=True)  # fmt: skip
+                timed = {
+                    "few-row": lambda a, w, s=silu: gemm_rows(a, w, silu_out=s),
+                    "proto": lambda a, w, s=silu, t=best[1]: product(a, w, s, t),
+                    "proto default tiles": lambda a, w, s=silu, t=default: product(a, w, s, t),
+                    "gemv 1 row": lambda a, w, s=silu: gemv(a[:1], w, silu_out=s),
+                }
+                us = {arm: _timed_us(fn, weights, x, 100) for arm, fn in timed.items()}
+                for arm, t in us.items():
+                    step[arm] += times * t
+                print(f"{model} {rows} rows {name:8s} {n}x{k}: few-row {us['few-row']:6.1f} us, "
+                      f"proto {us['proto']:6.1f} us at {best[1]} (max err {best[2]:.2g} of the "
+                      f"largest), at the GEMV's tiles {default} {us['proto default tiles']:6.1f},"
+                      f" one-row GEMV {us['gemv 1 row']:6.1f} us", flush=True)  # fmt: skip
                 del weights
                 torch.cuda.empty_cache()
             summary = ", ".join(f"{a} {v / 1000:.3f} ms" for a, v in step.items())
@@ -204,4 +196,5 @@ if __name__ == "__main__":
     if "--check" in sys.argv:
         check()
     else:
-        main()
+        models = sys.argv[1].split(",") if len(sys.argv) > 1 else ["qwen3-0.6b", "qwen3-8b"]
+        compare(rows_gemv, TILES, models)
