@@ -13,6 +13,15 @@ batch with the norms replaced by nothing (``ops.rmsnorm`` returns x, ``ops.add_r
 (x, residual): the wrong numbers, the same other kernels) against the real one. Not wired in.
 PREDICTED (H100, before any run): qwen3-0.6b -6 to -9% of the graph at batch 2 to 8 (two
 ~1.5-2 us kernels a layer, 28 layers, against 0.9-1.1 ms); qwen3-8b -1 to -2%.
+MEASURED (stop 60, H100, ``h100/stop60_c25a30c/norms/``, two passes within 0.3%): qwen3-0.6b
+**-10.2 / -11.0 / -10.9%** at batch 2 / 4 / 8 (0.918 -> 0.825, 0.971 -> 0.865, 1.067 -> 0.950
+ms: ~3.3 us a layer, the two kernels' whole eager duration: PDL hides none of it); qwen3-8b
+-2.2 / -1.8 / -2.8%. The upper bound is above the prediction. What a fused version keeps of it
+depends on what replaces the kernels inside each product: each program of the next product
+needs its rows' 1/rms (a pass over the rows from the L2 before its first MMA, ~0.6-1 us on the
+critical path), and the norm weight must reach x before the MMA (the weight folded into the
+next products' columns at load time) or through a normalised copy of the rows (each program
+writing the same copy: the norm kernel's work on every program's path).
 """
 
 import sys
