@@ -86,7 +86,7 @@ class CompileOnly:
                     constexprs[(i,)] = value
                 elif isinstance(value, torch.Tensor):
                     signature[param.name] = POINTER[value.dtype]
-                    if value.data_ptr() % 16 == 0:
+                    if value.data_ptr() % 16 == 0 and not param.do_not_specialize_on_alignment:
                         attrs[(i,)] = aligned
                 elif isinstance(value, TensorDescriptor):
                     block = ",".join(str(b) for b in value.block_shape)

@@ -977,12 +977,12 @@ def test_argmax_matches_torch(width, block):
             argmax.argmax(x, out=bad, block=block)
 
 
-@pytest.mark.parametrize("num_slots, page_size", [(1, 16), (5, 4), (13, 1), (64, 16)])
+@pytest.mark.parametrize("num_slots, page_size", [(1, 16), (5, 4), (13, 1), (64, 16), (130, 8)])
 def test_draft_inputs_advance_equals_the_torch_ops(num_slots, page_size):
     """One launch moves a draft loop's inputs on as the runner's torch ops do: live slots one
     position on (across page boundaries: positions just before one), sentinel slots (length 0)
     kept, slot -1; every slot's token copied. Three steps in a row; a page table wider than
-    the slots' rows and with more rows than slots."""
+    the slots' rows and with more rows than slots; past 128 slots, more than one part."""
     draft_inputs = _import_interpreted("nanograph.kernels.draft_inputs")
     from nanograph.runners.decode_runner import advance_inputs
 

@@ -181,6 +181,26 @@ def test_padded_verify_rows_replay_like_eager(target_dir):
             kv.allocator.free(p)
 
 
+def test_draft_loop_compiles_one_advance_variant(target_dir, drafter_dir):
+    """The draft loop's input advance compiles one variant for every captured batch size (1,
+    2, 4, 8: a step's drafts are a row of [steps, slots], 8-byte aligned at odd slot counts),
+    which the memory plan's probe capture compiles: the draft runner's own captures compile
+    nothing (a variant per slot count made its start-up capture several times the target's)."""
+    from nanograph import LLM
+    from nanograph.kernels import draft_inputs
+
+    for cache in draft_inputs._advance_kernel.device_caches.values():
+        cache[0].clear()  # compiled variants (earlier engines' too): count this engine's
+    draft_inputs._launch.runners.clear()
+    llm = LLM(target_dir, decode_cuda_graph="full", speculative_draft_cuda_graph="full",
+              **spec_args("draft_model", "small", target_dir, drafter_dir), **SMALL)  # fmt: skip
+    assert llm.engine.draft_runner.graph_runners["draft"].loop_steps == K - 1
+    generate(llm, seed=5)
+    variants = sum(len(cache[0]) for cache in draft_inputs._advance_kernel.device_caches.values())
+    assert variants == 1
+    free(llm)
+
+
 def test_capture_records_and_memory_report(target_dir, drafter_dir):
     """Every speculative runner reports its capture time and pool in the memory report; the
     draft runners' capture is recorded beside the target's (the bench compares them)."""
