@@ -13,6 +13,13 @@ cumulative and by own time), to tell a one-time cost from the capture's own.
 PREDICTED (H100, before any run): warm captures of the draft loop ~0.1 s for batch sizes 1 and
 4 (three steps a graph: ~3x a decode shape's), so the start-up figure holds a one-time cost
 (a compile or a module load at the loop's first capture).
+MEASURED (stop 60, H100, ``h100/stop60_c25a30c/draft_capture/``): at 1ea7a55 start-up draft
+0.488 + draft_extend 0.116 s against decode 0.128 + verify 0.153; captured again 0.074-0.080
++ 0.094-0.102 against 0.109-0.111 + 0.130-0.132 (the profiled third draft capture: 0.15 s,
+all model forwards and launches, no compile). The one-time cost: the loop's input advance
+compiled a variant per power of two of the slot count (and for one slot) at each shape's
+first capture. At 286953c (one variant for every slot count) on a fresh machine: start-up
+0.054 + 0.070 against 0.073 + 0.083 (0.80x), again 0.054-0.100 + 0.065-0.101.
 """
 
 import cProfile
