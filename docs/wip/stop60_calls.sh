@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Stop 60 prepared these after its device time ran out; none has run yet.
+# From the repo root with NANOGRAPH_COMMIT exported:
+#   bash docs/wip/stop60_calls.sh fold $OUT/f      # ~4 min, any GPU: the few-row products with
+#     the norms folded in (rows_norm_fold.patch) against the unfused chain, qwen3-0.6b and
+#     qwen3-8b at 2 / 4 / 8 rows (rows_norm_chain_probe.py); the patch's GPU-free tests first
+#   bash docs/wip/stop60_calls.sh compiles $OUT/c  # ~3 min, any GPU: Triton variants compiled
+#     or loaded inside each runner's capture (capture_compiles_probe.py)
+# PREDICTED for fold (H100): folded 4-7% under unfused on qwen3-0.6b, 1-2% on qwen3-8b (the
+# upper bound, no norm kernels at all: 10-11% and 2-3%); final rows within ~2%.
+# PREDICTED for compiles: none inside any capture after the probes (since 286953c).
+set -uo pipefail
+stage=$1 out=$(mkdir -p "$2" && cd "$2" && pwd)
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,power.limit --format=csv > "$out/gpu_$stage.txt"
+case $stage in
+  fold)
+    git apply docs/wip/rows_norm_fold.patch || exit 2
+    TRITON_INTERPRET=1 timeout 300 python3 -m pytest -q -x tests/test_kernels_triton.py \
+      -k gemm_rows > "$out/fold_tests.log" 2>&1; tail -1 "$out/fold_tests.log"
+    timeout 400 python3 docs/wip/rows_norm_chain_probe.py qwen3-0.6b,qwen3-8b 2,4,8 \
+      > "$out/fold.log" 2>&1; grep rows "$out/fold.log"
+    git apply -R docs/wip/rows_norm_fold.patch ;;
+  compiles)
+    timeout 400 python3 docs/wip/capture_compiles_probe.py > "$out/compiles.log" 2>&1
+    grep -v Warning "$out/compiles.log" | tail -40 ;;
+  *) echo "unknown stage $stage"; exit 2 ;;
+esac
