@@ -31,7 +31,7 @@ import triton.language as tl
 from nanograph.kernels.launch import LaunchCache
 
 _POINTERS = ["tokens_ptr", "ids_ptr", "positions_ptr", "seq_lens_ptr", "slots_ptr", "table_ptr"]
-BLOCK = 128  # slots a part
+PART_SLOTS = 128  # slots a part of the loop (the kernel's BLOCK)
 
 
 @triton.jit(do_not_specialize=["num_slots", "stride_table"],
@@ -88,7 +88,7 @@ def advance_draft_inputs(
     _launch(
         (1,), (tokens, ids, positions, seq_lens, slots, page_table),
         (num_slots, page_table.stride(0)),
-        dict(PAGE_SIZE=page_size, BLOCK=BLOCK, num_warps=1),
+        dict(PAGE_SIZE=page_size, BLOCK=PART_SLOTS, num_warps=1),
     )  # fmt: skip
 
 
