@@ -10,11 +10,14 @@ the batch size would still compile, or load from Triton's disk cache, inside the
 of each shape. Triton calls ``knobs.runtime.jit_post_compile_hook`` each time it puts a variant
 in its in-process cache (a compile or a disk-cache load); this counts those calls inside every
 ``GraphRunner.capture`` of a few engines: qwen3-0.6b on its default ladders (decode and prefill
-under full, then breakable), and qwen3-0.6b drafting for itself (decode, verify, draft,
-draft_extend). Prints each capture's variants by kernel name and the shapes that had any. The
-memory plan's probe captures come first (each path's largest shape, listed again when the
-real capture takes it): compiles there are expected; the question is the captures after.
-PREDICTED (before any run): none on any path since 286953c; if some show up, they name the
+under full), qwen3-30b-a3b the same (the fused MoE's sorted path), qwen3-0.6b under breakable,
+and qwen3-0.6b drafting for itself (decode, verify, draft, draft_extend). Prints each
+capture's variants by kernel name and the shapes that had any. The memory plan's probe
+captures come first (each path's largest shape, listed again when the real capture takes it):
+compiles there are expected; the question is the captures after.
+PREDICTED (before any run): none on the dense and speculative engines since 286953c; on
+qwen3-30b-a3b's prefill captures, the sorted MoE kernels' variants of the row-block sizes the
+one- and two-token forwards did not reach (16 / 32 / 64 / 128-row blocks). Each found names a
 kernel to unspecialise (as ``kernels/draft_inputs.py``) or to compile ahead. If none, this
 becomes a tests/gpu test asserting none.
 """
@@ -53,6 +56,10 @@ graph_runner.GraphRunner._capture_one = capture_one
 
 ENGINES = {
     "qwen3-0.6b full": dict(decode_cuda_graph="full", prefill_cuda_graph="full"),
+    # the sorted MoE path picks its row blocks from the mean rows an expert (kernels/moe.py's
+    # choose_tiles), so prefill shapes of different token counts reach different variants,
+    # and start-up compiles ahead only one- and two-token forwards
+    "qwen3-30b-a3b full": dict(decode_cuda_graph="full", prefill_cuda_graph="full"),
     "qwen3-0.6b breakable": dict(decode_cuda_graph="breakable", prefill_cuda_graph="breakable"),
     "qwen3-0.6b self-draft": dict(
         speculative_algorithm="draft_model",
@@ -63,7 +70,7 @@ ENGINES = {
 }
 for name, flags in ENGINES.items():
     compiled.clear()
-    llm = LLM("qwen3-0.6b", load_format="dummy", progress=False, **STARTUP_CAPTURE, **flags)
+    llm = LLM(name.split()[0], load_format="dummy", progress=False, **STARTUP_CAPTURE, **flags)
     shapes = sum(len(r.records) for r in llm.engine.runner.graph_runners.values())
     if llm.engine.draft_runner is not None:
         shapes += sum(len(r.records) for r in llm.engine.draft_runner.graph_runners.values())

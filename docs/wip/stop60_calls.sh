@@ -4,11 +4,12 @@
 #   bash docs/wip/stop60_calls.sh fold $OUT/f      # ~4 min, any GPU: the few-row products with
 #     the norms folded in (rows_norm_fold.patch) against the unfused chain, qwen3-0.6b and
 #     qwen3-8b at 2 / 4 / 8 rows (rows_norm_chain_probe.py); the patch's GPU-free tests first
-#   bash docs/wip/stop60_calls.sh compiles $OUT/c  # ~3 min, any GPU: Triton variants compiled
+#   bash docs/wip/stop60_calls.sh compiles $OUT/c  # ~5 min, an 80 GB GPU: Triton variants compiled
 #     or loaded inside each runner's capture (capture_compiles_probe.py)
 # PREDICTED for fold (H100): folded 4-7% under unfused on qwen3-0.6b, 1-2% on qwen3-8b (the
 # upper bound, no norm kernels at all: 10-11% and 2-3%); final rows within ~2%.
-# PREDICTED for compiles: none inside any capture after the probes (since 286953c).
+# PREDICTED for compiles: none on the dense and speculative engines (since 286953c); the
+# sorted MoE kernels' row-block variants inside qwen3-30b-a3b's prefill captures.
 set -uo pipefail
 stage=$1 out=$(mkdir -p "$2" && cd "$2" && pwd)
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
