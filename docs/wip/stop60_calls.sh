@@ -23,7 +23,7 @@ case $stage in
       > "$out/fold.log" 2>&1; grep rows "$out/fold.log"
     git apply -R docs/wip/rows_norm_fold.patch ;;
   compiles)
-    timeout 400 python3 docs/wip/capture_compiles_probe.py > "$out/compiles.log" 2>&1
+    timeout 560 python3 docs/wip/capture_compiles_probe.py > "$out/compiles.log" 2>&1
     grep -v Warning "$out/compiles.log" | tail -40 ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
