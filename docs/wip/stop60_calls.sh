@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Stop 60 prepared these after its device time ran out; none has run yet.
 # From the repo root with NANOGRAPH_COMMIT exported:
-#   bash docs/wip/stop60_calls.sh fold $OUT/f      # ~4 min, any GPU: the few-row products with
-#     the norms folded in (rows_norm_fold.patch) against the unfused chain, qwen3-0.6b and
+#   bash docs/wip/stop60_calls.sh fold $OUT/f      # ~4 min, any GPU: the few-row products taking
+#     the norms in (rows_norm_fold.patch) against the unfused chain, qwen3-0.6b and
 #     qwen3-8b at 2 / 4 / 8 rows (rows_norm_chain_probe.py); the patch's GPU-free tests first
 #   bash docs/wip/stop60_calls.sh compiles $OUT/c  # ~5 min, an 80 GB GPU: Triton variants compiled
 #     or loaded inside each runner's capture (capture_compiles_probe.py)
-# PREDICTED for fold (H100): folded 4-7% under unfused on qwen3-0.6b, 1-2% on qwen3-8b (the
+# PREDICTED for fold (H100): fused 4-7% under unfused on qwen3-0.6b, 1-2% on qwen3-8b (the
 # upper bound, no norm kernels at all: 10-11% and 2-3%); final rows within ~2%.
 # PREDICTED for compiles: none on the dense and speculative engines (since 286953c); the
 # sorted MoE kernels' row-block variants inside qwen3-30b-a3b's prefill captures.
