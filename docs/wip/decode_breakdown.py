@@ -12,7 +12,9 @@ and a step, against the weight bytes it streams. Writes ``OUT_DIR/decode_breakdo
 and prints a table per model. ``NEW_TOKENS=n`` (stop 59) profiles instead an eager extend of
 n tokens of one request after CONTEXT - n cached ones: the shape of speculative decoding's
 draft-extend catch-up (n = 2), whose kernels (few-row products, separate norms and rope,
-the extend attention) are those its graph holds.
+the extend attention) are those its graph holds. ``BATCH=b`` (stop 61) profiles a decode
+step of b requests (their graph), ``FUSED_ROWS=1`` with ``ops.set_fused_rows("always")``
+(``rows_norm_fold.patch`` applied): the few-row products taking the norms in.
 """
 
 import json
@@ -31,6 +33,7 @@ out_dir = Path(sys.argv[1] if len(sys.argv) > 1 else ".")
 models = (sys.argv[2] if len(sys.argv) > 2 else "qwen3-8b,qwen3-0.6b").split(",")
 REPEATS = 20
 CONTEXT = int(os.environ.get("CONTEXT", 512))  # tokens the step's row follows
+BATCH = int(os.environ.get("BATCH", 1))  # requests a decode step takes
 NEW_TOKENS = int(os.environ.get("NEW_TOKENS", 1))  # > 1: an eager extend of that many tokens
 # idle that separates two synchronised forwards: an eager extend's own launches are host-bound,
 # 20-80 us apart on an H100 (stop 59's NEW_TOKENS=2 run split every forward at 25 us)
@@ -70,15 +73,19 @@ def attribute(forward: list[tuple[float, float, str]]) -> tuple[list[float], flo
 def breakdown(model: str) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
-    llm = LLM(model, load_format="dummy", prefill_cuda_graph="none", cuda_graph_bs=(1,),
-              max_num_seqs=1, max_model_len=CONTEXT + 64, progress=False,
+    if os.environ.get("FUSED_ROWS") == "1":
+        from nanograph.layers import ops
+
+        ops.set_fused_rows("always")
+    llm = LLM(model, load_format="dummy", prefill_cuda_graph="none", cuda_graph_bs=(BATCH,),
+              max_num_seqs=BATCH, max_model_len=CONTEXT + 64, progress=False,
               **STARTUP_CAPTURE)  # fmt: skip
     runner = llm.engine.runner
-    batch, pages = step_batch(llm, CONTEXT, 1, new_tokens=NEW_TOKENS)
+    batch, pages = step_batch(llm, CONTEXT, BATCH, new_tokens=NEW_TOKENS)
     for _ in range(5):
         runner.forward(batch)
     torch.cuda.synchronize()
-    replay_ms = graph_replay_ms(runner, batch, 1, 200) if NEW_TOKENS == 1 else None
+    replay_ms = graph_replay_ms(runner, batch, BATCH, 200) if NEW_TOKENS == 1 else None
     trace = out_dir / f"trace_{model}.json"
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(REPEATS):

@@ -1,27 +1,29 @@
 """Does taking the RMSNorms into the few-row products keep the room that
-``norms_upper_bound_probe.py`` measured? (stop 60; not run yet. On the device from the repo
-root: ``bash docs/wip/stop60_calls.sh fold $OUT/f``, which applies ``rows_norm_fold.patch``.)
+``norms_upper_bound_probe.py`` measured? (stop 60, rewritten in stop 61. On the device from the
+repo root: ``bash docs/wip/stop60_calls.sh fold $OUT/f``, which applies
+``rows_norm_fold.patch``.)
 
 Why: batch 2-8 decode graphs without their norm kernels were 10-11% shorter on qwen3-0.6b and
 2-3% on qwen3-8b (H100, stop 60). ``rows_norm_fold.patch`` gives the few-row kernel
-(``kernels/rows.py``) ``norm_eps`` / ``norm_rows`` (each program sums the raw stream rows'
-squares over the whole K from the L2 and scales each output row by its 1/rms; x is the stream
-times the norm's weight) and ``residual`` / ``scaled`` (the product added into the stream in
-its epilogue, which also writes the updated stream times the next norm's weight: the next
-normalising product's x). Here a chain of a model's layer products at M rows, 28 (0.6b) or 36
+(``kernels/rows.py``) ``next_norm`` (the product added into the stream in its epilogue, which
+also writes the updated stream times the next norm's weight and its rows' sums of squares in
+parts: ``gemm_rows_normed``) and ``norm`` (the next product over that, each output row scaled
+by the stream's 1/rms). Here a chain of a model's layer products at M rows, 28 (0.6b) or 36
 (8b) layers of distinct weights, no attention (q/k/v's first columns stand in for its output):
 - ``unfused``: the engine's batch 2-8 decode today: add_rmsnorm, q/k/v, o, add_rmsnorm, gate/up
   with the activation, down; a final add_rmsnorm;
-- ``fused``: the stream times the first input norm's weight (one elementwise kernel a
-  forward), then a layer: q/k/v with ``norm_eps`` over that, o with ``residual`` and ``scaled``
-  (the stream times the post-attention norm's weight), gate/up with ``norm_eps`` and the
-  activation over that, down with ``residual`` and ``scaled`` (times the next layer's input
-  norm's weight); a final rmsnorm. The checkpoint's weights, untouched.
-Graph replays (``graphed_samples``, the L2 flushed by a read before each) and the two chains'
-final rows compared (bf16: the fused chain rounds elsewhere, so a tolerance, not equality).
-PREDICTED (H100, before any run): fused 4-7% under unfused on qwen3-0.6b at 2-8 rows (of the
-10-11% room, ~0.7 us of each normalising product's prologue on the critical path), 1-2% on
-qwen3-8b; final rows within ~2% of the largest.
+- ``fused``: the first layer's input rmsnorm and q/k/v on their own, then o readying the
+  post-attention norm, gate/up with it and the activation, down readying the next layer's
+  input norm, q/k/v with it...; the last down a plain residual add; a final rmsnorm.
+Random weights of the model's shapes (~unit gain). Graph replays (``graphed_samples``, the L2
+flushed by a read before each), two rounds each arm first once, and the two chains' final
+rows compared (bf16: the fused chain rounds elsewhere, so a tolerance, not equality).
+Stop 60's first form (each normalising program summed the raw rows' squares over the whole K
+before its weight stream) was 3.4-12% slower than unfused (H100); stop 61's second (the sums
+of squares as an MMA of the raw rows in the weight loop) 1-7% faster here but slower in the
+engine (``decode_breakdown.py``: gate/up 5.8 -> 9.3 us at qwen3-0.6b batch 2).
+PREDICTED for this form (H100, before its run): fused 6-9% under unfused on qwen3-0.6b, 2-3%
+on qwen3-8b; final rows within ~3% of the largest.
 """
 
 import sys
@@ -30,7 +32,7 @@ import torch
 
 from nanograph.bench.common import graphed_samples, median
 from nanograph.kernels import fused
-from nanograph.kernels.rows import gemm_rows
+from nanograph.kernels.rows import gemm_rows, gemm_rows_normed
 from nanograph.loader import resolve_model
 
 MODELS = sys.argv[1].split(",") if len(sys.argv) > 1 else ["qwen3-0.6b", "qwen3-8b"]
@@ -73,14 +75,18 @@ def unfused(stream: torch.Tensor, layers, ao: int, final: torch.Tensor) -> torch
 
 
 def fused_chain(stream: torch.Tensor, layers, ao: int, final: torch.Tensor) -> torch.Tensor:
-    scaled_in = (stream.float() * layers[0]["norm_in"].float()).to(stream.dtype)
-    scaled_post = torch.empty_like(stream)
+    normed = None  # the first layer's input norm runs on its own
     for i, w in enumerate(layers):
-        qkv = gemm_rows(scaled_in, w["qkv"], norm_eps=EPS, norm_rows=stream)
-        gemm_rows(qkv[:, :ao], w["o"], residual=stream, scaled=(scaled_post, w["norm_post"]))
-        act = gemm_rows(scaled_post, w["gate_up"], silu_out=True, norm_eps=EPS, norm_rows=stream)
-        following = layers[i + 1]["norm_in"] if i + 1 < len(layers) else final
-        gemm_rows(act, w["down"], residual=stream, scaled=(scaled_in, following))
+        if normed is None:
+            qkv = gemm_rows(fused.rmsnorm(stream, w["norm_in"], EPS), w["qkv"])
+        else:
+            qkv = gemm_rows(normed.scaled, w["qkv"], norm=normed)
+        post = gemm_rows_normed(qkv[:, :ao], w["o"], stream, (w["norm_post"], EPS))
+        act = gemm_rows(post.scaled, w["gate_up"], silu_out=True, norm=post)
+        if i + 1 < len(layers):
+            normed = gemm_rows_normed(act, w["down"], stream, (layers[i + 1]["norm_in"], EPS))
+        else:
+            gemm_rows(act, w["down"], residual=stream)
     return fused.rmsnorm(stream, final, EPS)
 
 
@@ -95,14 +101,18 @@ def measure(model: str) -> None:
         a = unfused(start.clone(), layers, ao, final).float()
         b = fused_chain(start.clone(), layers, ao, final).float()
         err = ((a - b).abs().max() / a.abs().max()).item()
-        times = {}
-        for name, chain in (("unfused", unfused), ("fused", fused_chain)):
-            scratch = start.clone()  # the chains update it in place: values drift, shapes not
-            samples = graphed_samples(lambda f=chain, s=scratch: f(s, layers, ao, final), 200)
-            times[name] = 1000 * median(samples) / n
-        print(f"{model} {m} rows: unfused {times['unfused']:.2f} us a layer, fused "
-              f"{times['fused']:.2f} ({100 * (times['fused'] / times['unfused'] - 1):+.1f}%); "
-              f"final rows differ by {err:.2g} of the largest", flush=True)  # fmt: skip
+        times = {"unfused": [], "fused": []}
+        arms = (("unfused", unfused), ("fused", fused_chain))
+        for order in (arms, arms[::-1]):  # two rounds, each arm first once
+            for name, chain in order:
+                scratch = start.clone()  # the chains update it in place: values drift
+                samples = graphed_samples(lambda f=chain, s=scratch: f(s, layers, ao, final), 200)
+                times[name].append(1000 * median(samples) / n)
+        a, b = (sum(times[k]) / 2 for k in ("unfused", "fused"))
+        rounds = ", ".join(f"{u:.2f}/{f:.2f}" for u, f in zip(times["unfused"], times["fused"]))
+        print(f"{model} {m} rows: unfused {a:.2f} us a layer, fused {b:.2f} "
+              f"({100 * (b / a - 1):+.1f}%; rounds {rounds}); final rows differ by {err:.2g} "
+              "of the largest", flush=True)  # fmt: skip
 
 
 for model in MODELS:
