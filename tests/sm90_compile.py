@@ -49,6 +49,7 @@ except ImportError:
     GluonDescriptor = attention_hopper = None
 
 TARGET = GPUTarget("cuda", 90, 32)
+SHARED_LIMIT = 232448  # bytes a block may have on H100 and H200 (227 KiB)
 POINTER = {
     torch.bfloat16: "*bf16",
     torch.float16: "*fp16",
@@ -121,6 +122,9 @@ class CompileOnly:
                 fn=self.kernel, signature=signature, constexprs=constexprs, attrs=attrs
             )
             compiled = triton.compile(source, target=TARGET, options=options)
+            if compiled.metadata.shared > SHARED_LIMIT:  # a launch would raise OutOfResources
+                raise RuntimeError(f"needs {compiled.metadata.shared} bytes of shared memory, "
+                                   f"over sm_90's {SHARED_LIMIT}")  # fmt: skip
             self.compiled += 1
             if SASS_DIR is not None:
                 _write_sass(compiled.asm["cubin"], self.kernel.__name__)
@@ -338,9 +342,19 @@ def main() -> int:
             x = torch.randn(5, 4096, dtype=dtype)
             check(f"gemm_rows {dtype} {tiles}", rows.gemm_rows, x,
                   torch.randn(6144, 4096, dtype=dtype), tiles=tiles)  # fmt: skip
+            # the norm taken in: the stream's sums of squares in 64 parts (qwen3-8b's)
+            normed = rows.NormedRows(x, torch.zeros(64, rows.MAX_ROWS), 1e-6)
+            check(f"gemm_rows norm {dtype} {tiles}", rows.gemm_rows, x,
+                  torch.randn(6144, 4096, dtype=dtype), norm=normed, tiles=tiles)  # fmt: skip
+            check(f"gemm_rows residual next_norm {dtype} {tiles}", rows.gemm_rows_normed, x,
+                  torch.randn(4096, 4096, dtype=dtype), torch.randn(5, 4096, dtype=dtype),
+                  (torch.randn(4096, dtype=dtype), 1e-6), tiles=tiles)  # fmt: skip
             tiles = replace(tiles, block_n=32)
             check(f"gemm_rows silu_out {dtype} {tiles}", rows.gemm_rows, x,
                   torch.randn(2000, 4096, dtype=dtype), silu_out=True, tiles=tiles)  # fmt: skip
+            check(f"gemm_rows silu_out norm {dtype} {tiles}", rows.gemm_rows, x,
+                  torch.randn(2000, 4096, dtype=dtype), silu_out=True, norm=normed,
+                  tiles=tiles)  # fmt: skip
     for name, tokens, experts, top_k, hidden, inter, activation, dtype in (
         ("qwen3-30b-a3b decode", 1, 128, 8, 2048, 768, "silu", torch.bfloat16),
         ("qwen3-30b-a3b prefill", 256, 128, 8, 2048, 768, "silu", torch.bfloat16),

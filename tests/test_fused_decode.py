@@ -27,6 +27,8 @@ else:
     gemv = importlib.import_module("nanograph.kernels.gemv")
 if "nanograph.kernels.moe" in sys.modules:  # the MoE layer's experts (triton backend)
     importlib.reload(sys.modules["nanograph.kernels.moe"])
+if "nanograph.kernels.rows" in sys.modules:  # the few-row products (fused few rows)
+    importlib.reload(sys.modules["nanograph.kernels.rows"])
 from nanograph.kernels import reference  # noqa: E402
 from nanograph.layers import ops  # noqa: E402
 
@@ -218,3 +220,45 @@ def test_tc_piecewise_traces_a_one_row_forward_unfused(tiny_model_dir):
         ops.set_fused_decode("auto")
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
     assert compiler.splits == {"nanograph::attend": config.num_hidden_layers}
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+def test_fused_rows_give_the_unfused_greedy_tokens(tiny_model_dir, monkeypatch, arch):
+    """A tiny random model in float32, two requests decoded together (two-row forwards): greedy
+    tokens with the fused few-row path forced on equal the unfused path's, and its products
+    (two adding a layer a forward, two normalising but in the first layer, whose input norm
+    runs on its own) ran only when on."""
+    from nanograph import LLM, SamplingParams
+
+    calls = {"norm_rows_linear": 0, "rows_linear_add": 0}
+    for name in calls:
+        real = getattr(ops, name)
+
+        def counted(*args, _real=real, _name=name, **kwargs):
+            calls[_name] += 1
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(ops, name, counted)
+    g = torch.Generator().manual_seed(6)
+    prompts = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (9, 14)]
+    params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    tokens = {}
+    for mode in ("off", "always"):
+        ops.set_fused_rows(mode)
+        try:
+            llm = LLM(str(tiny_model_dir(arch)), dtype="float32", page_size=4,
+                      kv_cache_bytes=2**20, progress=False)  # fmt: skip
+            tokens[mode] = [o.token_ids for o in llm.generate(prompts, params)]
+        finally:
+            ops.set_fused_rows("auto")
+        layers = llm.engine.model_config.num_hidden_layers
+        forwards, rest = divmod(calls["rows_linear_add"], 2 * layers)
+        assert rest == 0 and calls["norm_rows_linear"] == forwards * (2 * layers - 1)
+        assert (forwards > 0) == (mode == "always")
+    assert tokens["always"] == tokens["off"]
+    assert all(len(t) == 4 for t in tokens["off"])
+
+
+def test_set_fused_rows_refuses_an_unknown_mode():
+    with pytest.raises(ValueError, match="fused rows mode"):
+        ops.set_fused_rows("on")

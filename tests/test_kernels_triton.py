@@ -879,6 +879,44 @@ def test_gemm_rows_matches_a_float64_matmul(dtype, m, silu_out, split_k):
         assert int(split_counters(x.device, 0).abs().sum()) == 0
 
 
+@pytest.mark.parametrize("split_k", [1, 3])
+@pytest.mark.parametrize("silu_out", [False, True])
+@pytest.mark.parametrize("m", [2, 5])
+def test_gemm_rows_adds_into_a_residual_and_takes_the_next_rmsnorm_in(m, silu_out, split_k):
+    """``gemm_rows_normed``: the product rounded, added into the stream in place; the stream
+    times the next norm's weight, and its rows' sums of squares in parts (one per program on
+    the stream's 70 columns: 5 of 16). ``norm``: the next product scales each row by the
+    stream's 1/rms: an RMSNorm's output multiplied, within rounding."""
+    dtype = torch.float32
+    g = torch.Generator().manual_seed(10 + m)
+    stream = (torch.randn(m, 70, generator=g) * 3).to(dtype)
+    x = torch.randn(m, 40, generator=g).to(dtype)
+    w_in = (torch.randn(70, 40, generator=g) / 4).to(dtype)
+    norm_weight = 1 + 0.1 * torch.randn(70, generator=g)
+    w = (torch.randn(74 if silu_out else 37, 70, generator=g) / 8).to(dtype)
+    tiles = rows.RowsTiles(16, 16, 1, 1, split_k=split_k)
+    want = (stream.double() + (x.double() @ w_in.double().T).to(dtype)).to(dtype)
+    before = stream
+    normed = rows.gemm_rows_normed(x, w_in, stream, (norm_weight, 1e-5), tiles=tiles)
+    assert stream is before
+    torch.testing.assert_close(stream.double(), want.double(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(normed.scaled, (want * norm_weight).to(dtype), rtol=1e-6, atol=1e-6)
+    assert normed.sumsq.shape == (5, rows.MAX_ROWS) and normed.eps == 1e-5
+    torch.testing.assert_close(normed.sumsq.sum(0)[:m].double(), want.double().pow(2).sum(1),
+                               rtol=1e-5, atol=1e-5)  # fmt: skip
+    inv = torch.rsqrt(want.double().pow(2).mean(dim=1, keepdim=True) + 1e-5)
+    expected = ((normed.scaled.double() @ w.double().T) * inv).to(dtype)
+    if silu_out:
+        expected = reference.silu_and_mul(expected)
+    out = rows.gemm_rows(normed.scaled, w, silu_out=silu_out, norm=normed, tiles=tiles)
+    torch.testing.assert_close(out.double(), expected.double(), rtol=1e-5, atol=1e-5)
+    assert int(split_counters(x.device, 0).abs().sum()) == 0
+    with pytest.raises(ValueError, match="x is norm.scaled"):
+        rows.gemm_rows(normed.scaled.clone(), w, norm=normed, tiles=tiles)
+    with pytest.raises(ValueError, match="give the residual"):
+        rows.gemm_rows(x, w_in, next_norm=(norm_weight, 1e-5), tiles=tiles)
+
+
 def test_gemm_rows_writes_into_out_and_refuses_what_it_cannot_take():
     x, w = torch.randn(3, 32), torch.randn(20, 32)
     out = torch.full((3, 20), float("nan"))

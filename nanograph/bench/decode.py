@@ -12,10 +12,11 @@ side with the plain arm: ``BACKEND:serial`` turns the overlap schedule off (the 
 step's tokens before it schedules the next); ``BACKEND:cublas`` runs the one-row products of
 batch 1 through cuBLAS instead of the Triton GEMV (they combine: ``full:cublas:serial``);
 ``BACKEND:tpN`` shards the model over N GPUs (tensor parallelism: ``full`` beside ``full:tp2``);
-``BACKEND:unfused`` turns the fused batch-1 decode off (RMSNorm in the GEMVs' prologue, the
-residual add in their epilogue: ``layers.ops.set_fused_decode``) and ``BACKEND:fused`` turns it
-on whatever the hidden size (``auto`` fuses up to ``ops.FUSED_DECODE_MAX_HIDDEN``): the
-comparison arms of ``full``.
+``BACKEND:unfused`` turns the fused layers off: the batch-1 decode's (RMSNorm in the GEMVs'
+prologue, the residual add in their epilogue: ``layers.ops.set_fused_decode``) and the
+few-row one of batches 2 to ``ops.FEW_ROWS`` (the RMSNorms in the few-row products:
+``layers.ops.set_fused_rows``); ``BACKEND:fused`` turns the batch-1 one on whatever the hidden
+size (``auto`` fuses up to ``ops.FUSED_DECODE_MAX_HIDDEN``): the comparison arms of ``full``.
 On CUDA each arm also records, per batch size, the GPU work of one decode step at the prompt's
 context from the profiler: kernels, memsets and copies per forward and the kernels' summed time
 (``step_kernels``; the sampler is not included).
@@ -68,6 +69,7 @@ def measure_arm(model: str, arm: str, batches: list[int], prompt_len: int, new_t
     ops.set_fused_decode(
         "off" if "unfused" in modifiers else "always" if "fused" in modifiers else "auto"
     )
+    ops.set_fused_rows("off" if "unfused" in modifiers else "auto")
     try:
         return _measure(model, graph_flag(arm), "serial" in modifiers, batches, prompt_len,
                         new_tokens, repeats, moe_backend, tensor_parallel_size(arm),
@@ -75,6 +77,7 @@ def measure_arm(model: str, arm: str, batches: list[int], prompt_len: int, new_t
     finally:
         ops.use_triton_gemv(True)
         ops.set_fused_decode("auto")
+        ops.set_fused_rows("auto")
 
 
 def step_kernels(llm, batch: int, context: int, repeats: int = 5) -> dict:
@@ -208,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     args.arms = parse_arms("decode", args.arms or default_arms, MODIFIERS)
     forced = [a for a in args.arms if "fused" in a.split(":")[1:]]
     if forced and not torch.cuda.is_available():
-        raise Unavailable(f"bench decode: {', '.join(forced)} force the fused layer's Triton "
+        raise Unavailable(f"bench decode: {', '.join(forced)} force the fused layers' Triton "
                           "kernels, which need a CUDA device; drop :fused here")  # fmt: skip
     batches = [int(x) for x in args.batches.split(",")]
     report = {"bench": "decode", "env": environment(), "config": vars(args), "models": {}}

@@ -25,6 +25,18 @@ Invariants:
   program multiplies gate rows n and up rows N + n of its BLOCK_N outputs, rounds both to the
   dtype as the plain product would write them, and writes only ``silu(gate) * up``: exactly
   what ``fused.silu_and_mul`` of the plain product would have written.
+- An RMSNorm taken in (``norm``, a ``NormedRows``): x is the residual stream's rows times the
+  norm's weight, written with the stream's sums of squares in parts by the product that last
+  added into the stream (``next_norm``); each program loads the parts before its weight
+  stream, sums them in one fixed order and scales its output rows by 1/rms before rounding.
+  Not the unfused path's numbers (that rounds ``x * 1/rms * weight``, this ``x * weight``):
+  within the dtype's rounding of them.
+- ``residual``: ``residual += product`` in place (the product rounded to the dtype first, the
+  sum rounded once, as ``add_rmsnorm`` adds), by the program that writes each output (which
+  loads its slice of the stream before its weight stream); with ``next_norm = (g, eps)``
+  that program also writes its slice of the updated stream times g (rounded once) and of
+  its rows' sums of squares (of the stream as rounded): each program its own columns and
+  part, no hand-off between them.
 """
 
 from __future__ import annotations
@@ -53,13 +65,17 @@ class RowsTiles:
     split_k: int = 1  # programs sharing one weight tile's K range (the last to finish reduces)
 
 
-@triton.jit(do_not_specialize=["M"])
+@triton.jit(do_not_specialize=["M", "norm_tiles"])
 def _rows_kernel(
     x_ptr,
     w_ptr,
     out_ptr,
     part_ptr,  # fp32 [split_k, 2 if SILU_OUT else 1, ROWS, N]: split-K partials
     counters_ptr,  # int32, one per weight tile, zero between launches (kernels/counters.py)
+    sumsq_in_ptr,  # NORM: fp32 [norm_tiles, ROWS], the stream's sums of squares in parts
+    scaled_ptr,  # SCALED: where residual * g goes
+    scale_w_ptr,  # SCALED: g [N]
+    sumsq_out_ptr,  # SCALED: fp32 [programs on N, ROWS], each one's columns' sums of squares
     M,
     N,
     K,
@@ -67,7 +83,14 @@ def _rows_kernel(
     stride_xm,
     stride_wn,
     stride_om,
+    stride_sm,
+    norm_tiles,
+    eps,
     SILU_OUT: tl.constexpr,
+    NORM: tl.constexpr,  # scale output row m by 1 / rms of the stream (module docstring)
+    NORM_TILES: tl.constexpr,  # norm_tiles' next power of two
+    RESIDUAL: tl.constexpr,  # out is the residual stream: out += product
+    SCALED: tl.constexpr,  # with RESIDUAL: also scaled = the updated stream * g
     SPLIT_K: tl.constexpr,
     PDL: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -95,6 +118,17 @@ def _rows_kernel(
         if SILU_OUT:
             pdl.prefetch_l2(w_ptr + N.to(tl.int64) * stride_wn + n_in + k_in)
         tl.extra.cuda.gdc_wait()  # x was written by the kernel before
+    # loaded before the loop, used after it: their latency hides under the weight's stream
+    if NORM:
+        tiles = tl.arange(0, NORM_TILES)
+        sumsq_parts = tl.load(sumsq_in_ptr + tiles[:, None] * ROWS + offs_m[None, :],
+                              mask=(tiles < norm_tiles)[:, None], other=0.0)  # fmt: skip
+    out = out_ptr + offs_m[None, :] * stride_om + offs_n[:, None]
+    out_mask = n_mask & (offs_m < M)[None, :]
+    if RESIDUAL:
+        stream = tl.load(out, mask=out_mask, other=0.0).to(tl.float32)
+    if SCALED:
+        g = tl.load(scale_w_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
     acc = tl.zeros([BLOCK_N, ROWS], tl.float32)
     acc_up = acc
     for k0 in range(0, k_len, BLOCK_K):  # pipelined num_stages deep (a launch option)
@@ -131,13 +165,27 @@ def _rows_kernel(
             if SILU_OUT:
                 acc_up += tl.load(at + ROWS * N, mask=n_mask, other=0.0, cache_modifier=".cg")
         tl.store(counter, 0)  # every program has counted in: ready for the next launch
+    if NORM:
+        inv_rms = tl.rsqrt(tl.sum(sumsq_parts, 0) / K + eps)
+        acc = acc * inv_rms[None, :]
+        acc_up = acc_up * inv_rms[None, :]
     y = acc
     if SILU_OUT:  # gate and up rounded as the plain product writes them, then silu_and_mul
         gate = acc.to(out_ptr.dtype.element_ty).to(tl.float32)
         up = acc_up.to(out_ptr.dtype.element_ty).to(tl.float32)
         y = gate * tl.sigmoid(gate) * up
-    out = out_ptr + offs_m[None, :] * stride_om + offs_n[:, None]
-    tl.store(out, y.to(out_ptr.dtype.element_ty), mask=n_mask & (offs_m < M)[None, :])
+    if RESIDUAL:
+        y = y.to(out_ptr.dtype.element_ty).to(tl.float32) + stream
+    y = y.to(out_ptr.dtype.element_ty)
+    tl.store(out, y, mask=out_mask)
+    if SCALED:
+        # this program's columns of the updated stream: their sums of squares for the next
+        # norm's 1/rms (masked columns and rows are zero), and the stream times the weight
+        squares = tl.where(out_mask, y.to(tl.float32) * y.to(tl.float32), 0.0)
+        tl.store(sumsq_out_ptr + tl.program_id(0) * ROWS + offs_m, tl.sum(squares, 0))
+        scaled = scaled_ptr + offs_m[None, :] * stride_sm + offs_n[:, None]
+        tl.store(scaled, (y.to(tl.float32) * g[:, None]).to(out_ptr.dtype.element_ty),
+                 mask=out_mask)  # fmt: skip
 
 
 # compile_ahead: start-up compiles each product shape's variant on the thread pool
@@ -172,16 +220,61 @@ def choose_tiles(rows: int, k: int, device_index: int, silu_out: bool = False) -
     return dataclasses.replace(tiles, block_n=32 if silu_out else 64, split_k=split)
 
 
+@dataclasses.dataclass(frozen=True)
+class NormedRows:
+    """Rows of the residual stream made ready, by the few-row product that last added into it
+    (``gemm_rows(..., next_norm=g)``), for an RMSNorm taken into the next one
+    (``gemm_rows(rows.scaled, ..., norm=rows)``): ``scaled`` is the stream times the norm's
+    weight g, ``sumsq`` the stream's sums of squares in parts (fp32 ``[parts, MAX_ROWS]``, one
+    part per program that wrote a slice of the stream's columns)."""
+
+    scaled: torch.Tensor
+    sumsq: torch.Tensor
+    eps: float
+
+
 def gemm_rows(
     x: torch.Tensor,
     weight: torch.Tensor,
     *,
     silu_out: bool = False,
+    norm: NormedRows | None = None,
+    residual: torch.Tensor | None = None,
+    next_norm: tuple[torch.Tensor, float] | None = None,
     out: torch.Tensor | None = None,
     tiles: RowsTiles | None = None,
 ) -> torch.Tensor:
     """``x [M, K] @ weight [N, K]^T`` -> ``[M, N]`` in x's dtype, 2 <= M <= ``MAX_ROWS``; with
-    ``silu_out`` the product ``p [M, N]`` becomes ``silu(p[:, :N/2]) * p[:, N/2:]``."""
+    ``silu_out`` the product ``p [M, N]`` becomes ``silu(p[:, :N/2]) * p[:, N/2:]``. With
+    ``norm`` (x is ``norm.scaled``) each row of the product is scaled by the stream's 1/rms:
+    the product of the RMSNorm's output. With ``residual`` the product is added to it in place
+    and it is returned (give no ``out``); ``next_norm = (g, eps)`` then makes the updated stream
+    ready for the next norm: use ``gemm_rows_normed`` for the ``NormedRows``."""
+    return _gemm_rows(x, weight, silu_out, norm, residual, next_norm, out, tiles)[0]
+
+
+def gemm_rows_normed(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    residual: torch.Tensor,
+    next_norm: tuple[torch.Tensor, float],
+    tiles: RowsTiles | None = None,
+) -> NormedRows:
+    """``residual += x @ weight^T`` in place, and the updated stream ready for the RMSNorm of
+    weight and eps ``next_norm`` taken into the next product."""
+    return _gemm_rows(x, weight, False, None, residual, next_norm, None, tiles)[1]
+
+
+def _gemm_rows(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    silu_out: bool,
+    norm: NormedRows | None,
+    residual: torch.Tensor | None,
+    next_norm: tuple[torch.Tensor, float] | None,
+    out: torch.Tensor | None,
+    tiles: RowsTiles | None,
+) -> tuple[torch.Tensor, NormedRows | None]:
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
         raise ValueError(f"gemm_rows needs x [M, K] and weight [N, K], got {tuple(x.shape)} and "
                          f"{tuple(weight.shape)}")  # fmt: skip
@@ -198,6 +291,17 @@ def gemm_rows(
         if n % 2:
             raise ValueError(f"silu_out needs an even number of weight rows (gate, up), got {n}")
         n //= 2
+    if residual is not None:
+        if out is not None or silu_out:
+            raise ValueError("with a residual the product is added into it: no out, no silu_out")
+        out = residual
+    elif next_norm is not None:
+        raise ValueError("next_norm readies the updated residual stream: give the residual")
+    if norm is not None and (norm.scaled is not x or norm.sumsq.dtype != torch.float32
+                             or norm.sumsq.shape[1:] != (MAX_ROWS,)):  # fmt: skip
+        raise ValueError("with norm, x is norm.scaled (NormedRows from gemm_rows_normed)")
+    if next_norm is not None and (next_norm[0].shape != (n,) or next_norm[0].stride(0) != 1):
+        raise ValueError(f"next_norm's weight must be a contiguous [{n}]")
     if out is None:
         out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     elif out.shape != (m, n) or out.dtype != x.dtype or out.stride(1) != 1:
@@ -217,17 +321,30 @@ def gemm_rows(
         counters = split_counters(x.device, grid[0])
     else:  # unused: any pointer (a one-program tile is its own variant, SPLIT_K False)
         parts = counters = out
+    normed = None
+    if next_norm is not None:
+        normed = NormedRows(
+            torch.empty_like(out),
+            torch.empty(grid[0], MAX_ROWS, dtype=torch.float32, device=x.device),
+            next_norm[1],
+        )
     use_pdl = pdl.enabled(x)
     launched = _launch(
         grid,
-        (x, weight, out, parts, counters),
-        (m, n, k, per_split * tiles.block_k, x.stride(0), weight.stride(0), out.stride(0)),
+        (x, weight, out, parts, counters, norm.sumsq if norm is not None else out,
+         *((normed.scaled, next_norm[0], normed.sumsq) if normed is not None else (out,) * 3)),
+        (m, n, k, per_split * tiles.block_k, x.stride(0), weight.stride(0), out.stride(0),
+         normed.scaled.stride(0) if normed is not None else 0,
+         norm.sumsq.shape[0] if norm is not None else 1, norm.eps if norm is not None else 0.0),
         dict(
-            SILU_OUT=silu_out, SPLIT_K=split > 1, PDL=use_pdl, BLOCK_N=tiles.block_n,
+            SILU_OUT=silu_out, NORM=norm is not None, RESIDUAL=residual is not None,
+            SCALED=normed is not None,
+            NORM_TILES=triton.next_power_of_2(norm.sumsq.shape[0]) if norm is not None else 1,
+            SPLIT_K=split > 1, PDL=use_pdl, BLOCK_N=tiles.block_n,
             BLOCK_K=tiles.block_k, L2_STEP=128 // weight.element_size(),
             num_warps=tiles.num_warps, num_stages=tiles.num_stages, launch_pdl=use_pdl,
         ),
     )  # fmt: skip
-    if not launched:  # only compiled (start-up's parallel compiles): a defined output
-        out.zero_()
-    return out
+    if not launched and residual is None:  # only compiled (start-up's parallel compiles)
+        out.zero_()  # a defined output (a residual keeps its own)
+    return out, normed

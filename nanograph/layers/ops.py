@@ -26,6 +26,14 @@ Invariants:
   comparison tests); "always" runs it for any one-row input and dtype, on CPU through the
   Triton interpreter (tests, with ``TRITON_INTERPRET=1``). Like the GEMV switch, set it before
   graphs are captured.
+- Fused few rows (``fused_rows_applies``; ``set_fused_rows``, "auto" as the fused decode
+  but at every hidden size): a forward of 2 to ``FEW_ROWS`` rows (a small decode batch, a
+  speculative verify, a short prompt) through dense single-GPU layers takes its RMSNorms
+  but the first into the few-row products: ``rows_linear_add`` adds o and down into the
+  stream and makes it ready for the next norm (the stream times the norm's weight, and its
+  rows' sums of squares in parts), ``norm_rows_linear`` multiplies that and scales each
+  output row by the stream's 1/rms. Within the dtype's rounding of the unfused path, not
+  equal to it.
 """
 
 from __future__ import annotations
@@ -33,11 +41,15 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
 from nanograph.kernels import reference
+
+if TYPE_CHECKING:  # kernels.rows needs Triton, an optional extra
+    from nanograph.kernels.rows import NormedRows
 
 _TRITON_GEMV = True
 
@@ -102,6 +114,60 @@ def fused_decode_applies(x: torch.Tensor) -> bool:
         _TRITON_GEMV and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)
         and x.shape[1] <= FUSED_DECODE_MAX_HIDDEN
     )  # fmt: skip
+
+
+FUSED_ROWS_MODES = ("auto", "off", "always")
+# "auto" fuses every hidden size. H100, decode graphs at batch 2 / 4 / 8, fused against
+# unfused in one run (stop 61, benchmarks/results/h100/stop61_*): qwen3-0.6b +11.5 / +6.1 /
+# +8.7% tok/s, qwen3-8b +0.4 / 0.0 / +1.0% (there the norm kernels it removes mostly
+# overlapped the next product's weight prefetch under programmatic dependent launch).
+_FUSED_ROWS = "auto"
+
+
+def set_fused_rows(mode: str) -> None:
+    """Process-wide: "auto" (default: with the Triton products, on CUDA in fp16/bf16), "off",
+    or "always" (every forward of 2 to ``FEW_ROWS`` rows through fusable layers; on CPU only
+    under ``TRITON_INTERPRET=1``). Set it before graphs are captured."""
+    global _FUSED_ROWS
+    if mode not in FUSED_ROWS_MODES:
+        raise ValueError(f"fused rows mode {mode!r}: use one of {', '.join(FUSED_ROWS_MODES)}")
+    _FUSED_ROWS = mode
+
+
+def fused_rows_applies(x: torch.Tensor) -> bool:
+    """Whether layers fed the residual stream rows ``x`` take the fused few-row path."""
+    if _FUSED_ROWS == "off" or x.dim() != 2 or not 2 <= x.shape[0] <= FEW_ROWS:
+        return False
+    if x.stride(-1) != 1 or torch.compiler.is_compiling() or _UNFUSED_HERE.get():
+        return False
+    return _FUSED_ROWS == "always" or (
+        _TRITON_GEMV and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)
+    )
+
+
+def norm_rows_linear(
+    normed: NormedRows, weight: torch.Tensor, *, silu_and_mul: bool = False
+) -> torch.Tensor:
+    """``linear(rmsnorm(stream), weight)`` from the stream made ready by ``rows_linear_add``
+    (fused few rows); with ``silu_and_mul`` (weight = packed gate/up) only the MLP's
+    activation is written."""
+    from nanograph.kernels.rows import gemm_rows
+
+    return gemm_rows(normed.scaled, weight, silu_out=silu_and_mul, norm=normed)
+
+
+def rows_linear_add(
+    x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor,
+    next_norm: tuple[torch.Tensor, float] | None = None,
+) -> NormedRows | None:  # fmt: skip
+    """``residual += linear(x, weight)`` in place (fused few rows); with ``next_norm = (g,
+    eps)`` the updated stream made ready for that RMSNorm in the next product."""
+    from nanograph.kernels.rows import gemm_rows, gemm_rows_normed
+
+    if next_norm is None:
+        gemm_rows(x, weight, residual=residual)
+        return None
+    return gemm_rows_normed(x, weight, residual, next_norm)
 
 
 def norm_linear(

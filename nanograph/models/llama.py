@@ -15,6 +15,8 @@ Invariants:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
@@ -27,6 +29,9 @@ from nanograph.layers.parallel import VocabParallelEmbedding
 from nanograph.layers.rotary import build_cos_sin_cache
 from nanograph.models.config import ModelConfig
 from nanograph.models.moe import MoE, MoEBackend
+
+if TYPE_CHECKING:  # kernels.rows needs Triton, an optional extra
+    from nanograph.kernels.rows import NormedRows
 
 
 class Linear(nn.Linear):
@@ -135,6 +140,7 @@ class DecoderLayer(nn.Module):
             tp is None and not config.attention_bias and not config.o_proj_bias
             and (moe_backend is None or self.mlp.adds_into_stream)
         )  # fmt: skip
+        self.rows_fusable = self.fusable and moe_backend is None  # few rows: dense MLPs only
 
     def forward(
         self,
@@ -179,6 +185,28 @@ class DecoderLayer(nn.Module):
             stream, post.weight, post.eps, mlp.gate_up_proj.weight, silu_and_mul=True
         )
         return ops.linear_add(act, mlp.down_proj.weight, stream)
+
+    def forward_fused_rows(
+        self, positions: torch.Tensor, stream: torch.Tensor, normed: NormedRows | None,
+        next_norm: tuple[torch.Tensor, float] | None, cos_sin_cache: torch.Tensor,
+    ) -> NormedRows | None:  # fmt: skip
+        """The layer over 2 to ``FEW_ROWS`` rows of the residual stream, updated in place:
+        ``normed`` is the stream made ready for the input norm by the layer before (None in
+        the first layer: its norm runs on its own); q/k/v and gate/up take their norms in, o
+        and down add into the stream and make it ready for the post-attention norm and
+        ``next_norm`` (returned: the next layer's ``normed``; None after the last layer,
+        whose final norm runs on its own)."""
+        attn, mlp = self.self_attn, self.mlp
+        pre, post = self.input_layernorm, self.post_attention_layernorm
+        if normed is None:
+            qkv = attn.qkv_proj(pre(stream))
+        else:
+            qkv = ops.norm_rows_linear(normed, attn.qkv_proj.weight)
+        attended = attn.attend(positions, qkv, cos_sin_cache)
+        post_normed = ops.rows_linear_add(attended, attn.o_proj.weight, stream,
+                                          (post.weight, post.eps))  # fmt: skip
+        act = ops.norm_rows_linear(post_normed, mlp.gate_up_proj.weight, silu_and_mul=True)
+        return ops.rows_linear_add(act, mlp.down_proj.weight, stream, next_norm)
 
 
 class Backbone(nn.Module):
@@ -245,6 +273,17 @@ class CausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Returns final hidden states [N, hidden] (normed); see ``compute_logits``."""
         hidden = self.model.embed_tokens(input_ids)
+        layers = self.model.layers
+        if ops.fused_rows_applies(hidden) and all(layer.rows_fusable for layer in layers):
+            normed = None
+            for i, layer in enumerate(layers):
+                following = layers[i + 1].input_layernorm if i + 1 < len(layers) else None
+                normed = layer.forward_fused_rows(
+                    positions, hidden, normed,
+                    None if following is None else (following.weight, following.eps),
+                    self.cos_sin_cache,
+                )  # fmt: skip
+            return self.model.norm(hidden)
         residual = None
         for layer in self.model.layers:
             hidden, residual = layer(positions, hidden, residual, self.cos_sin_cache)

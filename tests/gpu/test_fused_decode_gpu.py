@@ -1,6 +1,8 @@
 """The fused batch-1 decode on CUDA: the GEMV's RMSNorm prologue and residual epilogue against
 float64 at qwen3-0.6b's and qwen3-8b's shapes; a decode with full graphs fused against unfused
-(greedy agreement in bf16); and the kernels one eager decode forward launches, fused and not."""
+(greedy agreement in bf16); and the kernels one eager decode forward launches, fused and not.
+The fused few-row layers (2 to 8 rows): their products against float64, and a decode step's
+logits from their graphs against the unfused path's."""
 
 from __future__ import annotations
 
@@ -97,6 +99,81 @@ def test_decode_fused_matches_unfused(monkeypatch):
     agree = fused_decode_agreement(lambda: _engine("full"), prompts, params, calls)
     print(f"\ngreedy agreement, fused vs unfused: {agree:.3f}")
     assert agree > 0.9
+
+
+@pytest.mark.parametrize(
+    "hidden, n, silu_out",
+    [(1024, 4096, False), (1024, 6144, True), (4096, 6144, False), (4096, 24576, True)],
+)
+@pytest.mark.parametrize("m", [2, 5, 8])
+def test_rows_norm_handover_matches_float64(hidden, n, silu_out, m):
+    """The few-row products taking an RMSNorm in, at qwen3-0.6b's and qwen3-8b's shapes (the
+    tiles ``choose_tiles`` gives; o's split-K at 0.6b): o adds into the stream and readies the
+    norm (``gemm_rows_normed``), q/k/v or gate/up takes it (``norm``), against float64."""
+    from nanograph.kernels import reference
+    from nanograph.kernels.rows import gemm_rows, gemm_rows_normed
+
+    stream = _randn(m, hidden, seed=m, scale=4.0)
+    attended = _randn(m, 2048 if hidden == 1024 else 4096, seed=m + 1)
+    w_o = _randn(hidden, attended.shape[1], seed=m + 2, scale=attended.shape[1] ** -0.5)
+    g = 1 + _randn(hidden, seed=m + 3, scale=0.1)
+    w = _randn(n, hidden, seed=m + 4, scale=hidden**-0.5)
+    want = stream.double() + (attended.double() @ w_o.double().T).bfloat16().double()
+    normed = gemm_rows_normed(attended, w_o, stream, (g, 1e-6))
+    # the sum is rounded to bf16 at |values| up to ~16: 0.0625 ulp
+    torch.testing.assert_close(stream.double(), want, rtol=1e-2, atol=6e-2)
+    h = reference.rmsnorm(stream.double(), g.double(), 1e-6)
+    expected = h @ w.double().T
+    if silu_out:
+        expected = reference.silu_and_mul(expected)
+    got = gemm_rows(normed.scaled, w, silu_out=silu_out, norm=normed)
+    torch.testing.assert_close(got.double(), expected, rtol=2e-2, atol=2e-2)
+
+
+def test_fused_rows_step_matches_unfused(monkeypatch):
+    """qwen3-0.6b (random weights): a decode step of 2 and of 4 requests replayed from full
+    decode graphs captured with the fused few-row path (the default on CUDA in bf16) against
+    the unfused path run eagerly on the same batch: logits within bf16's rounding of each
+    other (the fused path rounds the stream times the norm's weight, the unfused one the
+    normalised row), the same greedy token wherever the unfused one leads its runner-up by
+    more than that, and the fused products ran in the captures only."""
+    from nanograph import LLM
+    from nanograph.bench.floor import step_batch
+    from nanograph.layers import ops
+
+    calls = []
+    real = ops.norm_rows_linear
+    monkeypatch.setattr(ops, "norm_rows_linear",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))  # fmt: skip
+    llm = LLM("qwen3-0.6b", load_format="dummy", decode_cuda_graph="full",
+              prefill_cuda_graph="none", cuda_graph_bs=(2, 4), max_num_seqs=4,
+              mem_fraction=0.3, progress=False, cuda_graph_capture="startup")  # fmt: skip
+    runner = llm.engine.runner
+    assert calls  # the captures
+    for b in (2, 4):
+        batch, pages = step_batch(llm, 64, b)
+        replays = runner.graph_runners["decode"].replays
+        fused = runner.forward(batch).double()
+        assert runner.graph_runners["decode"].replays == replays + 1
+        calls.clear()
+        ops.set_fused_rows("off")
+        try:
+            hidden = runner.eager_forward(batch)
+        finally:
+            ops.set_fused_rows("auto")
+        assert not calls
+        rows = torch.tensor(batch.sample_rows, device=hidden.device)
+        unfused = runner.model.compute_logits(hidden[rows]).double()
+        for p in pages:
+            llm.engine.kv_cache.allocator.free(p)
+        bound = 0.05 * unfused.abs().max().item()
+        diff = (fused - unfused).abs().max().item()
+        print(f"\nbatch {b}: fused rows vs unfused logits differ by {diff:.4g}, "
+              f"{diff / unfused.abs().max().item():.4f} of the largest")  # fmt: skip
+        assert diff <= bound
+        top2 = unfused.topk(2, dim=-1).values
+        clear = (top2[:, 0] - top2[:, 1]) > 2 * bound
+        assert torch.equal(fused.argmax(-1)[clear], unfused.argmax(-1)[clear])
 
 
 def test_fused_decode_launches_two_kernels_fewer_a_layer():
