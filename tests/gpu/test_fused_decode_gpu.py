@@ -130,13 +130,13 @@ def test_rows_norm_handover_matches_float64(hidden, n, silu_out, m):
     torch.testing.assert_close(got.double(), expected, rtol=2e-2, atol=2e-2)
 
 
-def test_fused_rows_step_matches_unfused(monkeypatch):
-    """qwen3-0.6b (random weights): a decode step of 2 and of 4 requests replayed from full
-    decode graphs captured with the fused few-row path (the default on CUDA in bf16) against
-    the unfused path run eagerly on the same batch: logits within bf16's rounding of each
-    other (the fused path rounds the stream times the norm's weight, the unfused one the
-    normalised row), the same greedy token wherever the unfused one leads its runner-up by
-    more than that, and the fused products ran in the captures only."""
+def test_fused_rows_as_close_to_float32_as_unfused(monkeypatch):
+    """qwen3-0.6b (random weights): prefills of 2, 5 and 8 tokens (forwards the fused few-row
+    layers take; a small decode batch's are the same products) in bf16 with the fused layers
+    (the default on CUDA) and without, against the same weights in float32. The fused path
+    rounds the stream times the norm's weight where the unfused one rounds the normalised row:
+    its logits are as close to float32's as the unfused ones (within 1.5x: 28 random layers
+    amplify either rounding), and its products ran only when on."""
     from nanograph import LLM
     from nanograph.bench.floor import step_batch
     from nanograph.layers import ops
@@ -145,35 +145,49 @@ def test_fused_rows_step_matches_unfused(monkeypatch):
     real = ops.norm_rows_linear
     monkeypatch.setattr(ops, "norm_rows_linear",
                         lambda *a, **k: calls.append(1) or real(*a, **k))  # fmt: skip
-    llm = LLM("qwen3-0.6b", load_format="dummy", decode_cuda_graph="full",
-              prefill_cuda_graph="none", cuda_graph_bs=(2, 4), max_num_seqs=4,
-              mem_fraction=0.3, progress=False, cuda_graph_capture="startup")  # fmt: skip
-    runner = llm.engine.runner
-    assert calls  # the captures
-    for b in (2, 4):
-        batch, pages = step_batch(llm, 64, b)
-        replays = runner.graph_runners["decode"].replays
-        fused = runner.forward(batch).double()
-        assert runner.graph_runners["decode"].replays == replays + 1
+    engines = {
+        dtype: LLM(
+            "qwen3-0.6b",
+            load_format="dummy",
+            dtype=dtype,
+            decode_cuda_graph="none",
+            prefill_cuda_graph="none",
+            max_num_seqs=2,
+            mem_fraction=0.2,
+            progress=False,
+        )  # fmt: skip
+        for dtype in ("bfloat16", "float32")
+    }
+    bf16, fp32 = (engines[d].engine.runner for d in ("bfloat16", "float32"))
+    with torch.no_grad():
+        for (name, p), (_, q) in zip(bf16.model.named_parameters(), fp32.model.named_parameters()):
+            assert q.dtype == torch.float32, name
+            q.copy_(p.float())  # the bf16 weights, exactly
+    for tokens in (2, 5, 8):
+        batches = {}
+        for dtype, llm in engines.items():
+            torch.manual_seed(tokens)  # the same prompt in both
+            batches[dtype] = step_batch(llm, tokens)
         calls.clear()
-        ops.set_fused_rows("off")
-        try:
-            hidden = runner.eager_forward(batch)
-        finally:
-            ops.set_fused_rows("auto")
+        want = fp32.forward(batches["float32"][0]).double()
         assert not calls
-        rows = torch.tensor(batch.sample_rows, device=hidden.device)
-        unfused = runner.model.compute_logits(hidden[rows]).double()
-        for p in pages:
-            llm.engine.kv_cache.allocator.free(p)
-        bound = 0.05 * unfused.abs().max().item()
-        diff = (fused - unfused).abs().max().item()
-        print(f"\nbatch {b}: fused rows vs unfused logits differ by {diff:.4g}, "
-              f"{diff / unfused.abs().max().item():.4f} of the largest")  # fmt: skip
-        assert diff <= bound
-        top2 = unfused.topk(2, dim=-1).values
-        clear = (top2[:, 0] - top2[:, 1]) > 2 * bound
-        assert torch.equal(fused.argmax(-1)[clear], unfused.argmax(-1)[clear])
+        got = {}
+        for mode in ("auto", "off"):
+            ops.set_fused_rows(mode)
+            try:
+                got[mode] = bf16.forward(batches["bfloat16"][0]).double()
+            finally:
+                ops.set_fused_rows("auto")
+            assert bool(calls) == (mode == "auto")
+            calls.clear()
+        for dtype, (_, pages) in batches.items():
+            for p in pages:
+                engines[dtype].engine.kv_cache.allocator.free(p)
+        largest = want.abs().max().item()
+        err = {mode: (logits - want).abs().max().item() / largest for mode, logits in got.items()}
+        print(f"\n{tokens} tokens: against float32, fused rows {err['auto']:.4f} of the "
+              f"largest logit, unfused {err['off']:.4f}")  # fmt: skip
+        assert err["auto"] <= 1.5 * err["off"] + 1e-3
 
 
 def test_fused_decode_launches_two_kernels_fewer_a_layer():

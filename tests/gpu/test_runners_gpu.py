@@ -36,10 +36,23 @@ def requests(n: int, seed: int):
 
 @pytest.fixture(scope="module")
 def eager_tokens(model_dir):
+    """Per request count, the eager engine's tokens: with the fused few-row layers (the default)
+    and without (what tc_piecewise's compiled decode runs: dynamo does not trace the fused
+    kernels, and they round elsewhere, so a random model's near-ties fall another way)."""
     from nanograph import LLM
+    from nanograph.layers import ops
 
-    llm = LLM(model_dir, decode_cuda_graph="none", prefill_cuda_graph="none", **SMALL)
-    return {n: [o.token_ids for o in llm.generate(*requests(n, seed=n))] for n in (3, 4, 5, 8)}
+    tokens = {}
+    for fused in (True, False):
+        ops.set_fused_rows("auto" if fused else "off")
+        try:
+            llm = LLM(model_dir, decode_cuda_graph="none", prefill_cuda_graph="none", **SMALL)
+            tokens[fused] = {n: [o.token_ids for o in llm.generate(*requests(n, seed=n))]
+                             for n in (3, 4, 5, 8)}  # fmt: skip
+        finally:
+            ops.set_fused_rows("auto")
+        del llm
+    return tokens
 
 
 def agreement(a: list[list[int]], b: list[list[int]]) -> float:
@@ -63,9 +76,10 @@ def test_path_backend_matches_eager(model_dir, eager_tokens, decode, prefill, de
     runners = llm.engine.runner.graph_runners
     for n in (3, 4, 5, 8):  # fewer requests than the 4 slots, exactly 4, one more, many more
         got = [o.token_ids for o in llm.generate(*requests(n, seed=n))]
-        rate = agreement(got, eager_tokens[n])
+        want = eager_tokens[decode != "tc_piecewise"][n]
+        rate = agreement(got, want)
         print(f"\ndecode={decode} prefill={prefill} debug={debug} n={n}: agreement {rate:.3f}")
-        assert [len(t) for t in got] == [len(t) for t in eager_tokens[n]]
+        assert [len(t) for t in got] == [len(t) for t in want]
         assert rate >= 0.9
     for path, runner in runners.items():
         print(f"  {runner}")
