@@ -13,8 +13,8 @@ and prints a table per model. ``NEW_TOKENS=n`` (stop 59) profiles instead an eag
 n tokens of one request after CONTEXT - n cached ones: the shape of speculative decoding's
 draft-extend catch-up (n = 2), whose kernels (few-row products, separate norms and rope,
 the extend attention) are those its graph holds. ``BATCH=b`` (stop 61) profiles a decode
-step of b requests (their graph), ``FUSED_ROWS=1`` with ``ops.set_fused_rows("always")``
-(``rows_norm_fold.patch`` applied): the few-row products taking the norms in.
+step of b requests (their graph), ``FUSED_ROWS=0`` / ``1`` with the fused few-row layers
+(the default since stop 61, ``ops.set_fused_rows``) off / on.
 """
 
 import json
@@ -73,10 +73,10 @@ def attribute(forward: list[tuple[float, float, str]]) -> tuple[list[float], flo
 def breakdown(model: str) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
-    if os.environ.get("FUSED_ROWS") == "1":
+    if "FUSED_ROWS" in os.environ:
         from nanograph.layers import ops
 
-        ops.set_fused_rows("always")
+        ops.set_fused_rows("auto" if os.environ["FUSED_ROWS"] == "1" else "off")
     llm = LLM(model, load_format="dummy", prefill_cuda_graph="none", cuda_graph_bs=(BATCH,),
               max_num_seqs=BATCH, max_model_len=CONTEXT + 64, progress=False,
               **STARTUP_CAPTURE)  # fmt: skip
