@@ -1,17 +1,17 @@
 """Does taking the RMSNorms into the few-row products keep the room that
-``norms_upper_bound_probe.py`` measured? (stop 60, rewritten in stop 61. On the device from the
-repo root: ``bash docs/wip/stop60_calls.sh fold $OUT/f``, which applies
-``rows_norm_fold.patch``.)
+``norms_upper_bound_probe.py`` measured? (stop 60, rewritten in stop 61 for the form that
+landed in d3eef07. On the device from the repo root: ``bash docs/wip/stop61_calls.sh chain
+$OUT/f``.)
 
 Why: batch 2-8 decode graphs without their norm kernels were 10-11% shorter on qwen3-0.6b and
-2-3% on qwen3-8b (H100, stop 60). ``rows_norm_fold.patch`` gives the few-row kernel
-(``kernels/rows.py``) ``next_norm`` (the product added into the stream in its epilogue, which
-also writes the updated stream times the next norm's weight and its rows' sums of squares in
-parts: ``gemm_rows_normed``) and ``norm`` (the next product over that, each output row scaled
-by the stream's 1/rms). Here a chain of a model's layer products at M rows, 28 (0.6b) or 36
-(8b) layers of distinct weights, no attention (q/k/v's first columns stand in for its output):
-- ``unfused``: the engine's batch 2-8 decode today: add_rmsnorm, q/k/v, o, add_rmsnorm, gate/up
-  with the activation, down; a final add_rmsnorm;
+2-3% on qwen3-8b (H100, stop 60). The few-row kernel (``kernels/rows.py``) has ``next_norm``
+(the product added into the stream in its epilogue, which also writes the updated stream times
+the next norm's weight and its rows' sums of squares in parts: ``gemm_rows_normed``) and
+``norm`` (the next product over that, each output row scaled by the stream's 1/rms). Here a
+chain of a model's layer products at M rows, 28 (0.6b) or 36 (8b) layers of distinct weights,
+no attention (q/k/v's first columns stand in for its output):
+- ``unfused``: the engine's batch 2-8 decode before stop 61 (``set_fused_rows("off")``):
+  add_rmsnorm, q/k/v, o, add_rmsnorm, gate/up with the activation, down; a final add_rmsnorm;
 - ``fused``: the first layer's input rmsnorm and q/k/v on their own, then o readying the
   post-attention norm, gate/up with it and the activation, down readying the next layer's
   input norm, q/k/v with it...; the last down a plain residual add; a final rmsnorm.
@@ -23,7 +23,9 @@ before its weight stream) was 3.4-12% slower than unfused (H100); stop 61's seco
 of squares as an MMA of the raw rows in the weight loop) 1-7% faster here but slower in the
 engine (``decode_breakdown.py``: gate/up 5.8 -> 9.3 us at qwen3-0.6b batch 2).
 PREDICTED for this form (H100, before its run): fused 6-9% under unfused on qwen3-0.6b, 2-3%
-on qwen3-8b; final rows within ~3% of the largest.
+on qwen3-8b; final rows within ~3% of the largest. MEASURED (H100, 352adf9 with the patch that
+became d3eef07; ``benchmarks/results/h100/stop61_f27e490/``): -17.6 / -17.6 / -17.9% on
+qwen3-0.6b at 2 / 4 / 8 rows, -1.4 / -1.1 / -2.1% on qwen3-8b; final rows within 0.021-0.028.
 """
 
 import sys
