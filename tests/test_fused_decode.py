@@ -41,6 +41,21 @@ def _f64(t: torch.Tensor) -> torch.Tensor:
     return t.double()
 
 
+def count_calls(monkeypatch, module, names, calls: dict | None = None) -> dict[str, int]:
+    """Counts every call of ``module.<name>`` for ``names`` in ``calls`` (the real one runs)."""
+    calls = {} if calls is None else calls
+    for name in names:
+        calls[name] = 0
+        real = getattr(module, name)
+
+        def counted(*args, _real=real, _name=name, **kwargs):
+            calls[_name] += 1
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, counted)
+    return calls
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("n", "k"), [(37, 70), (5, 16), (64, 33)])
 def test_norm_prologue_matches_float64(dtype, n, k):
@@ -149,14 +164,7 @@ def test_fused_decode_gives_the_unfused_greedy_tokens(tiny_model_dir, monkeypatc
         return real_add(self, *args)
 
     monkeypatch.setattr(MoE, "forward_add", counted_add)
-    for name in ("norm_linear", "linear_add"):
-        real = getattr(ops, name)
-
-        def counted(*args, _real=real, _name=name, **kwargs):
-            calls[_name] += 1
-            return _real(*args, **kwargs)
-
-        monkeypatch.setattr(ops, name, counted)
+    count_calls(monkeypatch, ops, ("norm_linear", "linear_add"), calls)
     g = torch.Generator().manual_seed(5)
     prompts = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (9, 14)]
     # four tokens: each request's later three are one-row decode forwards (the fused path);
@@ -230,15 +238,7 @@ def test_fused_rows_give_the_unfused_greedy_tokens(tiny_model_dir, monkeypatch, 
     runs on its own) ran only when on."""
     from nanograph import LLM, SamplingParams
 
-    calls = {"norm_rows_linear": 0, "rows_linear_add": 0}
-    for name in calls:
-        real = getattr(ops, name)
-
-        def counted(*args, _real=real, _name=name, **kwargs):
-            calls[_name] += 1
-            return _real(*args, **kwargs)
-
-        monkeypatch.setattr(ops, name, counted)
+    calls = count_calls(monkeypatch, ops, ("norm_rows_linear", "rows_linear_add"))
     g = torch.Generator().manual_seed(6)
     prompts = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (9, 14)]
     params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
