@@ -913,8 +913,8 @@ def test_gemm_rows_adds_into_a_residual_and_takes_the_next_rmsnorm_in(m, silu_ou
     assert int(split_counters(x.device, 0).abs().sum()) == 0
     with pytest.raises(ValueError, match="x is norm.scaled"):
         rows.gemm_rows(normed.scaled.clone(), w, norm=normed, tiles=tiles)
-    with pytest.raises(ValueError, match="give the residual"):
-        rows.gemm_rows(x, w_in, next_norm=(norm_weight, 1e-5), tiles=tiles)
+    with pytest.raises(ValueError, match="contiguous \\[70\\]"):
+        rows.gemm_rows_normed(x, w_in, stream, (norm_weight[::2], 1e-5), tiles=tiles)
 
 
 def test_gemm_rows_writes_into_out_and_refuses_what_it_cannot_take():

@@ -223,10 +223,10 @@ def choose_tiles(rows: int, k: int, device_index: int, silu_out: bool = False) -
 @dataclasses.dataclass(frozen=True)
 class NormedRows:
     """Rows of the residual stream made ready, by the few-row product that last added into it
-    (``gemm_rows(..., next_norm=g)``), for an RMSNorm taken into the next one
-    (``gemm_rows(rows.scaled, ..., norm=rows)``): ``scaled`` is the stream times the norm's
-    weight g, ``sumsq`` the stream's sums of squares in parts (fp32 ``[parts, MAX_ROWS]``, one
-    part per program that wrote a slice of the stream's columns)."""
+    (``gemm_rows_normed``), for an RMSNorm of weight g and ``eps`` taken into the next one
+    (``gemm_rows(rows.scaled, ..., norm=rows)``): ``scaled`` is the stream times g, ``sumsq``
+    the stream's sums of squares in parts (fp32 ``[parts, MAX_ROWS]``, one part per program
+    that wrote a slice of the stream's columns)."""
 
     scaled: torch.Tensor
     sumsq: torch.Tensor
@@ -240,7 +240,6 @@ def gemm_rows(
     silu_out: bool = False,
     norm: NormedRows | None = None,
     residual: torch.Tensor | None = None,
-    next_norm: tuple[torch.Tensor, float] | None = None,
     out: torch.Tensor | None = None,
     tiles: RowsTiles | None = None,
 ) -> torch.Tensor:
@@ -248,9 +247,8 @@ def gemm_rows(
     ``silu_out`` the product ``p [M, N]`` becomes ``silu(p[:, :N/2]) * p[:, N/2:]``. With
     ``norm`` (x is ``norm.scaled``) each row of the product is scaled by the stream's 1/rms:
     the product of the RMSNorm's output. With ``residual`` the product is added to it in place
-    and it is returned (give no ``out``); ``next_norm = (g, eps)`` then makes the updated stream
-    ready for the next norm: use ``gemm_rows_normed`` for the ``NormedRows``."""
-    return _gemm_rows(x, weight, silu_out, norm, residual, next_norm, out, tiles)[0]
+    and it is returned (give no ``out``; ``gemm_rows_normed`` also readies the next norm)."""
+    return _gemm_rows(x, weight, silu_out, norm, residual, None, out, tiles)[0]
 
 
 def gemm_rows_normed(
@@ -295,8 +293,6 @@ def _gemm_rows(
         if out is not None or silu_out:
             raise ValueError("with a residual the product is added into it: no out, no silu_out")
         out = residual
-    elif next_norm is not None:
-        raise ValueError("next_norm readies the updated residual stream: give the residual")
     if norm is not None and (norm.scaled is not x or norm.sumsq.dtype != torch.float32
                              or norm.sumsq.shape[1:] != (MAX_ROWS,)):  # fmt: skip
         raise ValueError("with norm, x is norm.scaled (NormedRows from gemm_rows_normed)")
@@ -345,6 +341,10 @@ def _gemm_rows(
             num_warps=tiles.num_warps, num_stages=tiles.num_stages, launch_pdl=use_pdl,
         ),
     )  # fmt: skip
-    if not launched and residual is None:  # only compiled (start-up's parallel compiles)
-        out.zero_()  # a defined output (a residual keeps its own)
+    if not launched:  # only compiled (start-up's parallel compiles): defined outputs
+        if residual is None:  # (a residual keeps its own)
+            out.zero_()
+        if normed is not None:
+            normed.scaled.zero_()
+            normed.sumsq.zero_()
     return out, normed

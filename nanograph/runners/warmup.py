@@ -89,8 +89,9 @@ def _variants(runner: ModelRunner) -> list[tuple[int, contextlib.AbstractContext
     """(query tokens, a context selecting the launch) per attention variant, each in the
     unfused forward (a one-token forced launch stands for the decode of many rows, which is
     never fused), a plain batch-1 decode (the fused layer where it applies) and a plain
-    2-token forward (the few-row products a verify or a small decode batch reaches: one
-    variant per product shape for 2 to FEW_ROWS rows)."""
+    2-token forward (the few-row products a verify or a small decode batch reaches, with the
+    norms taken in where the fused few-row layer applies: one variant per product shape for 2
+    to FEW_ROWS rows)."""
     config = runner.model.config
     dtype = runner.model.model.embed_tokens.weight.dtype
     variants = runner.attention.launch_variants(
