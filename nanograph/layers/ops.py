@@ -26,8 +26,8 @@ Invariants:
   comparison tests); "always" runs it for any one-row input and dtype, on CPU through the
   Triton interpreter (tests, with ``TRITON_INTERPRET=1``). Like the GEMV switch, set it before
   graphs are captured.
-- Fused few rows (``fused_rows_applies``; ``set_fused_rows``, "auto" as the fused decode
-  but at every hidden size): a forward of 2 to ``FEW_ROWS`` rows (a small decode batch, a
+- Fused few rows (``fused_rows_applies``; ``set_fused_rows``, "auto" on CUDA in bf16 at every
+  hidden size): a forward of 2 to ``FEW_ROWS`` rows (a small decode batch, a
   speculative verify, a short prompt) through dense single-GPU layers takes its RMSNorms
   but the first into the few-row products: ``rows_linear_add`` adds o and down into the
   stream and makes it ready for the next norm (the stream times the norm's weight, and its
@@ -125,9 +125,9 @@ _FUSED_ROWS = "auto"
 
 
 def set_fused_rows(mode: str) -> None:
-    """Process-wide: "auto" (default: with the Triton products, on CUDA in fp16/bf16), "off",
-    or "always" (every forward of 2 to ``FEW_ROWS`` rows through fusable layers; on CPU only
-    under ``TRITON_INTERPRET=1``). Set it before graphs are captured."""
+    """Process-wide: "auto" (default: with the Triton products, on CUDA in bf16), "off", or
+    "always" (every forward of 2 to ``FEW_ROWS`` rows through fusable layers; on CPU only under
+    ``TRITON_INTERPRET=1``). Set it before graphs are captured."""
     global _FUSED_ROWS
     if mode not in FUSED_ROWS_MODES:
         raise ValueError(f"fused rows mode {mode!r}: use one of {', '.join(FUSED_ROWS_MODES)}")
@@ -140,9 +140,10 @@ def fused_rows_applies(x: torch.Tensor) -> bool:
         return False
     if x.stride(-1) != 1 or torch.compiler.is_compiling() or _UNFUSED_HERE.get():
         return False
-    return _FUSED_ROWS == "always" or (
-        _TRITON_GEMV and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)
-    )
+    # not fp16 in "auto": the fused path rounds the raw stream times the norm's weight, and
+    # a residual stream's outlier features (thousands in some models) times the weight can
+    # pass fp16's 65,504 where the normalised row the unfused path rounds cannot
+    return _FUSED_ROWS == "always" or (_TRITON_GEMV and x.is_cuda and x.dtype == torch.bfloat16)
 
 
 def norm_rows_linear(
