@@ -251,6 +251,8 @@ class CausalLM(nn.Module):
         self.config = config = shard_config(config, tp.size if self.tp else 1)
         self.moe_backend = moe_backend
         self.model = Backbone(config, moe_backend, self.tp)
+        # forwards of 2 to FEW_ROWS rows may take the fused few-row layer (ops.fused_rows_applies)
+        self.rows_fusable = all(layer.rows_fusable for layer in self.model.layers)
         head_rows = self.model.embed_tokens.num_embeddings  # the vocabulary, or this rank's rows
         self.lm_head = (
             None
@@ -274,7 +276,7 @@ class CausalLM(nn.Module):
         """Returns final hidden states [N, hidden] (normed); see ``compute_logits``."""
         hidden = self.model.embed_tokens(input_ids)
         layers = self.model.layers
-        if ops.fused_rows_applies(hidden) and all(layer.rows_fusable for layer in layers):
+        if self.rows_fusable and ops.fused_rows_applies(hidden):
             normed = None
             for i, layer in enumerate(layers):
                 following = layers[i + 1].input_layernorm if i + 1 < len(layers) else None
