@@ -100,10 +100,11 @@ def unfused_decode() -> Iterator[None]:
         _UNFUSED_HERE.reset(token)
 
 
-def _fusable_stream(x: torch.Tensor, rows: range) -> bool:
-    """What both fused paths ask of the residual stream ``x``: ``[rows, hidden]``, contiguous
-    rows, not traced by dynamo, not inside ``unfused_decode``."""
-    if x.dim() != 2 or x.shape[0] not in rows or x.stride(-1) != 1:
+def _fusable_stream(x: torch.Tensor, low: int, high: int) -> bool:
+    """What both fused paths ask of the residual stream ``x``: ``[low to high rows, hidden]``,
+    contiguous rows, not traced by dynamo, not inside ``unfused_decode``. (Comparisons, not
+    ``in range``: dynamo evaluates them on a symbolic row count.)"""
+    if x.dim() != 2 or not low <= x.shape[0] <= high or x.stride(-1) != 1:
         return False
     if torch.compiler.is_compiling():  # first: dynamo cannot trace the ContextVar read below
         return False
@@ -112,7 +113,7 @@ def _fusable_stream(x: torch.Tensor, rows: range) -> bool:
 
 def fused_decode_applies(x: torch.Tensor) -> bool:
     """Whether a layer fed the one-row residual stream ``x`` takes the fused decode path."""
-    if _FUSED_DECODE == "off" or not _fusable_stream(x, range(1, 2)):
+    if _FUSED_DECODE == "off" or not _fusable_stream(x, 1, 1):
         return False
     if _FUSED_DECODE == "always":
         return True
@@ -142,7 +143,7 @@ def set_fused_rows(mode: str) -> None:
 
 def fused_rows_applies(x: torch.Tensor) -> bool:
     """Whether layers fed the residual stream rows ``x`` take the fused few-row path."""
-    if _FUSED_ROWS == "off" or not _fusable_stream(x, range(2, FEW_ROWS + 1)):
+    if _FUSED_ROWS == "off" or not _fusable_stream(x, 2, FEW_ROWS):
         return False
     # not fp16 in "auto": the fused path rounds the raw stream times the norm's weight, and
     # a residual stream's outlier features (thousands in some models) times the weight can
