@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Stop 62's device calls, from the repo root with NANOGRAPH_COMMIT exported:
+#   bash docs/wip/stop62_calls.sh tests $OUT/t     # ~6 min: tests/gpu but TP (five processes)
+#   bash docs/wip/stop62_calls.sh aims $OUT/a      # ~7 min: issue 15 and 18's H200 aims at HEAD
+#   bash docs/wip/stop62_calls.sh compiles $OUT/c  # ~5 min: Triton compiles inside captures
+# PREDICTED for aims (H200; last H200 figures are stop 43's, 42c35b5): qwen3-8b batch 1
+# 232.4 -> ~236 tok/s (bd9bd52's +1.6% on H100s; issue 18's aim 240), qwen3-0.6b batch 1
+# 1,196 -> ~1,300 (aim 2,000); qwen3-30b-a3b batch 1 391.5 (56.5%) -> ~398 tok/s (57.5%;
+# issue 15's aim 60%); torch_native breakable prefill over eager at 256 tokens
+# 1.2-1.3x on both MoE models (issue 15's aim 1.5x; H100s read 1.26x / 1.14x at stop 56).
+set -uo pipefail
+stage=$1 out=$(mkdir -p "$2" && cd "$2" && pwd)
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,power.limit --format=csv > "$out/gpu_$stage.txt"
+case $stage in
+  tests)
+    bash benchmarks/run_device.sh tests-parallel "$out" | grep -v "^name\|HBM" ;;
+  aims)
+    timeout 300 python3 -m nanograph bench decode --models qwen3-0.6b,qwen3-8b,qwen3-30b-a3b \
+      --arms full --batches 1,8 --repeats 3 --out "$out/decode.json" > "$out/decode.log" 2>&1
+    grep -E "decode=|roofline" "$out/decode.log" | tail -12
+    timeout 230 python3 -m nanograph bench prefill --models qwen3-30b-a3b,gpt-oss-20b \
+      --lengths 256 --arms eager,breakable --moe-backend torch_native --peer-lengths '' \
+      --repeats 15 --out "$out/prefill_native.json" > "$out/prefill_native.log" 2>&1
+    grep -A2 "speedup over eager" "$out/prefill_native.log" ;;
+  compiles)
+    timeout 560 python3 docs/wip/capture_compiles_probe.py > "$out/compiles.log" 2>&1
+    grep -v Warning "$out/compiles.log" | tail -40 ;;
+  *) echo "unknown stage $stage"; exit 2 ;;
+esac
