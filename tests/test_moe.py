@@ -321,6 +321,62 @@ def test_sorted_experts_in_the_gpu_tiles_match_float64(tokens, mxfp4):
     torch.testing.assert_close(got, expected, atol=2e-4 * expected.abs().max().item(), rtol=2e-4)
 
 
+@pytest.mark.parametrize(
+    "experts,top_k,hidden,inter,dtype,mxfp4",
+    [(128, 8, 2048, 768, torch.bfloat16, False), (32, 4, 2880, 2880, torch.bfloat16, True),
+     (6, 4, 64, 32, torch.bfloat16, False), (5, 3, 64, 32, torch.float32, False)],
+    ids=["qwen3-30b-a3b", "gpt-oss-20b-mxfp4", "tiny", "tiny-fp32"],
+)  # fmt: skip
+@needs_triton
+def test_warmup_token_counts_reach_every_gpu_tile_regime(experts, top_k, hidden, inter, dtype,
+                                                         mxfp4):  # fmt: skip
+    """Start-up runs a forward of each count ``tile_token_counts`` names: the fewest tokens of
+    each launch configuration ``choose_tiles`` gives on a GPU from 1 to the largest forward,
+    as a scan of every count finds them; each configuration holds one interval of counts (what
+    the binary search assumes)."""
+    from types import SimpleNamespace
+
+    gpu = torch.device("cuda")  # choose_tiles' GPU tiles; nothing is allocated there
+    codes = (experts, 2 * inter, hidden // 2 if mxfp4 else hidden)
+    w13 = SimpleNamespace(shape=codes, device=gpu)
+    scales = SimpleNamespace(shape=(experts, 2 * inter, hidden // 32)) if mxfp4 else None
+    for largest in (1, 8, 9, 300, 2100):
+        first: dict = {}  # tiles -> the fewest tokens that get them
+        previous = None
+        for tokens in range(1, largest + 1):
+            tiles = moe_kernels.choose_tiles(tokens, top_k, experts, hidden, inter, gpu, dtype,
+                                             mxfp4)  # fmt: skip
+            if tiles != previous:
+                assert tiles not in first, f"{tiles} again at {tokens} tokens: not an interval"
+                first[tiles], previous = tokens, tiles
+        assert moe_kernels.tile_token_counts(w13, scales, top_k, dtype, largest) == list(
+            first.values()
+        )
+    # by 2,100 tokens: the pairwise GEMVs and the sorted row blocks of 16, 32, 64 and (not in
+    # float32) 128 rows
+    assert len(first) == (4 if dtype == torch.float32 else 5)
+
+
+def test_warmup_token_counts_of_a_model_follow_its_moe_backend():
+    """A model names the token counts of its MoE backend's tile regimes: the triton experts'
+    (one CPU tile beside the pairwise GEMVs under the interpreter), none for the native loop
+    or a dense model."""
+    config = resolve_model("qwen3-30b-a3b", "dummy").config.replace(
+        num_hidden_layers=2, hidden_size=64, moe_intermediate_size=32, vocab_size=300,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+    )  # fmt: skip
+    triton_model = build_model(config, torch.float32, CPU, get_moe_backend("triton", CPU))
+    assert triton_model.warmup_token_counts(256) == [1, 9]
+    assert triton_model.warmup_token_counts(8) == [1]
+    native = build_model(config, torch.float32, CPU, get_moe_backend("torch_native", CPU))
+    assert native.warmup_token_counts(256) == []
+    dense = resolve_model("qwen3-0.6b", "dummy").config.replace(
+        num_hidden_layers=1, hidden_size=64, intermediate_size=32, vocab_size=300,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+    )  # fmt: skip
+    assert build_model(dense, torch.float32, CPU).warmup_token_counts(256) == []
+
+
 @needs_triton
 def test_mxfp4_decode_covers_every_code_and_scale():
     """Each of the 256 bytes (both nibbles) under scales from the smallest (0: 2^-127, a float32

@@ -168,12 +168,13 @@ def test_warm_up_launches_every_forced_variant_unfused(monkeypatch):
     embed = SimpleNamespace(weight=torch.zeros(1))
     runner = SimpleNamespace(
         attention=backend, device=torch.device("cpu"),
-        model=SimpleNamespace(config=config, model=SimpleNamespace(embed_tokens=embed)),
+        model=SimpleNamespace(config=config, model=SimpleNamespace(embed_tokens=embed),
+                              warmup_token_counts=lambda largest: [1, 9, 40, 400]),
     )  # fmt: skip
     row = torch.zeros(1, 8)
     monkeypatch.setattr(ops, "_FUSED_DECODE", "always")
     fused = []
-    for tokens, selected in warmup._variants(runner):
+    for tokens, selected in warmup._variants(runner, 256):
         with selected:
             fused.append((tokens, ops.fused_decode_applies(row)))
             other: list[bool] = []
@@ -183,7 +184,9 @@ def test_warm_up_launches_every_forced_variant_unfused(monkeypatch):
             thread.start()
             thread.join()
             assert other == [True]
-    assert fused == [(1, True), (2, True), (1, False), (65, False)]
+    # the model's own counts (its MoE tile regimes) as plain forwards, past the 1 and 2 above
+    assert fused == [(1, True), (2, True), (9, True), (40, True), (400, True), (1, False),
+                     (65, False)]  # fmt: skip
 
 
 def test_scratch_batches_sample_every_row_of_a_few_row_forward():

@@ -3,6 +3,7 @@
 #   bash docs/wip/stop62_calls.sh tests $OUT/t     # ~6 min: tests/gpu but TP (five processes)
 #   bash docs/wip/stop62_calls.sh aims $OUT/a      # ~7 min: issue 15 and 18's H200 aims at HEAD
 #   bash docs/wip/stop62_calls.sh compiles $OUT/c  # ~5 min: Triton compiles inside captures
+#   bash docs/wip/stop62_calls.sh warmup $OUT/w    # ~8 min: the MoE tile regimes compiled ahead
 # PREDICTED for aims (H200; last H200 figures are stop 43's, 42c35b5): qwen3-8b batch 1
 # 232.4 -> ~236 tok/s (bd9bd52's +1.6% on H100s; issue 18's aim 240), qwen3-0.6b batch 1
 # 1,196 -> ~1,300 (aim 2,000); qwen3-30b-a3b batch 1 391.5 (56.5%) -> ~398 tok/s (57.5%;
@@ -23,6 +24,22 @@ case $stage in
       --lengths 256 --arms eager,breakable --moe-backend torch_native --peer-lengths '' \
       --repeats 15 --out "$out/prefill_native.json" > "$out/prefill_native.log" 2>&1
     grep -A2 "speedup over eager" "$out/prefill_native.log" ;;
+  warmup)  # ~8 min: the MoE tile regimes compiled ahead (tests, the test without it, probe)
+    T="tests/gpu/test_hardening_gpu.py::test_nothing_compiles_inside_a_capture_or_after_start_up"
+    timeout 400 python3 -m pytest -q -p no:cacheprovider -rfE tests/gpu/test_moe_gpu.py \
+      > "$out/moe.log" 2>&1 &
+    timeout 400 python3 -m pytest -q -p no:cacheprovider -rfE tests/gpu/test_hardening_gpu.py \
+      tests/gpu/test_graph_memory.py > "$out/hardening.log" 2>&1
+    wait; tail -3 "$out/moe.log" "$out/hardening.log"
+    # the same test without the warm-up's MoE forwards: it should fail, naming the 64-row block
+    # (the device's .git is stale: restore the file from a copy, never from git)
+    cp nanograph/runners/warmup.py /tmp/warmup.py.kept
+    sed -i 's/runner.model.warmup_token_counts(max_tokens)/[]/' nanograph/runners/warmup.py
+    timeout 200 python3 -m pytest -q -p no:cacheprovider -x "$T[qwen3_moe]" > "$out/without.log" 2>&1
+    cp /tmp/warmup.py.kept nanograph/runners/warmup.py
+    grep -E "passed|failed|inside captures" "$out/without.log" | cut -c1-600 | tail -3
+    timeout 300 python3 docs/wip/capture_compiles_probe.py > "$out/compiles.log" 2>&1
+    grep -v Warning "$out/compiles.log" | cut -c1-300 | tail -12 ;;
   compiles)
     timeout 560 python3 docs/wip/capture_compiles_probe.py > "$out/compiles.log" 2>&1
     grep -v Warning "$out/compiles.log" | tail -40 ;;

@@ -244,7 +244,7 @@ class Startup:
                         pool = scratch[draft]
                         compile_kernels(
                             ModelRunner(model, self.attention, pool.k, pool.v, self.device),
-                            self.config.page_size, self.config.progress,
+                            self.config.page_size, self._largest_forward(), self.config.progress,
                         )  # fmt: skip
                         del pool
             with self._phase("memory_plan"):
@@ -293,7 +293,8 @@ class Startup:
                 if model is not None:
                     with self._phase("kernel_warmup"):
                         eager = ModelRunner(model, self.attention, pool.k, pool.v, self.device)
-                        warm_up_kernels(eager, self.config.page_size, self.config.progress)
+                        warm_up_kernels(eager, self.config.page_size, self._largest_forward(),
+                                        self.config.progress)  # fmt: skip
         return kv, runner
 
     def _measure_graph_reserve(self, scratch: dict[bool, KVCache]) -> None:
@@ -324,13 +325,18 @@ class Startup:
         return GraphBudget.planned(
             {path: max(self._shapes(path)).num_tokens for path in self.graph_backends},
             self.memory.activation_peak,
-            min(self.config.chunked_prefill_size, self.max_model_len - 1),  # as measured
+            self._largest_forward(),  # as measured
             limit,
         )
 
+    def _largest_forward(self) -> int:
+        """The most tokens one forward holds: a chunk, within the context (one token left for
+        the answer)."""
+        return min(self.config.chunked_prefill_size, self.max_model_len - 1)
+
     def _measure_activation_peak(self, scratch: KVCache) -> int:
         """Allocator peak of one eager forward at chunked_prefill_size tokens, above baseline."""
-        n = min(self.config.chunked_prefill_size, self.max_model_len - 1)
+        n = self._largest_forward()
         page = self.config.page_size
         batch = ForwardBatch(
             input_ids=[0] * n, positions=list(range(n)), seq_lens=[n], query_lens=[n],

@@ -158,6 +158,36 @@ def choose_tiles(
     return MoeTiles(block_m=128, block_n=128 if mxfp4 else 256, block_k=64, num_warps=8)
 
 
+def tile_token_counts(
+    w13: torch.Tensor, w13_scales: torch.Tensor | None, top_k: int, dtype: torch.dtype,
+    max_tokens: int,
+) -> list[int]:  # fmt: skip
+    """The fewest tokens that reach each launch configuration ``fused_experts`` picks for 1 to
+    ``max_tokens`` tokens of ``dtype`` activations through these experts (``choose_tiles``):
+    start-up runs a forward of each, so that no batch size compiles a variant inside a graph
+    capture or on a request's path. The configuration changes at thresholds of the token
+    count (each holds an interval), so a binary search finds each interval's end."""
+    num_experts, two_i, hidden = _dense_shape(w13, w13_scales)
+
+    def tiles(tokens: int) -> MoeTiles:
+        return choose_tiles(tokens, top_k, num_experts, hidden, two_i // 2, w13.device, dtype,
+                            mxfp4=w13_scales is not None)  # fmt: skip
+
+    counts: list[int] = []
+    first = 1
+    while first <= max_tokens:
+        counts.append(first)
+        same, differs = first, max_tokens + 1  # tiles(same) == tiles(first); differs: not known
+        while differs - same > 1:
+            middle = (same + differs) // 2
+            if tiles(middle) == tiles(first):
+                same = middle
+            else:
+                differs = middle
+        first = differs
+    return counts
+
+
 @triton.jit
 def _route_kernel(
     logits_ptr, weights_ptr, ids_ptr, num_experts, stride_l,

@@ -294,6 +294,18 @@ class CausalLM(nn.Module):
         hidden, _ = self.model.norm(hidden, residual)
         return hidden
 
+    def warmup_token_counts(self, max_tokens: int) -> list[int]:
+        """Token counts (up to ``max_tokens``) of forwards that together compile every variant
+        of the kernels that pick their launch configuration from the token count alone: the
+        MoE backend's experts ([] for a dense model). Start-up's warm-up runs one of each."""
+        if self.moe_backend is None:
+            return []
+        dtype = self.model.embed_tokens.weight.dtype
+        return sorted({
+            t for layer in self.model.layers
+            for t in self.moe_backend.warmup_token_counts(layer.mlp, dtype, max_tokens)
+        })  # fmt: skip
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         return gather_vocab(ops.logits(hidden, weight), self.tp, self.config.vocab_size)

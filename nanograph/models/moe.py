@@ -48,6 +48,11 @@ class MoEBackend(ABC):
     def forward(self, layer: MoE, x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         """x [T, H] and its router logits [T, E] -> the layer's output [T, H]."""
 
+    def warmup_token_counts(self, layer: MoE, dtype: torch.dtype, max_tokens: int) -> list[int]:
+        """Token counts of forwards (up to ``max_tokens``) that together compile every kernel
+        variant this backend's experts can launch; [] when it compiles none."""
+        return []
+
 
 class TritonMoE(MoEBackend):
     name = "triton"
@@ -64,6 +69,12 @@ class TritonMoE(MoEBackend):
         """``stream += experts(x)`` for a one-row ``x`` (the fused decode's residual stream,
         added by the down projection's kernel: no separate add)."""
         self._experts(layer, x, logits, stream, accumulate=True)
+
+    def warmup_token_counts(self, layer: MoE, dtype: torch.dtype, max_tokens: int) -> list[int]:
+        from nanograph.kernels import moe as kernels  # imports triton: only when used
+
+        return kernels.tile_token_counts(layer.w13, layer.w13_scales, layer.top_k, dtype,
+                                         max_tokens)  # fmt: skip
 
     @staticmethod
     def _experts(

@@ -7,8 +7,11 @@ time it sees one. Left to the first requests, a fresh machine paid seconds (bf16
 (``do_not_specialize``), so what remains is the finite set of configurations the attention
 backend reports; each is launched once through the model's own eager forward (so each variant
 is compiled with the very arguments a request passes), and the same forwards compile the fused
-norm, rope and GEMV kernels. Compiled kernels land in Triton's disk cache, so later start-ups
-on the same machine load them instead of compiling.
+norm, rope and GEMV kernels. A model whose kernels pick their launch configuration from the
+token count (the triton MoE's tiles) names the token counts that reach each
+(``CausalLM.warmup_token_counts``), and a plain forward of each runs too. Compiled kernels
+land in Triton's disk cache, so later start-ups on the same machine load them instead of
+compiling.
 
 On CUDA, ``compile_kernels`` first compiles every variant at once, right after the weights
 load: the same forwards, with the attention launches only submitting their compiles to a
@@ -42,11 +45,14 @@ logger = logging.getLogger("nanograph")
 MAX_COMPILE_THREADS = 16
 
 
-def compile_kernels(runner: ModelRunner, page_size: int, progress: bool = False) -> float:
+def compile_kernels(
+    runner: ModelRunner, page_size: int, max_tokens: int, progress: bool = False
+) -> float:
     """Compiles every kernel variant the warm-up launches, the attention variants in parallel;
-    returns the seconds it took. CUDA only: the forwards run, with attention outputs zeroed."""
+    returns the seconds it took. CUDA only: the forwards run, with attention outputs zeroed.
+    ``max_tokens``: the most tokens a forward can hold (chunked prefill's budget)."""
     start = time.perf_counter()
-    variants = _variants(runner)
+    variants = _variants(runner, max_tokens)
     workers = max(1, min(MAX_COMPILE_THREADS, os.cpu_count() or 1, len(variants)))
     with parallel_compiles(workers) as compiles:
         if compiles is None:
@@ -68,11 +74,14 @@ def compile_kernels(runner: ModelRunner, page_size: int, progress: bool = False)
     return seconds
 
 
-def warm_up_kernels(runner: ModelRunner, page_size: int, progress: bool = False) -> float:
+def warm_up_kernels(
+    runner: ModelRunner, page_size: int, max_tokens: int, progress: bool = False
+) -> float:
     """Runs one eager forward (its logits and their argmax) per attention launch variant, plus
-    a plain batch-1 decode and 2-token forward; returns the seconds it took."""
+    a plain batch-1 decode and 2-token forward and the model's own token counts; returns the
+    seconds it took."""
     start = time.perf_counter()
-    variants = _variants(runner)
+    variants = _variants(runner, max_tokens)
     if progress:
         from tqdm import tqdm
 
@@ -85,13 +94,15 @@ def warm_up_kernels(runner: ModelRunner, page_size: int, progress: bool = False)
     return time.perf_counter() - start
 
 
-def _variants(runner: ModelRunner) -> list[tuple[int, contextlib.AbstractContextManager]]:
+def _variants(
+    runner: ModelRunner, max_tokens: int
+) -> list[tuple[int, contextlib.AbstractContextManager]]:
     """(query tokens, a context selecting the launch) per attention variant, each in the
     unfused forward (a one-token forced launch stands for the decode of many rows, which is
-    never fused), a plain batch-1 decode (the fused layer where it applies) and a plain
-    2-token forward (the few-row products a verify or a small decode batch reaches, with the
-    norms taken in where the fused few-row layer applies: one variant per product shape for 2
-    to FEW_ROWS rows)."""
+    never fused), a plain batch-1 decode (the fused layer where it applies), a plain 2-token
+    forward (the few-row products a verify or a small decode batch reaches, with the norms
+    taken in where the fused few-row layer applies: one variant per product shape for 2 to
+    FEW_ROWS rows) and a plain forward of each further token count the model names."""
     config = runner.model.config
     dtype = runner.model.model.embed_tokens.weight.dtype
     variants = runner.attention.launch_variants(
@@ -99,7 +110,9 @@ def _variants(runner: ModelRunner) -> list[tuple[int, contextlib.AbstractContext
         dtype,
     )  # fmt: skip
     plain = contextlib.nullcontext()
-    return [(1, plain), (2, plain), *((t, _unfused(c)) for t, c in variants)]
+    counts = [t for t in runner.model.warmup_token_counts(max_tokens) if t > 2]
+    return [(1, plain), (2, plain), *((t, plain) for t in counts),
+            *((t, _unfused(c)) for t, c in variants)]  # fmt: skip
 
 
 @contextlib.contextmanager

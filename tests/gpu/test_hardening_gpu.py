@@ -78,6 +78,45 @@ def test_no_kernel_compiles_on_a_request_path(tiny_model_dir, dtype, graphs):
         assert not late, f"{n} prompts of {lo}-{hi} tokens compiled on a request path: {late}"
 
 
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3_moe"])
+def test_nothing_compiles_inside_a_capture_or_after_start_up(tmp_path, monkeypatch, arch):
+    """Start-up compiles every variant ahead, so no graph capture compiles a kernel or loads
+    one from Triton's disk cache (a compile inside a capture is start-up time spent serially,
+    and under background capture it is a request's wait), and nor do requests. The MoE model
+    (6 experts, top 4) runs the triton experts, whose tiles follow the token count: its
+    prefill shapes reach all four sorted row blocks (16 up to 24 tokens, 32 up to 96, 64 up
+    to 191, 128 from 192; kernels.moe.choose_tiles), of which attention's warm-up variants and
+    the activation peak's chunk alone miss the 64-row block."""
+    from conftest import make_hf_model
+
+    from nanograph import LLM, SamplingParams
+    from nanograph.bench.compiles import triton_compiles
+    from nanograph.runners import graph_runner
+
+    overrides = {"num_experts_per_tok": 4} if arch == "qwen3_moe" else {}
+    make_hf_model(arch, **overrides).save_pretrained(tmp_path)
+    inside: list[str] = []
+    capture_one = graph_runner.GraphRunner._capture_one
+
+    def watched(self, shape):
+        with triton_compiles() as log:
+            result = capture_one(self, shape)
+        assert log.available
+        inside.extend(f"{e.kernel} in {self.path} {shape}" for e in log.events)
+        return result
+
+    monkeypatch.setattr(graph_runner.GraphRunner, "_capture_one", watched)
+    llm = LLM(str(tmp_path), dtype="bfloat16", chunked_prefill_size=256, max_num_seqs=8,
+              cuda_graph_max_bs=8, prefill_graph_tokens=(16, 64, 128, 160, 256), progress=False,
+              cuda_graph_capture="startup")  # fmt: skip
+    assert not inside, f"compiled or loaded inside captures: {inside}"
+    params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    with triton_compiles() as log:
+        for n, (lo, hi) in [(1, (100, 101)), (3, (2, 40)), (2, (150, 200)), (8, (1, 8))]:
+            assert all(o.ok for o in llm.generate(prompts(n, seed=n + lo, lo=lo, hi=hi), params))
+    assert not [e.kernel for e in log.events], "compiled or loaded on a request path"
+
+
 _COLD_START = """
 import json, sys, time
 from nanograph import LLM, SamplingParams
