@@ -38,7 +38,7 @@ case $stage in
     timeout 200 python3 -m pytest -q -p no:cacheprovider -x "$T[qwen3_moe]" > "$out/without.log" 2>&1
     cp /tmp/warmup.py.kept nanograph/runners/warmup.py
     grep -E "passed|failed|inside captures" "$out/without.log" | cut -c1-600 | tail -3
-    timeout 300 python3 docs/wip/capture_compiles_probe.py > "$out/compiles.log" 2>&1
+    timeout "${PROBE_S:-300}" python3 docs/wip/capture_compiles_probe.py > "$out/compiles.log" 2>&1
     grep -v Warning "$out/compiles.log" | cut -c1-300 | tail -12 ;;
   compiles)
     timeout 560 python3 docs/wip/capture_compiles_probe.py > "$out/compiles.log" 2>&1
