@@ -30,7 +30,7 @@ case $stage in
       > "$out/moe.log" 2>&1 &
     timeout 400 python3 -m pytest -q -p no:cacheprovider -rfE tests/gpu/test_hardening_gpu.py \
       tests/gpu/test_graph_memory.py > "$out/hardening.log" 2>&1
-    wait; tail -3 "$out/moe.log" "$out/hardening.log"
+    wait; tail -n 3 "$out/moe.log" "$out/hardening.log"
     # the same test without the warm-up's MoE forwards: it should fail, naming the 64-row block
     # (the device's .git is stale: restore the file from a copy, never from git)
     cp nanograph/runners/warmup.py /tmp/warmup.py.kept
