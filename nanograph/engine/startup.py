@@ -330,8 +330,10 @@ class Startup:
         )
 
     def _largest_forward(self) -> int:
-        """The most tokens one forward holds: a chunk, within the context (one token left for
-        the answer)."""
+        """The most tokens one request puts into a forward: a chunk, within the context (one
+        token left for the answer). The activation peak is measured there and the warm-up's
+        forwards stay within it (one request over the scratch page); a forward of several
+        requests can hold a whole chunk when the context is shorter."""
         return min(self.config.chunked_prefill_size, self.max_model_len - 1)
 
     def _measure_activation_peak(self, scratch: KVCache) -> int:

@@ -50,7 +50,7 @@ def compile_kernels(
 ) -> float:
     """Compiles every kernel variant the warm-up launches, the attention variants in parallel;
     returns the seconds it took. CUDA only: the forwards run, with attention outputs zeroed.
-    ``max_tokens``: the most tokens a forward can hold (chunked prefill's budget)."""
+    ``max_tokens``: the most tokens of one request's forward (a chunk, within the context)."""
     start = time.perf_counter()
     variants = _variants(runner, max_tokens)
     workers = max(1, min(MAX_COMPILE_THREADS, os.cpu_count() or 1, len(variants)))
