@@ -169,12 +169,13 @@ def test_warm_up_launches_every_forced_variant_unfused(monkeypatch):
     runner = SimpleNamespace(
         attention=backend, device=torch.device("cpu"),
         model=SimpleNamespace(config=config, model=SimpleNamespace(embed_tokens=embed),
-                              warmup_token_counts=lambda largest: [1, 9, 40, 400]),
+                              warmup_token_counts=lambda largest: [
+                                  t for t in (1, 9, 40, 400) if t <= largest]),
     )  # fmt: skip
     row = torch.zeros(1, 8)
     monkeypatch.setattr(ops, "_FUSED_DECODE", "always")
     fused = []
-    for tokens, selected in warmup._variants(runner, 256):
+    for tokens, selected in warmup._variants(runner, warmup.ForwardLimits(16, 256, 256)):
         with selected:
             fused.append((tokens, ops.fused_decode_applies(row)))
             other: list[bool] = []
@@ -185,8 +186,10 @@ def test_warm_up_launches_every_forced_variant_unfused(monkeypatch):
             thread.join()
             assert other == [True]
     # the model's own counts (its MoE tile regimes) as plain forwards, past the 1 and 2 above
-    assert fused == [(1, True), (2, True), (9, True), (40, True), (400, True), (1, False),
-                     (65, False)]  # fmt: skip
+    assert fused == [(1, True), (2, True), (9, True), (40, True), (1, False), (65, False)]
+    # a 65-token query cannot come from a 64-token context: that variant is never launched
+    short = warmup._variants(runner, warmup.ForwardLimits(16, 256, 64))
+    assert [t for t, _ in short] == [1, 2, 9, 40, 1]
 
 
 def test_scratch_batches_sample_every_row_of_a_few_row_forward():
@@ -194,9 +197,28 @@ def test_scratch_batches_sample_every_row_of_a_few_row_forward():
     forwards of up to FEW_ROWS tokens sample every row so that variant compiles there; longer
     ones sample their last row only."""
     from nanograph.layers import ops
-    from nanograph.runners.warmup import scratch_batch
+    from nanograph.runners.warmup import ForwardLimits, scratch_batch
 
-    assert scratch_batch(2, 4).sample_rows == [0, 1]
-    assert scratch_batch(ops.FEW_ROWS, 4).sample_rows == list(range(ops.FEW_ROWS))
-    assert scratch_batch(ops.FEW_ROWS + 1, 4).sample_rows == [ops.FEW_ROWS]
-    assert scratch_batch(1, 4).sample_rows == [0]
+    limits = ForwardLimits(page_size=4, max_tokens=64, max_query=64)
+    assert scratch_batch(2, limits).sample_rows == [0, 1]
+    assert scratch_batch(ops.FEW_ROWS, limits).sample_rows == list(range(ops.FEW_ROWS))
+    assert scratch_batch(ops.FEW_ROWS + 1, limits).sample_rows == [ops.FEW_ROWS]
+    assert scratch_batch(1, limits).sample_rows == [0]
+
+
+def test_a_scratch_forward_longer_than_the_context_holds_several_requests():
+    """With a context shorter than the chunk, a forward of a whole chunk holds several
+    requests (the scheduler fills a chunk from any number of them): the scratch forwards of
+    the warm-up and of the memory plan's activation peak take that shape, each request as
+    long as the context allows, positions within it, and each request's last row sampled."""
+    from nanograph.runners.warmup import ForwardLimits, scratch_batch
+
+    limits = ForwardLimits(page_size=4, max_tokens=25, max_query=10)
+    batch = scratch_batch(25, limits)
+    assert batch.query_lens == batch.seq_lens == [10, 10, 5]
+    assert batch.positions == [*range(10), *range(10), *range(5)]
+    assert batch.sample_rows == [9, 19, 24]
+    assert [len(t) for t in batch.page_tables] == [3, 3, 2]
+    assert batch.slot_mapping == [-1] * 25  # no KV written
+    one = scratch_batch(10, limits)
+    assert one.query_lens == [10] and one.sample_rows == [9]

@@ -33,7 +33,6 @@ from nanograph.engine.memory import MemoryReport
 from nanograph.engine.speculative import load_draft_model
 from nanograph.models import build_model, get_moe_backend
 from nanograph.runners.decode_runner import DecodeRunner, DraftRunner
-from nanograph.runners.forward_batch import ForwardBatch
 from nanograph.runners.graph_budget import GraphBudget
 from nanograph.runners.graph_runner import GraphRunner
 from nanograph.runners.live_capture import LiveCapture
@@ -49,7 +48,12 @@ from nanograph.runners.shapes import (
     verify_shapes,
 )
 from nanograph.runners.verify_runner import DraftExtendRunner, VerifyRunner
-from nanograph.runners.warmup import compile_kernels, warm_up_kernels
+from nanograph.runners.warmup import (
+    ForwardLimits,
+    compile_kernels,
+    scratch_batch,
+    warm_up_kernels,
+)
 
 logger = logging.getLogger("nanograph")
 
@@ -244,7 +248,7 @@ class Startup:
                         pool = scratch[draft]
                         compile_kernels(
                             ModelRunner(model, self.attention, pool.k, pool.v, self.device),
-                            self.config.page_size, self._largest_forward(), self.config.progress,
+                            self._forward_limits(), self.config.progress,
                         )  # fmt: skip
                         del pool
             with self._phase("memory_plan"):
@@ -293,8 +297,7 @@ class Startup:
                 if model is not None:
                     with self._phase("kernel_warmup"):
                         eager = ModelRunner(model, self.attention, pool.k, pool.v, self.device)
-                        warm_up_kernels(eager, self.config.page_size, self._largest_forward(),
-                                        self.config.progress)  # fmt: skip
+                        warm_up_kernels(eager, self._forward_limits(), self.config.progress)
         return kv, runner
 
     def _measure_graph_reserve(self, scratch: dict[bool, KVCache]) -> None:
@@ -325,26 +328,22 @@ class Startup:
         return GraphBudget.planned(
             {path: max(self._shapes(path)).num_tokens for path in self.graph_backends},
             self.memory.activation_peak,
-            self._largest_forward(),  # as measured
+            self.config.chunked_prefill_size,  # as measured
             limit,
         )
 
-    def _largest_forward(self) -> int:
-        """The most tokens one request puts into a forward: a chunk, within the context (one
-        token left for the answer). The activation peak is measured there and the warm-up's
-        forwards stay within it (one request over the scratch page); a forward of several
-        requests can hold a whole chunk when the context is shorter."""
-        return min(self.config.chunked_prefill_size, self.max_model_len - 1)
+    def _forward_limits(self) -> ForwardLimits:
+        """A forward holds up to a chunk of tokens; a request puts at most a chunk, within the
+        context (one token left for the answer), into one. With a context shorter than the
+        chunk a forward of several requests holds the whole chunk."""
+        chunk = self.config.chunked_prefill_size
+        return ForwardLimits(self.config.page_size, chunk, min(chunk, self.max_model_len - 1))
 
     def _measure_activation_peak(self, scratch: KVCache) -> int:
-        """Allocator peak of one eager forward at chunked_prefill_size tokens, above baseline."""
-        n = self._largest_forward()
-        page = self.config.page_size
-        batch = ForwardBatch(
-            input_ids=[0] * n, positions=list(range(n)), seq_lens=[n], query_lens=[n],
-            page_tables=[[0] * ceil_div(n, page)], slot_mapping=[-1] * n, sample_rows=[n - 1],
-            page_size=page,
-        )  # fmt: skip
+        """Allocator peak of one eager forward of chunked_prefill_size tokens (requests as long
+        as the context allows), above baseline."""
+        limits = self._forward_limits()
+        batch = scratch_batch(limits.max_tokens, limits)
         runner = ModelRunner(self.model, self.attention, scratch.k, scratch.v, self.device)
         torch.cuda.synchronize(self.device)
         base = torch.cuda.memory_allocated(self.device)

@@ -25,11 +25,13 @@ Invariant: the warm-up reads only the scratch page 0 and writes no KV (every slo
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 import time
 from collections.abc import Iterator
 from concurrent.futures import as_completed
+from dataclasses import dataclass
 
 import torch
 
@@ -45,21 +47,28 @@ logger = logging.getLogger("nanograph")
 MAX_COMPILE_THREADS = 16
 
 
-def compile_kernels(
-    runner: ModelRunner, page_size: int, max_tokens: int, progress: bool = False
-) -> float:
+@dataclass(frozen=True)
+class ForwardLimits:
+    """The shapes a forward can take: what the warm-up and the memory plan's scratch forwards
+    cover."""
+
+    page_size: int
+    max_tokens: int  # tokens in one forward: the chunk (chunked_prefill_size)
+    max_query: int  # tokens one request puts into a forward: a chunk, within the context
+
+
+def compile_kernels(runner: ModelRunner, limits: ForwardLimits, progress: bool = False) -> float:
     """Compiles every kernel variant the warm-up launches, the attention variants in parallel;
-    returns the seconds it took. CUDA only: the forwards run, with attention outputs zeroed.
-    ``max_tokens``: the most tokens of one request's forward (a chunk, within the context)."""
+    returns the seconds it took. CUDA only: the forwards run, with attention outputs zeroed."""
     start = time.perf_counter()
-    variants = _variants(runner, max_tokens)
+    variants = _variants(runner, limits)
     workers = max(1, min(MAX_COMPILE_THREADS, os.cpu_count() or 1, len(variants)))
     with parallel_compiles(workers) as compiles:
         if compiles is None:
             return 0.0  # warm_up_kernels compiles them, one after another
         for tokens, selected in variants:
             with selected:
-                ops.argmax(runner.forward(scratch_batch(tokens, page_size)))  # greedy's pick
+                ops.argmax(runner.forward(scratch_batch(tokens, limits)))  # greedy's pick
         if progress and compiles:
             from tqdm import tqdm
 
@@ -74,35 +83,35 @@ def compile_kernels(
     return seconds
 
 
-def warm_up_kernels(
-    runner: ModelRunner, page_size: int, max_tokens: int, progress: bool = False
-) -> float:
+def warm_up_kernels(runner: ModelRunner, limits: ForwardLimits, progress: bool = False) -> float:
     """Runs one eager forward (its logits and their argmax) per attention launch variant, plus
     a plain batch-1 decode and 2-token forward and the model's own token counts; returns the
     seconds it took."""
     start = time.perf_counter()
-    variants = _variants(runner, max_tokens)
+    variants = _variants(runner, limits)
     if progress:
         from tqdm import tqdm
 
         variants = tqdm(variants, desc="compiling kernels", unit="variant", leave=False)
     for tokens, selected in variants:
         with selected:
-            ops.argmax(runner.forward(scratch_batch(tokens, page_size)))  # greedy's pick
+            ops.argmax(runner.forward(scratch_batch(tokens, limits)))  # greedy's pick
     if runner.device.type == "cuda":
         torch.cuda.synchronize(runner.device)
     return time.perf_counter() - start
 
 
 def _variants(
-    runner: ModelRunner, max_tokens: int
+    runner: ModelRunner, limits: ForwardLimits
 ) -> list[tuple[int, contextlib.AbstractContextManager]]:
     """(query tokens, a context selecting the launch) per attention variant, each in the
     unfused forward (a one-token forced launch stands for the decode of many rows, which is
     never fused), a plain batch-1 decode (the fused layer where it applies), a plain 2-token
     forward (the few-row products a verify or a small decode batch reaches, with the norms
     taken in where the fused few-row layer applies: one variant per product shape for 2 to
-    FEW_ROWS rows) and a plain forward of each further token count the model names."""
+    FEW_ROWS rows) and a plain forward of each further token count the model names, up to a
+    chunk. An attention variant for a longer query than a request can put into a forward
+    (``max_query``: a context shorter than its query length) is never launched, and left out."""
     config = runner.model.config
     dtype = runner.model.model.embed_tokens.weight.dtype
     variants = runner.attention.launch_variants(
@@ -110,9 +119,9 @@ def _variants(
         dtype,
     )  # fmt: skip
     plain = contextlib.nullcontext()
-    counts = [t for t in runner.model.warmup_token_counts(max_tokens) if t > 2]
+    counts = [t for t in runner.model.warmup_token_counts(limits.max_tokens) if t > 2]
     return [(1, plain), (2, plain), *((t, plain) for t in counts),
-            *((t, _unfused(c)) for t, c in variants)]  # fmt: skip
+            *((t, _unfused(c)) for t, c in variants if t <= limits.max_query)]  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -121,13 +130,17 @@ def _unfused(selected: contextlib.AbstractContextManager) -> Iterator[None]:
         yield
 
 
-def scratch_batch(tokens: int, page_size: int) -> ForwardBatch:
-    """One request of ``tokens`` tokens over the scratch page, writing no KV. A few tokens'
-    logits are all computed (the LM head's few-row product, as a verify's), a longer
-    request's last only."""
-    sample_rows = list(range(tokens)) if tokens <= ops.FEW_ROWS else [tokens - 1]
+def scratch_batch(tokens: int, limits: ForwardLimits) -> ForwardBatch:
+    """A forward of ``tokens`` tokens over the scratch page, writing no KV: one request, or as
+    many of ``max_query`` tokens (and a shorter last) as a forward of more tokens than one
+    request can hold takes. A few tokens' logits are all computed (the LM head's few-row
+    product, as a verify's), otherwise each request's last token's, as a prefill samples."""
+    lengths = [min(limits.max_query, tokens - s) for s in range(0, tokens, limits.max_query)]
+    ends = list(itertools.accumulate(lengths))
+    sample_rows = list(range(tokens)) if tokens <= ops.FEW_ROWS else [e - 1 for e in ends]
     return ForwardBatch(
-        input_ids=[0] * tokens, positions=list(range(tokens)), seq_lens=[tokens],
-        query_lens=[tokens], page_tables=[[0] * ceil_div(tokens, page_size)],
-        slot_mapping=[-1] * tokens, sample_rows=sample_rows, page_size=page_size,
+        input_ids=[0] * tokens, positions=[p for n in lengths for p in range(n)],
+        seq_lens=lengths, query_lens=lengths,
+        page_tables=[[0] * ceil_div(n, limits.page_size) for n in lengths],
+        slot_mapping=[-1] * tokens, sample_rows=sample_rows, page_size=limits.page_size,
     )  # fmt: skip
