@@ -117,6 +117,34 @@ def test_nothing_compiles_inside_a_capture_or_after_start_up(tmp_path, monkeypat
     assert not [e.kernel for e in log.events], "compiled or loaded on a request path"
 
 
+def test_activation_peak_covers_a_chunk_of_context_long_requests(small_qwen3):
+    """With a context shorter than the chunk the scheduler still fills a forward with a
+    chunk's tokens from several requests, so the memory plan's activation peak is such a
+    forward's (about one chunk-long request's), not one context-long request's (what it
+    measured before stop 62: a quarter of it here)."""
+    import gc
+
+    from nanograph import LLM
+
+    path = small_qwen3("peak")
+    common = dict(dtype="bfloat16", decode_cuda_graph="none", prefill_cuda_graph="none",
+                  progress=False)  # fmt: skip
+    peaks = {}
+    for name, flags in {
+        "short context": dict(max_model_len=128, chunked_prefill_size=512),
+        "long context": dict(chunked_prefill_size=512),
+        "one context-long request": dict(max_model_len=128, chunked_prefill_size=127),
+    }.items():  # fmt: skip
+        llm = LLM(path, **common, **flags)
+        peaks[name] = llm.engine.memory.activation_peak
+        del llm
+        gc.collect()
+        torch.cuda.empty_cache()
+    print(peaks)
+    assert peaks["short context"] >= 0.9 * peaks["long context"]
+    assert peaks["one context-long request"] < 0.5 * peaks["long context"]
+
+
 _COLD_START = """
 import json, sys, time
 from nanograph import LLM, SamplingParams
