@@ -121,7 +121,8 @@ def test_activation_peak_covers_a_chunk_of_context_long_requests(small_qwen3):
     """With a context shorter than the chunk the scheduler still fills a forward with a
     chunk's tokens from several requests, so the memory plan's activation peak is such a
     forward's (about one chunk-long request's), not one context-long request's (what it
-    measured before stop 62: a quarter of it here)."""
+    measured before stop 62: an eighth of the tokens here; the bounds leave room for what
+    does not scale with the tokens, and for attention over 9 requests against one)."""
     import gc
 
     from nanograph import LLM
@@ -131,8 +132,8 @@ def test_activation_peak_covers_a_chunk_of_context_long_requests(small_qwen3):
                   progress=False)  # fmt: skip
     peaks = {}
     for name, flags in {
-        "short context": dict(max_model_len=128, chunked_prefill_size=512),
-        "long context": dict(chunked_prefill_size=512),
+        "short context": dict(max_model_len=128, chunked_prefill_size=1024),
+        "long context": dict(chunked_prefill_size=1024),
         "one context-long request": dict(max_model_len=128, chunked_prefill_size=127),
     }.items():  # fmt: skip
         llm = LLM(path, **common, **flags)
@@ -141,8 +142,8 @@ def test_activation_peak_covers_a_chunk_of_context_long_requests(small_qwen3):
         gc.collect()
         torch.cuda.empty_cache()
     print(peaks)
-    assert peaks["short context"] >= 0.9 * peaks["long context"]
-    assert peaks["one context-long request"] < 0.5 * peaks["long context"]
+    assert peaks["short context"] >= 0.75 * peaks["long context"], peaks
+    assert peaks["one context-long request"] < 0.5 * peaks["long context"], peaks
 
 
 _COLD_START = """
