@@ -110,8 +110,8 @@ def _variants(
     forward (the few-row products a verify or a small decode batch reaches, with the norms
     taken in where the fused few-row layer applies: one variant per product shape for 2 to
     FEW_ROWS rows) and a plain forward of each further token count the model names, up to a
-    chunk. An attention variant for a longer query than a request can put into a forward
-    (``max_query``: a context shorter than its query length) is never launched, and left out."""
+    chunk. An attention variant whose launching query is longer than any request's can be
+    (``max_query``) is chosen only for such queries: it is never launched, and left out."""
     config = runner.model.config
     dtype = runner.model.model.embed_tokens.weight.dtype
     variants = runner.attention.launch_variants(
