@@ -5,6 +5,7 @@
 #   bash docs/wip/stop62_calls.sh compiles $OUT/c  # ~5 min: Triton compiles inside captures
 #   bash docs/wip/stop62_calls.sh warmup $OUT/w    # ~8 min: the MoE tile regimes compiled ahead
 #   bash docs/wip/stop62_calls.sh moe_startup $OUT/m  # ~8 min: moe_compile_ahead.patch, cold
+#   bash docs/wip/stop62_calls.sh moe_patch_tests $OUT/q  # ~5 min: its GPU tests
 # PREDICTED for aims (H200; last H200 figures are stop 43's, 42c35b5): qwen3-8b batch 1
 # 232.4 -> ~236 tok/s (bd9bd52's +1.6% on H100s; issue 18's aim 240), qwen3-0.6b batch 1
 # 1,196 -> ~1,300 (aim 2,000); qwen3-30b-a3b batch 1 391.5 (56.5%) -> ~398 tok/s (57.5%;
@@ -46,14 +47,20 @@ case $stage in
     # ~10 MoE variants compiled on the pool's threads beside attention's instead of one by
     # one in the pass's forwards); warm level; 0 compiles after ready in both.
     arm() {
-      timeout 230 python3 -m nanograph bench startup --model gpt-oss-20b --load-format dummy \
+      timeout 270 python3 -m nanograph bench startup --model gpt-oss-20b --load-format dummy \
         --dtypes bfloat16 --graphs auto --out "$out/startup_$1.json" > "$out/startup_$1.log" 2>&1
       echo "== $1"; grep -v -i "warn\|^INFO" "$out/startup_$1.log" | tail -6
     }
     arm main
     git apply docs/wip/moe_compile_ahead.patch && arm patch
-    timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_moe_gpu.py -k "triton" \
-      > "$out/moe_patch.log" 2>&1; tail -n 1 "$out/moe_patch.log"
+    git apply -R docs/wip/moe_compile_ahead.patch ;;
+  moe_patch_tests)  # ~5 min: the GPU tests moe_compile_ahead.patch touches, with it applied
+    git apply docs/wip/moe_compile_ahead.patch
+    timeout 280 python3 -m pytest -q -p no:cacheprovider -rfE tests/gpu/test_moe_gpu.py \
+      > "$out/moe_patch.log" 2>&1 &
+    timeout 280 python3 -m pytest -q -p no:cacheprovider -rfE tests/gpu/test_hardening_gpu.py \
+      > "$out/hardening_patch.log" 2>&1
+    wait; tail -n 1 "$out/moe_patch.log" "$out/hardening_patch.log"
     git apply -R docs/wip/moe_compile_ahead.patch ;;
   compiles)
     timeout 560 python3 docs/wip/capture_compiles_probe.py > "$out/compiles.log" 2>&1
