@@ -348,6 +348,10 @@ def test_bench_spec_runs_on_cpu_and_records_its_cost_model(tiny_model_dir, tmp_p
         assert costs["draft_loop_over_k_drafter_steps"] > 0
         assert costs["draft_loop_over_k_drafter_steps_back_to_back"] > 0
         assert costs["draft_loop_one_token"] > 0
+        one = costs["draft_loop_one_token_over_k_drafter_steps_back_to_back"]
+        two = costs["draft_loop_over_k_drafter_steps_back_to_back"]
+        as_run = costs["draft_loop_as_run_over_k_drafter_steps_back_to_back"]
+        assert one > 0 and min(one, two) - 1e-9 <= as_run <= max(one, two) + 1e-9  # between
         assert 0 <= report["arms"][arm]["all_accepted_fraction"]["2"] <= 1
         assert "draft_capture_s" in report["arms"][arm]  # empty on CPU: nothing captured
     # the self-draft arm drafts with the target's own (same-seed) weights: nearly all accepted

@@ -19,13 +19,14 @@ device, t_loop(B), beside k plain decode steps of the drafter (aim: no more;
 ``draft_loop_over_k_drafter_steps``, and ``..._back_to_back``, the same ratio of device
 times: a synchronised step pays one host round trip, a synchronised loop one for k steps, so
 the first ratio is the lower). That loop catches up on 2 tokens, as after a verify that kept
-all k drafts; after one that kept fewer the catch-up is one token (``draft_loop_one_token``),
-and the model weighs the two by the fraction of verified requests that kept all their drafts
-(``all_accepted_fraction``). Predicted tokens/s = B x L / (t_verify + t_loop) (n-gram:
-t_loop = 0, its host step is not modelled), beside the measured one (aim: within 10%); where
-a fraction of the steps had
-no draft for any request (n-gram finding no match), those steps cost t_decode instead of
-t_verify (``verify_step_fraction``). Capture seconds of every runner, target and drafter.
+all k drafts; after one that kept fewer the catch-up is one token (``draft_loop_one_token``,
+``draft_loop_one_token_over_k_drafter_steps_back_to_back``), and the model weighs the two by
+the fraction of verified requests that kept all their drafts (``all_accepted_fraction``; in
+device time ``draft_loop_as_run_over_k_drafter_steps_back_to_back``). Predicted tokens/s =
+B x L / (t_verify + t_loop) (n-gram: t_loop = 0, its host step is not modelled), beside the
+measured one (aim: within 10%); where a fraction of the steps had no draft for any request
+(n-gram finding no match), those steps cost t_decode instead of t_verify
+(``verify_step_fraction``). Capture seconds of every runner, target and drafter.
 
 The measured span also holds what that steady-state model leaves out: a draft model's first
 proposal for a fresh batch catches up on every whole prompt (``DraftModelDrafter._catch_up``:
@@ -280,8 +281,17 @@ def measure_arm(args: argparse.Namespace, arm: str, batches: list[int]) -> dict:
             # per drafter step against one per loop, which favours the loop
             costs["draft_loop_over_k_drafter_steps_back_to_back"] = loop_gpu / (k * drafter_gpu)
             # after a verify that kept fewer than k drafts the catch-up is one token a request
-            costs["draft_loop_one_token"], _ = draft_loop_ms(
+            costs["draft_loop_one_token"], one_token_gpu = draft_loop_ms(
                 engine, batch, k, args.prompt_len, args.repeats * 4, catch_up=1
+            )
+            costs["draft_loop_one_token_over_k_drafter_steps_back_to_back"] = one_token_gpu / (
+                k * drafter_gpu
+            )
+            # the loop as this run's verifies called for it: the two catch-ups weighed by the
+            # fraction of requests that kept all their drafts
+            weighted_gpu = all_kept * loop_gpu + (1 - all_kept) * one_token_gpu
+            costs["draft_loop_as_run_over_k_drafter_steps_back_to_back"] = weighted_gpu / (
+                k * drafter_gpu
             )
             step_ms += (
                 all_kept * costs["draft_loop"] + (1 - all_kept) * costs["draft_loop_one_token"]
