@@ -6,6 +6,7 @@
 #   bash docs/wip/stop62_calls.sh warmup $OUT/w    # ~8 min: the MoE tile regimes compiled ahead
 #   bash docs/wip/stop62_calls.sh moe_startup $OUT/m  # ~8 min: moe_compile_ahead.patch, cold
 #   bash docs/wip/stop62_calls.sh moe_patch_tests $OUT/q  # ~5 min: its GPU tests
+#   bash docs/wip/stop62_calls.sh spec $OUT/s      # ~4 min: bench spec's draft-loop figures
 # PREDICTED for aims (H200; last H200 figures are stop 43's, 42c35b5): qwen3-8b batch 1
 # 232.4 -> ~236 tok/s (bd9bd52's +1.6% on H100s; issue 18's aim 240), qwen3-0.6b batch 1
 # 1,196 -> ~1,300 (aim 2,000); qwen3-30b-a3b batch 1 391.5 (56.5%) -> ~398 tok/s (57.5%;
@@ -62,6 +63,14 @@ case $stage in
       > "$out/hardening_patch.log" 2>&1
     wait; tail -n 1 "$out/moe_patch.log" "$out/hardening_patch.log"
     git apply -R docs/wip/moe_compile_ahead.patch ;;
+  spec)  # ~4 min: bench spec's loop figures, the one-token catch-up's and as run among them
+    # PREDICTED (H100, qwen3-8b target): two-token loop ~1.07x four drafter steps back to back
+    # (stop 61), one-token loop ~0.98x; draft:4 (dummy weights, nothing kept whole) as run =
+    # the one-token loop's, self:4 (every draft kept) = the two-token loop's.
+    timeout 500 python3 -m nanograph bench spec --target qwen3-8b --drafter qwen3-0.6b \
+      --arms off,draft:4,self:4 --batches 1 --new-tokens 64 --repeats 3 \
+      --out "$out/spec.json" > "$out/spec.log" 2>&1
+    grep -E "tok/s measured" "$out/spec.log" | cut -c1-900 ;;
   compiles)
     timeout 560 python3 docs/wip/capture_compiles_probe.py > "$out/compiles.log" 2>&1
     grep -v Warning "$out/compiles.log" | tail -40 ;;
