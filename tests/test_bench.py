@@ -286,9 +286,61 @@ def test_bench_prefill_frees_an_arms_engine_before_building_the_next(tiny_model_
     monkeypatch.setattr(prefill, "engine_for", engine_for)
     args = argparse.Namespace(arms=["eager", "eager"], load_format="auto", moe_backend="auto",
                               quantization=None, peer_lengths="", repeats=1,
-                              clock_period_ms=20)  # fmt: skip
+                              clock_period_ms=20, eager_beside=False)  # fmt: skip
     entry = prefill.measure_model(str(tiny_model_dir("llama")), args, [8])
     assert len(built) == 2 and entry["arms"]["eager"]["median_ms"]
+
+
+def test_bench_prefill_eager_beside_times_an_arms_engine_with_its_graphs_off(
+    tiny_model_dir, monkeypatch
+):
+    """--eager-beside: each non-eager arm's own engine also runs with its graphs off, one call
+    of each in turn, and the paired samples' ratios give the speedup. On CPU only the eager
+    arm runs, so here it stands in for a graph arm; its calls with graphs off are counted."""
+    import argparse
+
+    from nanograph.bench import prefill
+    from nanograph.runners.model_runner import ModelRunner
+
+    monkeypatch.setattr(prefill, "EAGER", "an arm this run does not have")
+    off = []
+    real_graphs_off = ModelRunner.graphs_off
+
+    def graphs_off(self):
+        off.append(self)
+        return real_graphs_off(self)
+
+    monkeypatch.setattr(ModelRunner, "graphs_off", graphs_off)
+    args = argparse.Namespace(arms=["eager"], load_format="auto", moe_backend="auto",
+                              quantization=None, peer_lengths="", repeats=3, clock_period_ms=0,
+                              eager_beside=True)  # fmt: skip
+    entry = prefill.measure_model(str(tiny_model_dir("llama")), args, [8, 12])
+    beside = entry["arms"]["eager"]["eager_beside"]
+    assert [len(beside["samples_ms"][n]) for n in (8, 12)] == [3, 3]
+    assert len(off) == 2 * (3 + 1)  # every sample and (one on CPU) warm-up call, both lengths
+    paired = entry["speedup_over_eager_beside"]["eager"]
+    assert set(paired) == {8, 12} and all(x > 0 for x in paired.values())
+    assert "eager on its own engine, paired" in prefill.speedup_table({"models": {"m": entry}})
+
+
+def test_graphs_off_runs_every_forward_eagerly_and_restores_the_runners():
+    """Inside ``graphs_off`` no graph runner is asked; after it, the runners are back."""
+    from types import SimpleNamespace
+
+    from nanograph.runners.model_runner import ModelRunner
+
+    runner = ModelRunner.__new__(ModelRunner)
+    graph = SimpleNamespace(path="prefill")
+    runner.graph_runners = {"prefill": graph}
+    with runner.graphs_off():
+        assert runner.graph_runners == {}
+    assert runner.graph_runners == {"prefill": graph}
+    try:
+        with runner.graphs_off():
+            raise RuntimeError("a failed forward")
+    except RuntimeError:
+        pass
+    assert runner.graph_runners == {"prefill": graph}
 
 
 def test_bench_coverage_frees_each_engine_before_building_the_next(monkeypatch, tmp_path):

@@ -16,6 +16,12 @@ and with ``--clock-period-ms N`` on a GPU the SM clock and power draw while the 
 That sampler is off by default because its ``nvidia-smi`` queries slow the host-bound arms: on
 an H100 (stop 53) breakable took 9.16 ms at 256 tokens with it every 20 ms and 6.06 without,
 eager 29.5 against 24.9; full graphs were unaffected (2.29, 2.35).
+
+Each arm is its own engine, measured after the one before, so a host whose speed drifts
+between arms (stop 62: one machine's breakable samples fell in runs ~1.5x apart) moves the
+ratio of two arms. ``--eager-beside`` also times each graph arm's own engine with its graphs
+off (``ModelRunner.graphs_off``), one call of each in turn: ``eager_beside`` in the arm's
+results and ``speedup_over_eager_beside``, the median of the paired samples' ratios.
 """
 
 from __future__ import annotations
@@ -51,6 +57,7 @@ from nanograph.bench.common import (
 
 PEER = "transformers"
 PEER_ATTENTION = "sdpa"  # flash_attention_2 would need the flash-attn package
+BESIDE = "eager beside"  # a graph arm's own engine with its graphs off (--eager-beside)
 
 
 def engine_for(model: str, arm: str, lengths: list[int], load_format: str = "dummy", **extra):
@@ -85,6 +92,17 @@ def engine_call(llm) -> Callable[[list[int]], object]:
 
     params = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
     return lambda prompt: generate(llm, [prompt], params)
+
+
+def eager_call(llm) -> Callable[[list[int]], object]:
+    """``engine_call`` with the engine's graphs off for the call."""
+    call = engine_call(llm)
+
+    def eager(prompt: list[int]) -> object:
+        with llm.engine.runner.graphs_off():
+            return call(prompt)
+
+    return eager
 
 
 def build_peer(config, dtype: torch.dtype, hf_state: dict) -> tuple[dict, Callable]:
@@ -160,6 +178,9 @@ def measure_model(model: str, args: argparse.Namespace, lengths: list[int]) -> d
         result = entry["arms"][arm] = {"build_s": build_seconds(llm), "tensor_parallel_size": tp,
                                        "load_s": llm.engine.load_seconds}  # fmt: skip
         calls, results, arm_lengths = {arm: engine_call(llm)}, {arm: result}, {arm: lengths}
+        if args.eager_beside and arm != EAGER:  # the same engine, graphs off, in turn
+            calls[BESIDE], arm_lengths[BESIDE] = eager_call(llm), lengths
+            results[BESIDE] = result["eager_beside"] = {}
         if beside and tp == 1:  # the peer takes the whole model's weights
             entry["peer"], calls[PEER] = build_peer(config, dtype, llm.engine.model.hf_state_dict())
             results[PEER], arm_lengths[PEER], beside = entry["peer"], peer_lengths, False
@@ -167,6 +188,13 @@ def measure_model(model: str, args: argparse.Namespace, lengths: list[int]) -> d
                 args.clock_period_ms)  # fmt: skip
         medians = result["median_ms"].items()
         print(f"{model} {arm}: " + ", ".join(f"{n}={ms:.2f}ms" for n, ms in medians))
+        if BESIDE in results:
+            paired = entry.setdefault("speedup_over_eager_beside", {})[arm] = {
+                n: median([e / g for e, g in zip(results[BESIDE]["samples_ms"][n], samples)])
+                for n, samples in result["samples_ms"].items()
+            }  # fmt: skip
+            print(f"{model} {arm} over eager on its engine, paired: "
+                  + ", ".join(f"{n}={x:.2f}x" for n, x in paired.items()))  # fmt: skip
         for n, gpu in result.get("gpu", {}).items():
             print(
                 f"  {n}: SM clock {gpu['sm_mhz']:.0f} MHz, {gpu['power_w']:.0f} W, at the "
@@ -226,6 +254,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="record the SM clock and power while the samples run, from nvidia-smi every N ms "
         "(e.g. 20; its queries slow host-bound arms) [0: off]",
     )  # fmt: skip
+    parser.add_argument(
+        "--eager-beside", action="store_true",
+        help="also time each graph arm's engine with its graphs off, alternating with the arm "
+        "(a ratio that host drift between arms cannot move)",
+    )  # fmt: skip
     parser.add_argument("--out", default=default_out("prefill.json"))
     args = parser.parse_args(argv)
     cuda = torch.cuda.is_available()
@@ -271,7 +304,11 @@ def ratios(arms: dict, baseline: dict[int, float]) -> dict[str, dict[int, float]
 def speedup_table(report: dict) -> str:
     lines = []
     for model, entry in report["models"].items():
-        for key, what in (("speedup_over_eager", "eager"), ("speedup_over_peer", "transformers")):
+        for key, what in (
+            ("speedup_over_eager", "eager"),
+            ("speedup_over_peer", "transformers"),
+            ("speedup_over_eager_beside", "eager on its own engine, paired"),
+        ):
             lines.append(f"{model}: speedup over {what} (latency ms)")
             for arm, per_length in entry.get(key, {}).items():
                 cells = "  ".join(

@@ -10,6 +10,9 @@ how many ran eagerly (the server's metrics).
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 
 from nanograph.attention.base import AttentionBackend
@@ -52,6 +55,17 @@ class ModelRunner:
             hidden = self.eager_forward(batch, in_flight)
         rows = torch.tensor(batch.sample_rows, dtype=torch.long).to(self.device, non_blocking=True)
         return self.model.compute_logits(hidden[rows])
+
+    @contextlib.contextmanager
+    def graphs_off(self) -> Iterator[None]:
+        """Every forward inside runs eagerly, whatever graphs the runner holds: a bench times
+        a graph backend and eager on one engine, alternating, so both see the same host at the
+        same moment (``bench prefill --eager-beside``)."""
+        held, self.graph_runners = self.graph_runners, {}
+        try:
+            yield
+        finally:
+            self.graph_runners = held
 
     def forward_counts(self) -> dict[str, dict[str, int]]:
         """Per path ("decode", "prefill", ...): forwards that replayed a graph and that ran
