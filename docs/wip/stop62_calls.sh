@@ -12,6 +12,8 @@
 # 1,196 -> ~1,300 (aim 2,000); qwen3-30b-a3b batch 1 391.5 (56.5%) -> ~398 tok/s (57.5%;
 # issue 15's aim 60%); torch_native breakable prefill over eager at 256 tokens
 # 1.2-1.3x on both MoE models (issue 15's aim 1.5x; H100s read 1.26x / 1.14x at stop 56).
+# Since ee6e673 (--eager-beside) also the breakable engine over its own eager forwards, paired
+# call by call: PREDICTED within 0.1 of the separate arms' ratio on a steady host.
 set -uo pipefail
 stage=$1 out=$(mkdir -p "$2" && cd "$2" && pwd)
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
@@ -25,7 +27,7 @@ case $stage in
     grep -E "decode=|roofline" "$out/decode.log" | tail -12
     timeout 230 python3 -m nanograph bench prefill --models qwen3-30b-a3b,gpt-oss-20b \
       --lengths 256 --arms eager,breakable --moe-backend torch_native --peer-lengths '' \
-      --repeats 15 --out "$out/prefill_native.json" > "$out/prefill_native.log" 2>&1
+      --repeats 15 --eager-beside --out "$out/prefill_native.json" > "$out/prefill_native.log" 2>&1
     grep -A2 "speedup over eager" "$out/prefill_native.log" ;;
   warmup)  # ~8 min: the MoE tile regimes compiled ahead (tests, the test without it, probe)
     T="tests/gpu/test_hardening_gpu.py::test_nothing_compiles_inside_a_capture_or_after_start_up"
