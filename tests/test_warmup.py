@@ -222,3 +222,38 @@ def test_a_scratch_forward_longer_than_the_context_holds_several_requests():
     assert batch.slot_mapping == [-1] * 25  # no KV written
     one = scratch_batch(10, limits)
     assert one.query_lens == [10] and one.sample_rows == [9]
+
+
+def test_the_activation_peak_is_measured_on_a_chunk_of_context_long_requests(monkeypatch):
+    """Start-up's memory plan (CUDA only, its allocator calls stubbed here) runs one forward of
+    a whole chunk through the model: with a 128-token context and a 300-token chunk, requests
+    of 127, 127 and 46 tokens, not one request of the context's length."""
+    from types import SimpleNamespace
+
+    from nanograph.engine import startup
+    from nanograph.runners.warmup import ForwardLimits
+
+    forwards = []
+
+    class Runner:
+        def __init__(self, *args) -> None:
+            pass
+
+        def forward(self, batch):
+            forwards.append(batch)
+
+    monkeypatch.setattr(startup, "ModelRunner", Runner)
+    for name in ("synchronize", "reset_peak_memory_stats"):
+        monkeypatch.setattr(startup.torch.cuda, name, lambda *args: None)
+    monkeypatch.setattr(startup.torch.cuda, "memory_allocated", lambda *args: 1000)
+    monkeypatch.setattr(startup.torch.cuda, "max_memory_allocated", lambda *args: 1500)
+    parts = SimpleNamespace(
+        config=SimpleNamespace(chunked_prefill_size=300, page_size=16), max_model_len=128,
+        model=None, attention=None, device=torch.device("cpu"),
+    )  # fmt: skip
+    parts._forward_limits = lambda: startup.Startup._forward_limits(parts)
+    assert parts._forward_limits() == ForwardLimits(page_size=16, max_tokens=300, max_query=127)
+    scratch = SimpleNamespace(k=[], v=[])
+    assert startup.Startup._measure_activation_peak(parts, scratch) == 500
+    (batch,) = forwards
+    assert batch.query_lens == [127, 127, 46] and batch.sample_rows == [126, 253, 299]
