@@ -309,6 +309,8 @@ def speedup_table(report: dict) -> str:
             ("speedup_over_peer", "transformers"),
             ("speedup_over_eager_beside", "eager on its own engine, paired"),
         ):
+            if key not in entry:  # no peer, or no --eager-beside
+                continue
             lines.append(f"{model}: speedup over {what} (latency ms)")
             for arm, per_length in entry.get(key, {}).items():
                 cells = "  ".join(
