@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Stop 63's device calls, from the repo root with NANOGRAPH_COMMIT exported:
+#   bash docs/wip/stop63_calls.sh tests $OUT/t   # ~6 min: tests/gpu but TP (stop62_calls.sh's)
+#   bash docs/wip/stop63_calls.sh spec_cold $OUT/s  # ~7 min: bench spec's loop figures, then
+#                                                   # gpt-oss-20b's cold start-up without and
+#                                                   # with moe_compile_ahead.patch
+#   bash docs/wip/stop63_calls.sh aims $OUT/a    # ~7 min: stop62_calls.sh's, on an H200
+# PREDICTED for spec (H100, qwen3-8b target; stop 61's figures): the two-token draft loop
+# ~1.07x four drafter steps back to back, the one-token loop ~0.98x; draft:4 (dummy weights,
+# nothing kept whole) as run = the one-token loop's, self:4 (every draft kept) = the
+# two-token loop's. PREDICTED for cold: gpt-oss-20b ready several seconds sooner with the
+# patch (its MoE variants compiled on the pool's threads beside attention's, not one by one
+# in the pass's forwards); 0 compiles after ready in both.
+set -uo pipefail
+stage=$1 out=$(mkdir -p "$2" && cd "$2" && pwd)
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+case $stage in
+  tests|aims) exec bash docs/wip/stop62_calls.sh "$stage" "$out" ;;
+  spec_cold)
+    bash docs/wip/stop62_calls.sh spec "$out"
+    # one cold start-up a tree (bench startup's child: a fresh Triton and Inductor cache)
+    cold() {
+      local cache; cache=$(mktemp -d)
+      TRITON_CACHE_DIR=$cache/triton TORCHINDUCTOR_CACHE_DIR=$cache/inductor timeout 200 \
+        python3 -m nanograph.bench.startup --child --model gpt-oss-20b --new-tokens 8 \
+        --engine-args '{"load_format": "dummy", "dtype": "bfloat16", "disable_prefix_caching":
+        true, "cuda_graph_capture": "startup"}' > "$out/cold_$1.json" 2> "$out/cold_$1.log"
+      echo "== $1 rc=$?"; python3 - "$out/cold_$1.json" <<'PY'
+import json, sys
+r = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
+print("ready", round(r["ready_s"], 1), {k: round(v, 1) for k, v in r["phases"].items()})
+print("compiles to ready", r["compiles_to_ready"]["compiled"],
+      round(r["compiles_to_ready"]["compile_s"], 1), "after", r["compiles_after_ready"]["compiled"])
+print({k: round(v["latency_s"] * 1e3) for k, v in r["requests"].items()})
+PY
+      rm -rf "$cache"
+    }
+    cold main
+    git apply docs/wip/moe_compile_ahead.patch && cold patch
+    git apply -R docs/wip/moe_compile_ahead.patch ;;
+  *) echo "unknown stage $stage"; exit 2 ;;
+esac
