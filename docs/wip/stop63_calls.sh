@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Stop 63's device calls, from the repo root with NANOGRAPH_COMMIT exported:
-#   bash docs/wip/stop63_calls.sh tests $OUT/t   # ~6 min: tests/gpu but TP (stop62_calls.sh's)
+#   bash docs/wip/stop63_calls.sh tests $OUT/t   # ~5 min: tests/gpu but TP and kernel files
 #   bash docs/wip/stop63_calls.sh spec_cold $OUT/s  # ~7 min: bench spec's loop figures, then
 #                                                   # gpt-oss-20b's cold start-up without and
 #                                                   # with moe_compile_ahead.patch
@@ -15,7 +15,16 @@ set -uo pipefail
 stage=$1 out=$(mkdir -p "$2" && cd "$2" && pwd)
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 case $stage in
-  tests|aims) exec bash docs/wip/stop62_calls.sh "$stage" "$out" ;;
+  aims) exec bash docs/wip/stop62_calls.sh "$stage" "$out" ;;
+  tests)  # ~5 min: tests/gpu but TP and the kernel files (untouched since 406b2d3: passed)
+    groups=("test_engine_gpu.py test_front_gpu.py" "test_moe_gpu.py test_spec_gpu.py"
+      "test_graph_backends.py test_graph_memory.py test_runners_gpu.py"
+      "test_sampling_gpu.py test_live_capture_gpu.py test_prefix_gpu.py test_hardening_gpu.py")
+    for i in "${!groups[@]}"; do
+      timeout 320 python3 -m pytest -q -p no:cacheprovider --durations=5 -rfE \
+        $(printf 'tests/gpu/%s ' ${groups[$i]}) > "$out/gpu_tests_$i.log" 2>&1 &
+    done
+    wait; for f in "$out"/gpu_tests_*.log; do grep -E "passed|failed|error" "$f" | tail -4; done ;;
   spec_cold)
     bash docs/wip/stop62_calls.sh spec "$out"
     # one cold start-up a tree (bench startup's child: a fresh Triton and Inductor cache)
