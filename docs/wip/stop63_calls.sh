@@ -14,6 +14,7 @@
 set -uo pipefail
 stage=$1 out=$(mkdir -p "$2" && cd "$2" && pwd)
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,power.limit --format=csv > "$out/gpu.txt"
 case $stage in
   aims) exec bash docs/wip/stop62_calls.sh "$stage" "$out" ;;
   tests)  # ~5 min: tests/gpu but TP and the kernel files (untouched since 406b2d3: passed)
