@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Stop 63's device calls, from the repo root with NANOGRAPH_COMMIT exported:
 #   bash docs/wip/stop63_calls.sh tests $OUT/t   # ~5 min: tests/gpu but TP and kernel files
+#   bash docs/wip/stop63_calls.sh tests_core $OUT/t  # ~4 min: memory plan, hardening, engine,
+#                                                   # front and MoE files only
 #   bash docs/wip/stop63_calls.sh spec_cold $OUT/s  # ~7 min: bench spec's loop figures, then
 #                                                   # gpt-oss-20b's cold start-up without and
 #                                                   # with moe_compile_ahead.patch
@@ -17,6 +19,15 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,power.limit --format=csv > "$out/gpu.txt"
 case $stage in
   aims) exec bash docs/wip/stop62_calls.sh "$stage" "$out" ;;
+  tests_core)  # ~4 min: the files whose engines c50fbe7's memory plan changes
+    T=${TEST_TIMEOUT:-230}
+    timeout "$T" python3 -m pytest -q -p no:cacheprovider -rfE tests/gpu/test_graph_memory.py \
+      tests/gpu/test_hardening_gpu.py > "$out/memory.log" 2>&1 &
+    timeout "$T" python3 -m pytest -q -p no:cacheprovider -rfE tests/gpu/test_engine_gpu.py \
+      tests/gpu/test_front_gpu.py > "$out/engine.log" 2>&1 &
+    timeout "$T" python3 -m pytest -q -p no:cacheprovider -rfE tests/gpu/test_moe_gpu.py \
+      > "$out/moe.log" 2>&1 &
+    wait; for f in "$out"/*.log; do grep -E "passed|failed|error" "$f" | tail -4; done ;;
   tests)  # ~5 min: tests/gpu but TP and the kernel files (untouched since 406b2d3: passed)
     groups=("test_engine_gpu.py test_front_gpu.py" "test_moe_gpu.py test_spec_gpu.py"
       "test_graph_backends.py test_graph_memory.py test_runners_gpu.py"
