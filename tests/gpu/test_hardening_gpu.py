@@ -121,8 +121,11 @@ def test_activation_peak_covers_a_chunk_of_context_long_requests(small_qwen3):
     """With a context shorter than the chunk the scheduler still fills a forward with a
     chunk's tokens from several requests, so the memory plan's activation peak is such a
     forward's (about one chunk-long request's), not one context-long request's (what it
-    measured before stop 62: an eighth of the tokens here; the bounds leave room for what
-    does not scale with the tokens, and for attention over 9 requests against one)."""
+    measured before stop 62: an eighth of the tokens here, where the old plan's peak was the
+    third arm's). Part of a peak does not scale with the tokens (on an H100: ~8.6 of 15 MB at
+    1,024 tokens in one request), and 9 requests sample 9 rows' logits, so the bounds compare
+    the arms, not the token counts: the short context's plan about one long request's, and
+    well above one context-long request's (2.5x on an H100; the old plan gave 1x)."""
     import gc
 
     from nanograph import LLM
@@ -143,7 +146,7 @@ def test_activation_peak_covers_a_chunk_of_context_long_requests(small_qwen3):
         torch.cuda.empty_cache()
     print(peaks)
     assert peaks["short context"] >= 0.75 * peaks["long context"], peaks
-    assert peaks["one context-long request"] < 0.5 * peaks["long context"], peaks
+    assert peaks["short context"] > 1.5 * peaks["one context-long request"], peaks
 
 
 _COLD_START = """
