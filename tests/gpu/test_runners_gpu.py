@@ -89,6 +89,27 @@ def test_path_backend_matches_eager(model_dir, eager_tokens, decode, prefill, de
         assert runners["prefill"].fallbacks > 0  # 5+ requests in one forward > 4 slots
 
 
+def test_graphs_off_runs_a_graph_engine_eagerly(model_dir, eager_tokens):
+    """``ModelRunner.graphs_off`` (``bench prefill --eager-beside``): inside it an engine with
+    decode and prefill graphs replays none and gives the eager engine's tokens (the same eager
+    forwards, so exactly); after it the graphs replay again."""
+    from nanograph import LLM
+
+    llm = LLM(model_dir, decode_cuda_graph="full", prefill_cuda_graph="full", **SMALL)
+    runner = llm.engine.runner
+    before = runner.forward_counts()
+    with runner.graphs_off():
+        got = [o.token_ids for o in llm.generate(*requests(5, seed=5))]
+    during = runner.forward_counts()
+    llm.generate(*requests(3, seed=3))
+    after = runner.forward_counts()
+    assert got == eager_tokens[True][5]
+    for path in ("decode", "prefill"):
+        assert during[path]["graph"] == before[path]["graph"], (path, before, during)
+        assert during[path]["eager"] > before[path]["eager"], (path, before, during)
+        assert after[path]["graph"] > during[path]["graph"], (path, during, after)
+
+
 def test_largest_chunk_replays_a_graph(model_dir):
     from nanograph import LLM, SamplingParams
     from nanograph.runners.shapes import ShapeKey
