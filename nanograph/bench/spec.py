@@ -77,6 +77,11 @@ def parse_arm(arm: str) -> tuple[str | None, int]:
     return algorithm, int(k)
 
 
+def _mix(fraction: float, a: float, b: float) -> float:
+    """The cost of steps of which ``fraction`` cost ``a`` and the rest ``b``."""
+    return fraction * a + (1 - fraction) * b
+
+
 def scratch_batch(batch: int, query_len: int, context: int, page_size: int,
                   all_rows: bool) -> ForwardBatch:  # fmt: skip
     """``batch`` requests of ``query_len`` new tokens after ``context`` cached ones, all on the
@@ -267,7 +272,7 @@ def measure_arm(args: argparse.Namespace, arm: str, batches: list[int]) -> dict:
             verify_gpu = back_to_back_ms(engine.runner, verify, "verify", args.repeats * 4)
             costs["verify_over_decode_back_to_back"] = verify_gpu / decode_gpu
             # a step where no request got a draft runs a plain decode forward
-            step_ms = verifying * costs["verify"] + (1 - verifying) * costs["decode"]
+            step_ms = _mix(verifying, costs["verify"], costs["decode"])
         if engine.draft_runner is not None:
             costs["drafter_decode"], drafter_gpu = drafter_decode_ms(
                 engine, batch, args.prompt_len, args.repeats * 4
@@ -289,13 +294,10 @@ def measure_arm(args: argparse.Namespace, arm: str, batches: list[int]) -> dict:
             )
             # the loop as this run's verifies called for it: the two catch-ups weighed by the
             # fraction of requests that kept all their drafts
-            weighted_gpu = all_kept * loop_gpu + (1 - all_kept) * one_token_gpu
-            costs["draft_loop_as_run_over_k_drafter_steps_back_to_back"] = weighted_gpu / (
-                k * drafter_gpu
-            )
-            step_ms += (
-                all_kept * costs["draft_loop"] + (1 - all_kept) * costs["draft_loop_one_token"]
-            )
+            costs["draft_loop_as_run_over_k_drafter_steps_back_to_back"] = _mix(
+                all_kept, loop_gpu, one_token_gpu
+            ) / (k * drafter_gpu)
+            step_ms += _mix(all_kept, costs["draft_loop"], costs["draft_loop_one_token"])
             costs["catch_up"] = catch_up_ms(engine, batch, args.prompt_len, args.repeats)
         result["costs_ms"][batch] = costs
         result["predicted_tok_s"][batch] = 1e3 * batch * accepted / step_ms

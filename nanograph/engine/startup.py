@@ -328,7 +328,7 @@ class Startup:
         return GraphBudget.planned(
             {path: max(self._shapes(path)).num_tokens for path in self.graph_backends},
             self.memory.activation_peak,
-            self.config.chunked_prefill_size,  # as measured
+            self._forward_limits().max_tokens,  # as measured
             limit,
         )
 
