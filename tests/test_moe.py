@@ -38,7 +38,7 @@ from nanograph.loader import (  # noqa: E402
 from nanograph.loader.mxfp4 import Mxfp4Tensor  # noqa: E402
 from nanograph.models import build_model, get_moe_backend  # noqa: E402
 from nanograph.models.config import ModelConfig  # noqa: E402
-from nanograph.models.moe import native_experts, route  # noqa: E402
+from nanograph.models.moe import native_moe, route  # noqa: E402
 
 moe_kernels = importlib.import_module("nanograph.kernels.moe") if HAS_TRITON else None
 
@@ -207,6 +207,24 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize(
+    "case", CASES, ids=[f"{c[0]}-{c[1]}x{c[2]}top{c[3]}-{c[4]}" for c in CASES]
+)
+def test_native_experts_match_float64(case):
+    """The per-expert loop (only it a split op) with the sort before it and the combine after
+    it: experts with no token, first and last among them, and one expert taking every token."""
+    routing, tokens, num_experts, top_k, activation = case
+    w13, w2, b13, b2 = _experts(activation, num_experts)
+    weights, ids = _routing(routing, tokens, num_experts, top_k)
+    x = torch.randn(tokens, w13.shape[2], generator=torch.Generator().manual_seed(1))
+    f64 = [None if t is None else t.double() for t in (x, w13, w2, b13, b2, weights)]
+    expected = reference.fused_experts(*f64[:5], f64[5], ids, activation).float()
+    native = native_moe(x, w13, w2, b13, b2, weights, ids,
+                        ["silu", "clamped_swiglu"].index(activation), 1.702, 7.0)  # fmt: skip
+    assert native.dtype == x.dtype and native.shape == x.shape
+    torch.testing.assert_close(native, expected, atol=2e-4, rtol=2e-4)
+
+
 # the sorted regime for every case; the pairwise one where it runs (a few tokens)
 FUSED_CASES = [(c, False) for c in CASES] + [
     (c, True)
@@ -233,9 +251,8 @@ def test_fused_experts_match_float64_and_native(case, pairwise):
     tiles = moe_kernels.MoeTiles(16, 16 if pairwise else 32, 32, 1, 1, pairwise)
     fused = moe_kernels.fused_experts(x, w13, w2, b13, b2, weights, ids, activation, tiles=tiles)
     torch.testing.assert_close(fused, expected, atol=2e-4, rtol=2e-4)
-    native = torch.zeros_like(x)
-    native_experts(x, w13, w2, b13, b2, weights, ids, ["silu", "clamped_swiglu"].index(activation),
-                   1.702, 7.0, native)  # fmt: skip
+    native = native_moe(x, w13, w2, b13, b2, weights, ids,
+                        ["silu", "clamped_swiglu"].index(activation), 1.702, 7.0)  # fmt: skip
     torch.testing.assert_close(native, expected, atol=2e-4, rtol=2e-4)
 
 

@@ -1,6 +1,7 @@
 """One layer's torch_native experts at prefill sizes: the per-expert MLP loop before stop 50
 (five to eleven launches an expert), stop 50's two-launch loop (each expert's views indexed
-one by one) and models.moe.native_experts (stop 52: the views from one split / unbind), on
+one by one) and models.moe.native_moe (stop 52: the views from one split / unbind; stop 64:
+the work around the loop outside the split op, one call here), on
 random routing at qwen3-30b-a3b's and gpt-oss-20b's shapes. Wall time of a call with the
 device synced after it (host-bound), median of 20 after 3 warm-ups; and whether they agree.
     PYTHONPATH=$PWD python3 docs/wip/native_moe_time.py"""
@@ -13,7 +14,7 @@ import torch
 
 from nanograph.kernels import reference
 from nanograph.layers import ops
-from nanograph.models.moe import _ACTIVATIONS, native_experts
+from nanograph.models.moe import _ACTIVATIONS, native_moe
 
 
 def before(x, w13, w2, b13, b2, weights, ids, activation, alpha, limit, out):
@@ -64,6 +65,11 @@ def stop50(x, w13, w2, b13, b2, weights, ids, activation, alpha, limit, out):
     out.add_(by_pair.view(-1, top_k, by_pair.shape[1]).sum(dim=1, dtype=torch.float32))
 
 
+def now(*args):
+    *inputs, out = args
+    out.add_(native_moe(*inputs))
+
+
 def timed(fn, args, out):
     times = []
     for i in range(23):
@@ -93,7 +99,7 @@ for name, (e, k, h, inter, bias, act) in SHAPES.items():
         ids = torch.stack([torch.randperm(e, device=dev)[:k] for _ in range(tokens)])
         weights = torch.softmax(torch.randn(tokens, k, device=dev), -1).to(dt)
         args = (x, w13, w2, b13, b2, weights, ids, act, 1.702, 7.0)
-        fns = (before, stop50, native_experts)
+        fns = (before, stop50, now)
         outs = [torch.zeros(tokens, h, device=dev, dtype=dt) for _ in fns]
         ms = [timed(fn, args, o) for fn, o in zip(fns, outs)]
         diff = (outs[0].float() - outs[2].float()).abs().max().item()

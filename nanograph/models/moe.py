@@ -14,8 +14,10 @@ Invariants:
   backend. ``torch_native`` is the plain per-expert loop: the host reads how many tokens each
   expert got, so it is a ``split_op``: an eager break under ``breakable``, a split point under
   ``tc_piecewise``; ``full`` graphs cannot hold it (the engine refuses that combination).
-- The native experts write into a zeroed output allocated before the split op (inside the
-  graph), like attention, so a break has nothing to copy out.
+- The native experts' split op holds only the per-expert loop: sorting the pairs by expert
+  before it and combining them after it have static shapes, so graphs capture them. It writes
+  into an output allocated before it (inside the graph), like attention, so a break has
+  nothing to copy out.
 - The fused batch-1 decode (``forward_add``, triton experts on one rank) adds the experts'
   sum into the residual stream in the down projection's kernel.
 """
@@ -92,10 +94,8 @@ class TorchNativeMoE(MoEBackend):
 
     def forward(self, layer: MoE, x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         weights, ids = route(logits, layer.top_k, layer.softmax_first, layer.renormalize)
-        out = torch.zeros_like(x)  # allocated here, inside the graph: the break only fills it
-        native_experts(x, layer.w13, layer.w2, layer.w13_bias, layer.w2_bias, weights, ids,
-                       layer.activation_id, layer.alpha, layer.limit, out)  # fmt: skip
-        return out
+        return native_moe(x, layer.w13, layer.w2, layer.w13_bias, layer.w2_bias, weights, ids,
+                          layer.activation_id, layer.alpha, layer.limit)  # fmt: skip
 
 
 def get_moe_backend(name: str, device: torch.device) -> MoEBackend:
@@ -132,44 +132,62 @@ _fused_moe_op = torch.library.custom_op("nanograph::fused_moe", mutates_args=("o
 _fused_moe_op.register_fake(lambda *args: None)
 
 
-@split_op("nanograph::native_experts", fake=lambda *args: None, mutates_args=("out",))
-def native_experts(
+def native_moe(
     x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, b13: torch.Tensor | None,
     b2: torch.Tensor | None, weights: torch.Tensor, ids: torch.Tensor, activation: int,
-    alpha: float, limit: float, out: torch.Tensor,
-) -> None:  # fmt: skip
-    """out += each expert's tokens through that expert, one expert at a time: the host reads
-    the per-expert counts (a sync) and the shapes follow the routing. The (token, expert) pairs
-    are gathered in expert order once; each expert's products then write its contiguous slice
-    of one buffer, and the activation runs once over all of them (elementwise, so no row sees
-    another): two launches an expert, where a product, the activation and a copy an expert
-    took five (SwiGLU) to eleven (gpt-oss' clamped one), host-bound on CUDA."""
-    num_experts = w13.shape[0]
-    top_k = ids.shape[1]
-    flat = ids.reshape(-1)
-    counts = torch.bincount(flat, minlength=num_experts).tolist()
-    order = torch.argsort(flat, stable=True)
-    tokens = order // top_k
-    rows = x[tokens]
+    alpha: float, limit: float,
+) -> torch.Tensor:  # fmt: skip
+    """Each expert's tokens through that expert, one expert at a time. Only the loop, whose
+    shapes follow the routing, is the split op; the work around it has the same shapes for any
+    routing, so graphs capture it: the (token, expert) pairs sorted by expert, each expert's
+    end among them, the rows gathered in that order before the loop; scaled, put back in pair
+    order and summed over k after it. On CUDA the loop is host-bound, so every launch the
+    break leaves to a graph shortens it."""
+    tokens, top_k = ids.shape
+    expert_ids, order = torch.sort(ids.reshape(-1), stable=True)
+    experts = torch.arange(w13.shape[0], device=ids.device)
+    # each expert's end among the sorted pairs (bincount would read its max on the host)
+    ends = torch.searchsorted(expert_ids, experts, right=True)
+    rows = x[order // top_k]
+    down = torch.empty_like(rows)  # allocated here, inside the graph: the break only fills it
+    native_experts(rows, ends, w13, w2, b13, b2, activation, alpha, limit, down)
     scales = weights.reshape(-1)[order].to(x.dtype)[:, None]
-    gate_up = _products(rows, w13, b13, counts)
-    act = reference.moe_activation(gate_up, _ACTIVATIONS[activation], alpha, limit)
-    down = _products(act, w2, b2, counts)
     # back to pair order, then a sum over k: deterministic (an index_add_ of duplicate token
     # rows would add in any order on CUDA)
     by_pair = torch.empty_like(down).index_copy_(0, order, down * scales)
-    out.add_(by_pair.view(-1, top_k, by_pair.shape[1]).sum(dim=1, dtype=torch.float32))
+    return by_pair.view(tokens, top_k, -1).sum(dim=1, dtype=torch.float32).to(x.dtype)
+
+
+@split_op("nanograph::native_experts", fake=lambda *args: None, mutates_args=("out",))
+def native_experts(
+    rows: torch.Tensor, ends: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+    b13: torch.Tensor | None, b2: torch.Tensor | None, activation: int, alpha: float,
+    limit: float, out: torch.Tensor,
+) -> None:  # fmt: skip
+    """out = the rows, sorted by expert, through their experts: expert e's run ends at
+    ``ends[e]``, which the host reads (a sync), so the shapes follow the routing. Each expert's
+    products write its contiguous slice of one buffer, and the activation runs once over all of
+    them (elementwise, so no row sees another): two launches an expert, where a product, the
+    activation and a copy an expert took five (SwiGLU) to eleven (gpt-oss' clamped one)."""
+    bounds = [0, *ends.tolist()]
+    counts = [b - a for a, b in zip(bounds, bounds[1:])]
+    gate_up = _products(rows, w13, b13, counts)
+    act = reference.moe_activation(gate_up, _ACTIVATIONS[activation], alpha, limit)
+    _products(act, w2, b2, counts, out=out)
 
 
 def _products(
-    x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, counts: list[int]
-) -> torch.Tensor:
+    x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, counts: list[int],
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:  # fmt: skip
     """F.linear(rows, w[e], b[e]) for each expert e's ``counts[e]`` consecutive rows of x, each
-    written into its slice of one output (``mm`` / ``addmm`` with ``out=``: no copy). The
-    per-expert views, the weights' already transposed, come from one ``split`` / ``unbind``
-    each: on CUDA this loop is bound by the host's per-op cost, and indexing every view
-    separately took ~40% of it (a ``.t()`` an expert ~20% of the rest, on the CPU machine)."""
-    out = x.new_empty(x.shape[0], w.shape[1])
+    written into its slice of one output (``out``, else a new one; ``mm`` / ``addmm`` with
+    ``out=``: no copy). The per-expert views, the weights' already transposed, come from one
+    ``split`` / ``unbind`` each: on CUDA this loop is bound by the host's per-op cost, and
+    indexing every view separately took ~40% of it (a ``.t()`` an expert ~20% of the rest, on
+    the CPU machine)."""
+    if out is None:
+        out = x.new_empty(x.shape[0], w.shape[1])
     xs, outs, wts = x.split(counts), out.split(counts), w.transpose(1, 2).unbind(0)
     bs = b.unbind(0) if b is not None else None
     for expert, count in enumerate(counts):

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Stop 64's device calls, from the repo root with NANOGRAPH_COMMIT exported:
+#   bash docs/wip/stop64_calls.sh tests $OUT/t      # ~5 min: stop63_calls.sh's (tests/gpu but
+#                                                  # TP and the kernel files)
+#   bash docs/wip/stop64_calls.sh native_ab $OUT/n  # ~5 min: the native MoE's breakable prefill
+#                                                  # over eager, without and with the slim break
+#   spec_cold, aims: stop63_calls.sh's
+# PREDICTED for native_ab (qwen3-30b-a3b, 256 tokens; stop 62: eager 145.9 ms, breakable
+# 101.0): the slim break (native_break_slim.patch: the sort before the per-expert loop and
+# the combine after it in the graph, ~12 launches a layer fewer in the break, bincount's
+# host read gone) takes ~3-6 ms off breakable and ~1 ms off eager (one sync a layer fewer):
+# the paired ratio 1.44x -> ~1.47-1.50x; gpt-oss-20b (GPU-bound experts) ~level.
+set -uo pipefail
+stage=$1 out=$(mkdir -p "$2" && cd "$2" && pwd)
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,power.limit --format=csv > "$out/gpu.txt"
+case $stage in
+  tests|spec_cold|aims|tests_core) exec bash docs/wip/stop63_calls.sh "$stage" "$out" ;;
+  native_ab)
+    arm() {  # $1: label, $2: models; breakable beside its own engine's eager, paired
+      timeout 200 python3 -m nanograph bench prefill --models "$2" --lengths 256 \
+        --arms breakable --moe-backend torch_native --peer-lengths '' --repeats 15 \
+        --eager-beside --out "$out/native_$1.json" > "$out/native_$1.log" 2>&1
+      echo "== $1 rc=$?"; grep -E "breakable: |paired" "$out/native_$1.log"
+    }
+    # the tree holds the slim break; before = the patch reversed (restored after)
+    for round in 1 2; do
+      git apply -R docs/wip/native_break_slim.patch && arm "before$round" qwen3-30b-a3b
+      git apply docs/wip/native_break_slim.patch && arm "slim$round" qwen3-30b-a3b
+    done
+    git apply -R docs/wip/native_break_slim.patch && arm before_oss gpt-oss-20b
+    git apply docs/wip/native_break_slim.patch && arm slim_oss gpt-oss-20b ;;
+  *) echo "unknown stage $stage"; exit 2 ;;
+esac
