@@ -374,6 +374,27 @@ def test_bench_coverage_frees_each_engine_before_building_the_next(monkeypatch, 
     assert set(report["models"]["m"]["triton"]) == {"eager", "full", "breakable"}
 
 
+def test_bench_coverage_times_prefills_that_compute_the_whole_prompt(monkeypatch, tiny_model_dir):
+    """The timed prompt repeats; no call may take its prompt from the prefix cache."""
+    import argparse
+
+    from nanograph.bench import coverage
+
+    cached, real = [], coverage.generate
+
+    def generate(llm, prompts, params):
+        outs = real(llm, prompts, params)
+        cached.extend(o.cached_tokens for o in outs)
+        return outs
+
+    monkeypatch.setattr(coverage, "generate", generate)
+    args = argparse.Namespace(decode_batches=[1], prefill_tokens=48, mixed_lengths=[20, 28],
+                              decode_prompt=24, new_tokens=3, repeats=3)  # fmt: skip
+    llm = coverage._engine(str(tiny_model_dir("qwen3")), coverage.DENSE, "eager", args)
+    coverage._measure(llm, args)
+    assert len(cached) == 2 + 3 + 5 and not any(cached), cached  # batch, decode, warm-up + 3
+
+
 def test_bench_spec_runs_on_cpu_and_records_its_cost_model(tiny_model_dir, tmp_path):
     out = tmp_path / "spec.json"
     tiny = str(tiny_model_dir("qwen3"))

@@ -15,14 +15,25 @@ stage=$1 out=$(mkdir -p "$2" && cd "$2" && pwd)
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,power.limit --format=csv > "$out/gpu.txt"
 case $stage in
-  tests|spec_cold|aims|tests_core) exec bash docs/wip/stop63_calls.sh "$stage" "$out" ;;
-  native_ab)
+  tests|spec_cold|cold|aims|tests_core) exec bash docs/wip/stop63_calls.sh "$stage" "$out" ;;
+  native_ab|native_ab2)
     arm() {  # $1: label, $2: models; breakable beside its own engine's eager, paired
       timeout 200 python3 -m nanograph bench prefill --models "$2" --lengths 256 \
         --arms breakable --moe-backend torch_native --peer-lengths '' --repeats 15 \
         --eager-beside --out "$out/native_$1.json" > "$out/native_$1.log" 2>&1
       echo "== $1 rc=$?"; grep -E "breakable: |paired" "$out/native_$1.log"
     }
+    if [ "$stage" = native_ab2 ]; then  # gpt-oss-20b again, slim first (the first run's
+      # slim arm came last, after its before arm's samples had drifted up 40%)
+      for round in 1 2; do
+        arm "slim_oss$round" gpt-oss-20b
+        git apply -R docs/wip/native_break_slim.patch && arm "before_oss$round" gpt-oss-20b
+        git apply docs/wip/native_break_slim.patch
+      done
+      arm slim3 qwen3-30b-a3b
+      git apply -R docs/wip/native_break_slim.patch && arm before3 qwen3-30b-a3b
+      git apply docs/wip/native_break_slim.patch; exit 0
+    fi
     # the tree holds the slim break; before = the patch reversed (restored after)
     for round in 1 2; do
       git apply -R docs/wip/native_break_slim.patch && arm "before$round" qwen3-30b-a3b
