@@ -4,7 +4,14 @@
 #                                                  # TP and the kernel files)
 #   bash docs/wip/stop64_calls.sh native_ab $OUT/n  # ~5 min: the native MoE's breakable prefill
 #                                                  # over eager, without and with the slim break
+#   MODELS=qwen3-30b-a3b MOE=torch_native bash docs/wip/stop64_calls.sh coverage $OUT/v
+#                                                  # ~4 min a model and MoE backend (qwen3-8b:
+#                                                  # MOE=triton): the prefill column with
+#                                                  # 485d7e9's prefix cache off
 #   spec_cold, aims: stop63_calls.sh's
+# PREDICTED for coverage: the graph arms' prefill speedups at 255 tokens like bench prefill's
+# at 256 (qwen3-30b-a3b torch_native breakable ~1.4x; triton full ~1.0-1.3x: GPU-bound), each
+# prefill cell now with more replays than its mixed batch's one.
 # PREDICTED for native_ab (qwen3-30b-a3b, 256 tokens; stop 62: eager 145.9 ms, breakable
 # 101.0): the slim break (native_break_slim.patch: the sort before the per-expert loop and
 # the combine after it in the graph, ~12 launches a layer fewer in the break, bincount's
@@ -16,6 +23,10 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,power.limit --format=csv > "$out/gpu.txt"
 case $stage in
   tests|spec_cold|cold|aims|tests_core) exec bash docs/wip/stop63_calls.sh "$stage" "$out" ;;
+  coverage)
+    timeout 560 python3 -m nanograph bench coverage --models "${MODELS:?}" \
+      --moe-backends "${MOE:-triton}" --out "$out/coverage.json" > "$out/coverage.log" 2>&1
+    echo "rc=$?"; grep -v -i "warn\|^INFO" "$out/coverage.log" | tail -14 ;;
   native_ab|native_ab2)
     arm() {  # $1: label, $2: models; breakable beside its own engine's eager, paired
       timeout 200 python3 -m nanograph bench prefill --models "$2" --lengths 256 \
