@@ -210,9 +210,9 @@ CASES = [
 @pytest.mark.parametrize(
     "case", CASES, ids=[f"{c[0]}-{c[1]}x{c[2]}top{c[3]}-{c[4]}" for c in CASES]
 )
-def test_native_experts_match_float64(case):
-    """The per-expert loop (only it a split op) with the sort before it and the combine after
-    it: experts with no token, first and last among them, and one expert taking every token."""
+def test_native_moe_matches_float64(case):
+    """The native MoE (its split op the per-expert loop, the sort before it and the combine
+    after it plain torch): experts with no token, and one expert taking every token."""
     routing, tokens, num_experts, top_k, activation = case
     w13, w2, b13, b2 = _experts(activation, num_experts)
     weights, ids = _routing(routing, tokens, num_experts, top_k)
@@ -239,7 +239,7 @@ FUSED_CASES = [(c, False) for c in CASES] + [
          for c, p in FUSED_CASES],
 )  # fmt: skip
 @needs_triton
-def test_fused_experts_match_float64_and_native(case, pairwise):
+def test_fused_experts_match_float64(case, pairwise):
     routing, tokens, num_experts, top_k, activation = case
     w13, w2, b13, b2 = _experts(activation, num_experts)
     weights, ids = _routing(routing, tokens, num_experts, top_k)
@@ -251,9 +251,6 @@ def test_fused_experts_match_float64_and_native(case, pairwise):
     tiles = moe_kernels.MoeTiles(16, 16 if pairwise else 32, 32, 1, 1, pairwise)
     fused = moe_kernels.fused_experts(x, w13, w2, b13, b2, weights, ids, activation, tiles=tiles)
     torch.testing.assert_close(fused, expected, atol=2e-4, rtol=2e-4)
-    native = native_moe(x, w13, w2, b13, b2, weights, ids,
-                        ["silu", "clamped_swiglu"].index(activation), 1.702, 7.0)  # fmt: skip
-    torch.testing.assert_close(native, expected, atol=2e-4, rtol=2e-4)
 
 
 def _mxfp4_weight(num_experts: int, n: int, k: int, g: torch.Generator):

@@ -14,8 +14,9 @@ Invariants:
   backend. ``torch_native`` is the plain per-expert loop: the host reads how many tokens each
   expert got, so it is a ``split_op``: an eager break under ``breakable``, a split point under
   ``tc_piecewise``; ``full`` graphs cannot hold it (the engine refuses that combination).
-- The native experts' split op holds only the per-expert loop: sorting the pairs by expert
-  before it and combining them after it have static shapes, so graphs capture them. It writes
+- The native MoE's split op holds only the per-expert products (and the activation between
+  them): sorting the pairs by expert before it and combining them after it have static
+  shapes, so graphs capture them. It writes
   into an output allocated before it (inside the graph), like attention, so a break has
   nothing to copy out.
 - The fused batch-1 decode (``forward_add``, triton experts on one rank) adds the experts'
