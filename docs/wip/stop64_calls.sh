@@ -8,7 +8,13 @@
 #                                                  # ~4 min a model and MoE backend (qwen3-8b:
 #                                                  # MOE=triton): the prefill column with
 #                                                  # 485d7e9's prefix cache off
+#   bash docs/wip/stop64_calls.sh views_ab $OUT/w    # ~6 min: native_expert_views.patch's
+#                                                  # tests, then its A/B as native_ab's
 #   spec_cold, aims: stop63_calls.sh's
+# PREDICTED for views_ab: the per-expert weight views kept a layer (two unbinds of 128 views a
+# layer fewer: 0.23 ms of a 5.4 ms break on the CPU machine, ~0.1 ms on the device's host)
+# take ~5 ms off both arms of qwen3-30b-a3b at 256 tokens: paired 1.40x -> ~1.44x;
+# gpt-oss-20b (32 experts) ~+1%.
 # PREDICTED for coverage: the graph arms' prefill speedups at 255 tokens like bench prefill's
 # at 256 (qwen3-30b-a3b torch_native breakable ~1.4x; triton full ~1.0-1.3x: GPU-bound), each
 # prefill cell now with more replays than its mixed batch's one.
@@ -27,6 +33,22 @@ case $stage in
     timeout 560 python3 -m nanograph bench coverage --models "${MODELS:?}" \
       --moe-backends "${MOE:-triton}" --out "$out/coverage.json" > "$out/coverage.log" 2>&1
     echo "rc=$?"; grep -v -i "warn\|^INFO" "$out/coverage.log" | tail -14 ;;
+  views_ab)  # the patch's GPU tests, then without (HEAD) / with it, alternating, paired
+    git apply docs/wip/native_expert_views.patch
+    timeout 150 python3 -m pytest -q -p no:cacheprovider -rfE tests/gpu/test_moe_gpu.py \
+      -k "native or breakable or piecewise" > "$out/views_tests.log" 2>&1
+    tail -n 1 "$out/views_tests.log"
+    for round in 1 2; do
+      for tree in views head; do
+        [ $tree = head ] && git apply -R docs/wip/native_expert_views.patch
+        timeout 200 python3 -m nanograph bench prefill --models qwen3-30b-a3b,gpt-oss-20b \
+          --lengths 256 --arms breakable --moe-backend torch_native --peer-lengths '' \
+          --repeats 15 --eager-beside --out "$out/${tree}$round.json" > "$out/${tree}$round.log" 2>&1
+        echo "== $tree$round rc=$?"; grep -E "paired: " "$out/${tree}$round.log"
+        [ $tree = head ] && git apply docs/wip/native_expert_views.patch
+      done
+    done
+    git apply -R docs/wip/native_expert_views.patch ;;
   native_ab|native_ab2)
     arm() {  # $1: label, $2: models; breakable beside its own engine's eager, paired
       timeout 200 python3 -m nanograph bench prefill --models "$2" --lengths 256 \
