@@ -10,6 +10,8 @@
 #                                                  # 485d7e9's prefix cache off
 #   bash docs/wip/stop64_calls.sh views_ab $OUT/w    # ~6 min: native_expert_views.patch's
 #                                                  # tests, then its A/B as native_ab's
+#   bash docs/wip/stop64_calls.sh first $OUT/f     # the first call, whichever GPU comes:
+#                                                  # aims on an H200, views_ab on an H100
 #   spec_cold, aims: stop63_calls.sh's
 # PREDICTED for views_ab: the per-expert weight views kept a layer (two unbinds of 128 views a
 # layer fewer: 0.23 ms of a 5.4 ms break on the CPU machine, ~0.1 ms on the device's host)
@@ -28,6 +30,9 @@ stage=$1 out=$(mkdir -p "$2" && cd "$2" && pwd)
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,power.limit --format=csv > "$out/gpu.txt"
 case $stage in
+  first)
+    if grep -q H200 "$out/gpu.txt"; then exec bash "$0" aims "$out"; fi
+    exec bash "$0" views_ab "$out" ;;
   tests|spec_cold|cold|aims|tests_core) exec bash docs/wip/stop63_calls.sh "$stage" "$out" ;;
   coverage)
     timeout 560 python3 -m nanograph bench coverage --models "${MODELS:?}" \
