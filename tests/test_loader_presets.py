@@ -39,6 +39,18 @@ def test_qwen3_presets_match_the_real_models():
     assert 8.1e9 < big.num_params < 8.3e9  # Qwen3-8B: 8.19B parameters
 
 
+def test_a_decoded_token_reads_one_row_of_an_untied_input_embedding():
+    """The decode roofline's bytes: the LM head whole, the input embedding one row; a tied
+    table is the LM head's, read once."""
+    untied = resolve_model("qwen3-8b", "dummy").config
+    row, table = untied.hidden_size, untied.vocab_size * untied.hidden_size
+    assert untied.num_active_params == untied.num_params - table + row
+    assert 7.5e9 < untied.num_active_params < 7.6e9
+    tied = resolve_model("qwen3-0.6b", "dummy").config
+    assert tied.tie_word_embeddings  # the embedding row is counted beside the whole table
+    assert tied.num_active_params == tied.num_params + tied.hidden_size
+
+
 def test_llama_preset_matches_the_real_model():
     source = resolve_model("llama-3.1-8b", "dummy")
     c = source.config
