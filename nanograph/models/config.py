@@ -271,6 +271,12 @@ class ModelConfig:
         biases = 2 * i + h if self.moe_activation == "clamped_swiglu" else 0
         return 3 * h * i + biases
 
+    def _mlp_params(self, experts: int) -> int:
+        """One layer's MLP: a dense one, or a MoE's router and ``experts`` of its experts."""
+        if self.is_moe:
+            return experts * self._expert_params() + self._router_params()
+        return 3 * self.hidden_size * self.intermediate_size
+
     def _router_params(self) -> int:
         return self.num_experts * (self.hidden_size + (self.architecture == "gpt_oss"))
 
@@ -278,10 +284,7 @@ class ModelConfig:
     def num_params(self) -> int:
         """Parameter count (for roofline figures and the start-up summary)."""
         h, layers = self.hidden_size, self.num_hidden_layers
-        if self.is_moe:
-            mlp = self.num_experts * self._expert_params() + self._router_params()
-        else:
-            mlp = 3 * h * self.intermediate_size
+        mlp = self._mlp_params(self.num_experts)
         emb = self.vocab_size * h
         return (
             layers * (self._attention_params() + mlp)
@@ -305,11 +308,7 @@ class ModelConfig:
         """Parameters one decoded token reads: attention and the MLP (a MoE's router and top-k
         experts) of each layer, one embedding row, the final norm and the LM head (the decode
         roofline's bytes / dtype size). An untied input embedding is read one row a token, so
-        its table is not counted (before stop 64 dense models counted it: qwen3-8b's roofline
-        was 8% low)."""
+        its table is not counted."""
         h, layers = self.hidden_size, self.num_hidden_layers
-        if self.is_moe:
-            mlp = self.num_experts_per_tok * self._expert_params() + self._router_params()
-        else:
-            mlp = 3 * h * self.intermediate_size
+        mlp = self._mlp_params(self.num_experts_per_tok)
         return layers * (self._attention_params() + mlp) + h + h + self.vocab_size * h
