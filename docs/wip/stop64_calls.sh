@@ -29,6 +29,13 @@ set -uo pipefail
 stage=$1 out=$(mkdir -p "$2" && cd "$2" && pwd)
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,power.limit --format=csv > "$out/gpu.txt"
+# breakable prefill at 256 tokens beside its own engine's eager, paired: $1 label, $2 models
+arm() {
+  timeout 200 python3 -m nanograph bench prefill --models "$2" --lengths 256 \
+    --arms breakable --moe-backend torch_native --peer-lengths '' --repeats 15 \
+    --eager-beside --out "$out/native_$1.json" > "$out/native_$1.log" 2>&1
+  echo "== $1 rc=$?"; grep -E "breakable: |paired" "$out/native_$1.log"
+}
 case $stage in
   first)
     if grep -q H200 "$out/gpu.txt"; then exec bash "$0" aims "$out"; fi
@@ -46,21 +53,12 @@ case $stage in
     for round in 1 2; do
       for tree in views head; do
         [ $tree = head ] && git apply -R docs/wip/native_expert_views.patch
-        timeout 200 python3 -m nanograph bench prefill --models qwen3-30b-a3b,gpt-oss-20b \
-          --lengths 256 --arms breakable --moe-backend torch_native --peer-lengths '' \
-          --repeats 15 --eager-beside --out "$out/${tree}$round.json" > "$out/${tree}$round.log" 2>&1
-        echo "== $tree$round rc=$?"; grep -E "paired: " "$out/${tree}$round.log"
+        arm "$tree$round" qwen3-30b-a3b,gpt-oss-20b
         [ $tree = head ] && git apply docs/wip/native_expert_views.patch
       done
     done
     git apply -R docs/wip/native_expert_views.patch ;;
   native_ab|native_ab2)
-    arm() {  # $1: label, $2: models; breakable beside its own engine's eager, paired
-      timeout 200 python3 -m nanograph bench prefill --models "$2" --lengths 256 \
-        --arms breakable --moe-backend torch_native --peer-lengths '' --repeats 15 \
-        --eager-beside --out "$out/native_$1.json" > "$out/native_$1.log" 2>&1
-      echo "== $1 rc=$?"; grep -E "breakable: |paired" "$out/native_$1.log"
-    }
     if [ "$stage" = native_ab2 ]; then  # gpt-oss-20b again, slim first (the first run's
       # slim arm came last, after its before arm's samples had drifted up 40%)
       for round in 1 2; do

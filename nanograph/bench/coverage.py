@@ -52,8 +52,8 @@ def _engine(model: str, moe: str, backend: str, args: argparse.Namespace):
         cuda_graph_bs=tuple(args.decode_batches), prefill_graph_tokens=(args.prefill_tokens,),
         chunked_prefill_size=args.prefill_tokens, max_num_seqs=max(args.decode_batches),
         max_model_len=args.prefill_tokens + args.new_tokens + 16, progress=False, **extra,
-        # the timed prompt repeats: with the prefix cache on, every call after the first
-        # prefilled only its last page's tokens (too few to replay the captured shape)
+        # the timed prompt repeats and begins with the decode prompt (one seed): with the
+        # prefix cache on, each call prefilled only its last tokens, too few to replay
         disable_prefix_caching=True, **STARTUP_CAPTURE,
     )  # fmt: skip
 

@@ -16,9 +16,8 @@ Invariants:
   ``tc_piecewise``; ``full`` graphs cannot hold it (the engine refuses that combination).
 - The native MoE's split op holds only the per-expert products (and the activation between
   them): sorting the pairs by expert before it and combining them after it have static
-  shapes, so graphs capture them. It writes
-  into an output allocated before it (inside the graph), like attention, so a break has
-  nothing to copy out.
+  shapes, so graphs capture them. It writes into an output allocated before it (inside the
+  graph), like attention, so a break has nothing to copy out.
 - The fused batch-1 decode (``forward_add``, triton experts on one rank) adds the experts'
   sum into the residual stream in the down projection's kernel.
 """
