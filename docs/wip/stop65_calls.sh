@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Stop 65's device call (four starts failed first: one call left in the budget), from the repo
+# Stop 65's device call (six starts failed first: one call left in the budget), from the repo
 # root with NANOGRAPH_COMMIT exported:
 #   bash docs/wip/stop65_calls.sh one $OUT/o    # <= LIMIT (570) s, whichever GPU comes
-# H100: native_expert_views.patch's GPU tests, its A/B (one round, stop64_calls.sh's arm),
-#   then bench coverage of qwen3-30b-a3b torch_native in the time left (the prefill column
-#   with 485d7e9's prefix cache off).
-# H200: the decode aims (stop62_calls.sh aims' decode line), then the A/B (one round): the
-#   native prefill aim on an H200 with and without the patch.
+# H100: bench coverage of qwen3-30b-a3b torch_native (the prefill column with 485d7e9's
+#   prefix cache off), then, in the time left, native_expert_views.patch's GPU tests and its
+#   A/B (one round of stop64_calls.sh's arm: HEAD, then with the patch).
+# H200: the decode aims (stop62_calls.sh aims' decode line), then the native prefill aim at
+#   HEAD, then with the patch if time is left.
 # PREDICTED: stop64_calls.sh's (views: paired 1.40x -> ~1.44x on qwen3-30b-a3b, gpt-oss-20b
 # ~+1%; coverage's breakable prefill ~1.4x).
 set -uo pipefail
@@ -21,29 +21,32 @@ arm() {  # $1 label, $2 models: breakable prefill at 256 tokens beside eager, pa
     --eager-beside --out "$out/native_$1.json" > "$out/native_$1.log" 2>&1
   echo "== $1 rc=$? at $(( $(date +%s) - begin )) s"; grep -E "breakable: |paired" "$out/native_$1.log"
 }
-ab() {  # with the patch, then without (HEAD), both models
+ab() {  # HEAD first (the aim as it stands), then with the patch, while time is left
+  arm head qwen3-30b-a3b,gpt-oss-20b
+  [ "$(left)" -gt 150 ] || { echo "no time left for the views arm"; return; }
   git apply docs/wip/native_expert_views.patch && arm views qwen3-30b-a3b,gpt-oss-20b
-  git apply -R docs/wip/native_expert_views.patch && arm head qwen3-30b-a3b,gpt-oss-20b
+  git apply -R docs/wip/native_expert_views.patch
 }
 case $stage in
   one)
     if grep -q H200 "$out/gpu.txt"; then
-      timeout 300 python3 -m nanograph bench decode --models qwen3-0.6b,qwen3-8b,qwen3-30b-a3b \
-        --arms full --batches 1,8 --repeats 3 --out "$out/decode.json" > "$out/decode.log" 2>&1
+      timeout "$(( $(left) < 300 ? $(left) : 300 ))" python3 -m nanograph bench decode \
+        --models qwen3-0.6b,qwen3-8b,qwen3-30b-a3b --arms full --batches 1,8 --repeats 3 \
+        --out "$out/decode.json" > "$out/decode.log" 2>&1
       echo "decode rc=$? at $(( $(date +%s) - begin )) s"
       grep -E "decode=|roofline" "$out/decode.log" | tail -12
       ab; exit 0
     fi
+    timeout "$(left)" python3 -m nanograph bench coverage --models qwen3-30b-a3b \
+      --moe-backends torch_native --out "$out/coverage.json" > "$out/coverage.log" 2>&1
+    echo "coverage rc=$? at $(( $(date +%s) - begin )) s"
+    grep -v -i "warn\|^INFO" "$out/coverage.log" | tail -14
+    [ "$(left)" -gt 300 ] || { echo "no time left for the views patch"; exit 0; }
     git apply docs/wip/native_expert_views.patch
     timeout 150 python3 -m pytest -q -p no:cacheprovider -rfE tests/gpu/test_moe_gpu.py \
       -k "native or breakable or piecewise" > "$out/views_tests.log" 2>&1
     echo "views tests rc=$? at $(( $(date +%s) - begin )) s"; tail -n 1 "$out/views_tests.log"
     git apply -R docs/wip/native_expert_views.patch
-    ab
-    [ "$(left)" -gt 240 ] || { echo "no time left for coverage"; exit 0; }
-    timeout "$(left)" python3 -m nanograph bench coverage --models qwen3-30b-a3b \
-      --moe-backends torch_native --out "$out/coverage.json" > "$out/coverage.log" 2>&1
-    echo "coverage rc=$? at $(( $(date +%s) - begin )) s"
-    grep -v -i "warn\|^INFO" "$out/coverage.log" | tail -14 ;;
+    ab ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
