@@ -22,6 +22,7 @@ arm() {  # $1 label, $2 models: breakable prefill at 256 tokens beside eager, pa
   echo "== $1 rc=$? at $(( $(date +%s) - begin )) s"; grep -E "breakable: |paired" "$out/native_$1.log"
 }
 ab() {  # HEAD first (the aim as it stands), then with the patch, while time is left
+  [ "$(left)" -gt 150 ] || { echo "no time left for the native arms"; return; }
   arm head qwen3-30b-a3b,gpt-oss-20b
   [ "$(left)" -gt 150 ] || { echo "no time left for the views arm"; return; }
   git apply docs/wip/native_expert_views.patch && arm views qwen3-30b-a3b,gpt-oss-20b
@@ -31,7 +32,7 @@ case $stage in
   one)
     if grep -q H200 "$out/gpu.txt"; then
       timeout "$(( $(left) < 300 ? $(left) : 300 ))" python3 -m nanograph bench decode \
-        --models qwen3-0.6b,qwen3-8b,qwen3-30b-a3b --arms full --batches 1,8 --repeats 3 \
+        --models qwen3-0.6b,qwen3-8b,qwen3-30b-a3b --arms full --batches "${BATCHES:-1,8}" --repeats 3 \
         --out "$out/decode.json" > "$out/decode.log" 2>&1
       echo "decode rc=$? at $(( $(date +%s) - begin )) s"
       grep -E "decode=|roofline" "$out/decode.log" | tail -12
