@@ -32,7 +32,7 @@ case $stage in
   one)
     if grep -q H200 "$out/gpu.txt"; then
       timeout "$(( $(left) < 300 ? $(left) : 300 ))" python3 -m nanograph bench decode \
-        --models qwen3-0.6b,qwen3-8b,qwen3-30b-a3b --arms full --batches "${BATCHES:-1,8}" --repeats 3 \
+        --models "${DECODE_MODELS:-qwen3-0.6b,qwen3-8b,qwen3-30b-a3b}" --arms full --batches "${BATCHES:-1,8}" --repeats 3 \
         --out "$out/decode.json" > "$out/decode.log" 2>&1
       echo "decode rc=$? at $(( $(date +%s) - begin )) s"
       grep -E "decode=|roofline" "$out/decode.log" | tail -12
