@@ -30,7 +30,7 @@ ab() {  # HEAD first (the aim as it stands), then with the patch, while time is 
 }
 case $stage in
   one)
-    if grep -q H200 "$out/gpu.txt"; then
+    if grep -q H200 "$out/gpu.txt" || [ -n "${DECODE_FIRST:-}" ]; then
       timeout "$(( $(left) < 300 ? $(left) : 300 ))" python3 -m nanograph bench decode \
         --models "${DECODE_MODELS:-qwen3-0.6b,qwen3-8b,qwen3-30b-a3b}" --arms full --batches "${BATCHES:-1,8}" --repeats 3 \
         --out "$out/decode.json" > "$out/decode.log" 2>&1
