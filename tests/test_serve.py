@@ -31,6 +31,9 @@ COMPLETION_PROMPT = "The three primary colours are"
 PENALTIES = dict(presence_penalty=1.0, frequency_penalty=0.5, repetition_penalty=1.3)
 
 
+TOOL = {"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}
+
+
 SERVER_ARGS = ("--api-key", KEY, "--max-model-len", str(MAX_LEN), "--quiet",
                "--shutdown-timeout", "20")  # fmt: skip
 
@@ -119,6 +122,18 @@ def test_chat_matches_offline_and_stream_matches_whole(any_server, reference):
     # one id, creation time and model on every chunk of the stream, and the chunk object type
     assert len({(c.id, c.created, c.model, c.object) for c in chunks}) == 1
     assert chunks[0].object == "chat.completion.chunk" and chunks[0].model == "smollm2-135m"
+
+
+def test_text_format_and_tools_not_to_call_answer_as_a_plain_request(server, reference):
+    """The refusable options in their harmless forms are accepted and change nothing: a text
+    response_format, tools with tool_choice "none" (an answer in text), text modalities."""
+    body = {"model": "smollm2-135m", "messages": QUESTION, "max_tokens": 16, "temperature": 0,
+            "response_format": {"type": "text"}, "tools": [TOOL], "tool_choice": "none",
+            "functions": [TOOL["function"]], "function_call": "none", "modalities": ["text"],
+            "min_tokens": 0, "include_stop_str_in_output": False}  # fmt: skip
+    r = httpx.post(f"{server.base}/v1/chat/completions", json=body, headers=_auth(), timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"]["content"] == reference["chat"].text
 
 
 def test_completions_text_and_token_ids(client, reference, server):
@@ -459,6 +474,58 @@ BAD = [  # (body or raw bytes, endpoint, status, param)
     ({"prompt": "hi", "stop": [""]}, "completions", 400, "stop"),
     ({"prompt": "hi", "seed": 2**70}, "completions", 400, "seed"),
     ({}, "completions", 400, "prompt"),
+    # what the engine cannot honour: refused, never silently ignored
+    ({"prompt": "hi", "best_of": 2}, "completions", 400, "best_of"),
+    ({"prompt": "hi", "suffix": "!"}, "completions", 400, "suffix"),
+    (
+        {"messages": QUESTION, "response_format": {"type": "json_object"}},
+        "chat/completions",
+        400,
+        "response_format",
+    ),
+    (
+        {"prompt": "hi", "response_format": {"type": "json_schema", "json_schema": {}}},
+        "completions",
+        400,
+        "response_format",
+    ),
+    ({"prompt": "hi", "guided_json": {"type": "object"}}, "completions", 400, "guided_json"),
+    (
+        {"messages": QUESTION, "structured_outputs": {"regex": "a+"}},
+        "chat/completions",
+        400,
+        "structured_outputs",
+    ),
+    ({"messages": QUESTION, "regex": "a+"}, "chat/completions", 400, "regex"),
+    ({"messages": QUESTION, "tools": [TOOL]}, "chat/completions", 400, "tools"),
+    (
+        {"messages": QUESTION, "tools": [TOOL], "tool_choice": "auto"},
+        "chat/completions",
+        400,
+        "tools",
+    ),
+    ({"messages": QUESTION, "tool_choice": "required"}, "chat/completions", 400, "tool_choice"),
+    ({"messages": QUESTION, "functions": [TOOL["function"]]}, "chat/completions", 400, "functions"),
+    (
+        {"messages": QUESTION, "modalities": ["text", "audio"]},
+        "chat/completions",
+        400,
+        "modalities",
+    ),
+    (
+        {"messages": QUESTION, "audio": {"voice": "alloy", "format": "wav"}},
+        "chat/completions",
+        400,
+        "audio",
+    ),
+    ({"prompt": "hi", "min_tokens": 4}, "completions", 400, "min_tokens"),
+    ({"prompt": "hi", "prompt_logprobs": 1}, "completions", 400, "prompt_logprobs"),
+    (
+        {"prompt": "hi", "include_stop_str_in_output": True},
+        "completions",
+        400,
+        "include_stop_str_in_output",
+    ),
 ]
 
 

@@ -14,8 +14,12 @@ Invariants:
 - ``echo`` puts each prompt (as given, or its ids decoded) in front of its choices' text;
   with ``logprobs`` it would need the prompt's log-probabilities, which the engine does not
   compute: refused.
-- Options the engine cannot honour (best_of, suffix) are refused with 400 rather than
-  silently ignored.
+- Options the engine cannot honour are refused with 400 rather than silently ignored: best_of,
+  suffix, constrained output (``response_format`` other than text; vLLM's ``guided_*`` and
+  ``structured_outputs``, SGLang's ``regex`` / ``json_schema`` / ``ebnf``), tool and function
+  calling (``tools`` / ``functions`` unless their choice is ``"none"``: then the model answers
+  in text without seeing them), audio, and vLLM's ``min_tokens``, ``prompt_logprobs`` and
+  ``include_stop_str_in_output``. Unknown fields outside these lists are still ignored.
 - Log-probabilities as OpenAI asks for them: chat's ``logprobs: true`` with ``top_logprobs``
   alternatives (0-20), completions' ``logprobs: N`` (0-20, OpenAI allows 5); both become
   ``SamplingParams.logprobs`` (the model's raw log-probabilities: ``engine/logprobs.py``).
@@ -94,6 +98,19 @@ class _Request(BaseModel):
     repetition_penalty: float | None = None  # vLLM's extension (transformers' definition)
     logit_bias: dict[str, float] | None = None
     user: str | None = None
+    # asked for, refused (refuse_unsupported): what the engine cannot honour
+    response_format: dict[str, Any] | None = None
+    guided_json: Any = None  # vLLM's constrained-output extensions ...
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+    structured_outputs: Any = None
+    regex: Any = None  # ... and SGLang's
+    json_schema: Any = None
+    ebnf: Any = None
+    min_tokens: int = 0  # vLLM's
+    prompt_logprobs: int | None = None  # vLLM's
+    include_stop_str_in_output: bool = False  # vLLM's
 
 
 class ChatRequest(_Request):
@@ -101,6 +118,12 @@ class ChatRequest(_Request):
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
+    tools: list[Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    functions: list[Any] | None = None  # OpenAI's deprecated form of tools
+    function_call: str | dict[str, Any] | None = None
+    modalities: list[str] | None = None
+    audio: dict[str, Any] | None = None
 
 
 class CompletionRequest(_Request):
@@ -198,10 +221,59 @@ def refuse_unsupported(request: _Request) -> None:
     unsupported = [
         ("best_of", (getattr(request, "best_of", None) or 1) != 1),
         ("suffix", bool(getattr(request, "suffix", None))),
+        ("min_tokens", request.min_tokens != 0),
+        ("prompt_logprobs", request.prompt_logprobs is not None),
+        ("include_stop_str_in_output", request.include_stop_str_in_output),
     ]
     for name, asked in unsupported:
         if asked:
             raise ApiError(400, f"{name} is not supported by this server: leave it out", param=name)
+    _refuse_constrained_output(request)
+    if isinstance(request, ChatRequest):
+        _refuse_beyond_text(request)
+
+
+_CONSTRAINTS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar",
+                "structured_outputs", "regex", "json_schema", "ebnf")  # fmt: skip
+
+
+def _refuse_constrained_output(request: _Request) -> None:
+    """Constrained decoding (JSON mode, schemas, regexes, grammars) is not implemented: a
+    request asking for it would get unconstrained text that looks like an answer."""
+    kind = (request.response_format or {}).get("type", "text")
+    if kind != "text":
+        raise ApiError(
+            400,
+            f"response_format {kind!r} needs constrained decoding, which this server does not "
+            'do: leave response_format out or ask for {"type": "text"}',
+            param="response_format",
+        )
+    asked = next((name for name in _CONSTRAINTS if getattr(request, name) is not None), None)
+    if asked is not None:
+        raise ApiError(
+            400, f"{asked} needs constrained decoding, which this server does not do: leave it "
+            "out", param=asked,
+        )  # fmt: skip
+
+
+def _refuse_beyond_text(request: ChatRequest) -> None:
+    """Chat's answers other than text: tool calls (never parsed out of the output; with the
+    choice "none" the model must answer in text, which it does without seeing the
+    definitions) and audio."""
+    for tools, choice in (("tools", "tool_choice"), ("functions", "function_call")):
+        given, chosen = getattr(request, tools), getattr(request, choice)
+        if chosen != "none" and (given or chosen is not None):
+            raise ApiError(
+                400,
+                f"tool calling is not supported by this server: leave {tools} out, or set "
+                f'{choice} to "none" for an answer in text',
+                param=tools if given else choice,
+            )
+    if request.audio is not None or any(m != "text" for m in request.modalities or ()):
+        raise ApiError(
+            400, "this server answers in text only: leave audio and modalities out",
+            param="audio" if request.audio is not None else "modalities",
+        )  # fmt: skip
 
 
 def chat_prompt_ids(tokenizer: Any, request: ChatRequest) -> list[int]:
