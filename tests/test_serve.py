@@ -130,7 +130,7 @@ def test_text_format_and_tools_not_to_call_answer_as_a_plain_request(server, ref
     body = {"model": "smollm2-135m", "messages": QUESTION, "max_tokens": 16, "temperature": 0,
             "response_format": {"type": "text"}, "tools": [TOOL], "tool_choice": "none",
             "functions": [TOOL["function"]], "function_call": "none", "modalities": ["text"],
-            "min_tokens": 0, "include_stop_str_in_output": False}  # fmt: skip
+            "min_tokens": 0, "include_stop_str_in_output": None}  # fmt: skip
     r = httpx.post(f"{server.base}/v1/chat/completions", json=body, headers=_auth(), timeout=60)
     assert r.status_code == 200, r.text
     assert r.json()["choices"][0]["message"]["content"] == reference["chat"].text

@@ -108,9 +108,9 @@ class _Request(BaseModel):
     regex: Any = None  # ... and SGLang's
     json_schema: Any = None
     ebnf: Any = None
-    min_tokens: int = 0  # vLLM's
+    min_tokens: int | None = None  # vLLM's
     prompt_logprobs: int | None = None  # vLLM's
-    include_stop_str_in_output: bool = False  # vLLM's
+    include_stop_str_in_output: bool | None = None  # vLLM's
 
 
 class ChatRequest(_Request):
@@ -221,9 +221,9 @@ def refuse_unsupported(request: _Request) -> None:
     unsupported = [
         ("best_of", (getattr(request, "best_of", None) or 1) != 1),
         ("suffix", bool(getattr(request, "suffix", None))),
-        ("min_tokens", request.min_tokens != 0),
+        ("min_tokens", bool(request.min_tokens)),
         ("prompt_logprobs", request.prompt_logprobs is not None),
-        ("include_stop_str_in_output", request.include_stop_str_in_output),
+        ("include_stop_str_in_output", bool(request.include_stop_str_in_output)),
     ]
     for name, asked in unsupported:
         if asked:
