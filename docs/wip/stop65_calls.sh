@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Stop 65's device call (six starts failed first: one call left in the budget), from the repo
+# Stop 65's device call (never run: nine starts failed), from the repo
 # root with NANOGRAPH_COMMIT exported:
 #   bash docs/wip/stop65_calls.sh one $OUT/o    # <= LIMIT (570) s, whichever GPU comes
 # H100: bench coverage of qwen3-30b-a3b torch_native (the prefill column with 485d7e9's

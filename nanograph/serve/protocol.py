@@ -218,42 +218,36 @@ def refuse_unsupported(request: _Request) -> None:
                 f"got {request.top_logprobs}",
                 param="top_logprobs",
             )
+    # constrained decoding (JSON mode, schemas, regexes, grammars) is not implemented: such a
+    # request would get unconstrained text that looks like an answer
+    constrained = "needs constrained decoding, which this server does not do"
+    no = "is not supported by this server"
     unsupported = [
-        ("best_of", (getattr(request, "best_of", None) or 1) != 1),
-        ("suffix", bool(getattr(request, "suffix", None))),
-        ("min_tokens", bool(request.min_tokens)),
-        ("prompt_logprobs", request.prompt_logprobs is not None),
-        ("include_stop_str_in_output", bool(request.include_stop_str_in_output)),
+        ("best_of", (getattr(request, "best_of", None) or 1) != 1, no),
+        ("suffix", bool(getattr(request, "suffix", None)), no),
+        ("min_tokens", bool(request.min_tokens), no),
+        ("prompt_logprobs", request.prompt_logprobs is not None, no),
+        ("include_stop_str_in_output", bool(request.include_stop_str_in_output), no),
+        *((name, getattr(request, name) is not None, constrained) for name in _CONSTRAINTS),
     ]
-    for name, asked in unsupported:
+    for name, asked, why in unsupported:
         if asked:
-            raise ApiError(400, f"{name} is not supported by this server: leave it out", param=name)
-    _refuse_constrained_output(request)
-    if isinstance(request, ChatRequest):
-        _refuse_beyond_text(request)
-
-
-_CONSTRAINTS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar",
-                "structured_outputs", "regex", "json_schema", "ebnf")  # fmt: skip
-
-
-def _refuse_constrained_output(request: _Request) -> None:
-    """Constrained decoding (JSON mode, schemas, regexes, grammars) is not implemented: a
-    request asking for it would get unconstrained text that looks like an answer."""
+            raise ApiError(400, f"{name} {why}: leave it out", param=name)
     kind = (request.response_format or {}).get("type", "text")
     if kind != "text":
         raise ApiError(
             400,
-            f"response_format {kind!r} needs constrained decoding, which this server does not "
-            'do: leave response_format out or ask for {"type": "text"}',
+            f"response_format {kind!r} {constrained}: leave response_format out or ask for "
+            '{"type": "text"}',
             param="response_format",
         )
-    asked = next((name for name in _CONSTRAINTS if getattr(request, name) is not None), None)
-    if asked is not None:
-        raise ApiError(
-            400, f"{asked} needs constrained decoding, which this server does not do: leave it "
-            "out", param=asked,
-        )  # fmt: skip
+    if isinstance(request, ChatRequest):
+        _refuse_beyond_text(request)
+
+
+# vLLM's constrained-output fields, then SGLang's
+_CONSTRAINTS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar",
+                "structured_outputs", "regex", "json_schema", "ebnf")  # fmt: skip
 
 
 def _refuse_beyond_text(request: ChatRequest) -> None:
