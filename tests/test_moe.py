@@ -225,6 +225,41 @@ def test_native_moe_matches_float64(case):
     torch.testing.assert_close(native, expected, atol=2e-4, rtol=2e-4)
 
 
+def test_native_moe_keeps_a_layers_expert_views_while_its_weights_stay():
+    """A native layer's per-expert weight views are made once and dropped with the layer; a
+    weight replaced between forwards is what the next forward uses."""
+    import gc
+
+    from nanograph.models import moe
+
+    config = resolve_model("qwen3-30b-a3b", "dummy").config.replace(
+        num_hidden_layers=1, hidden_size=48, moe_intermediate_size=40, num_experts=6,
+        num_experts_per_tok=2,
+    )  # fmt: skip
+    layer = moe.MoE(config, get_moe_backend("torch_native", CPU))
+    for p in layer.parameters():
+        torch.nn.init.normal_(p, std=0.2)
+    layer.requires_grad_(False)
+    x = torch.randn(7, 48, generator=torch.Generator().manual_seed(2))
+    first = layer(x)
+    views = moe._EXPERT_VIEWS[(layer.views_key, 0)][1][0]
+    torch.testing.assert_close(layer(x), first, rtol=0, atol=0)
+    assert moe._EXPERT_VIEWS[(layer.views_key, 0)][1][0] is views  # made once
+    layer.w13 = torch.nn.Parameter(2 * layer.w13, requires_grad=False)  # new memory
+    assert not torch.allclose(layer(x), first)
+    assert moe._EXPERT_VIEWS[(layer.views_key, 0)][1][0] is not views
+    logits = layer.router(x)
+    routed = moe.route(logits, 2, True, config.norm_topk_prob)
+    fresh = moe.native_moe(x, layer.w13, layer.w2, None, None, *routed, 0, 1.702, 7.0)
+    kept = layer.backend.forward(layer, x, logits)
+    torch.testing.assert_close(kept, fresh, rtol=0, atol=0)  # fresh: views made for the call
+    key = layer.views_key
+    del layer
+    gc.collect()
+    assert (key, 0) not in moe._EXPERT_VIEWS and (key, 1) not in moe._EXPERT_VIEWS
+    assert get_moe_backend("triton", CPU).graph_safe  # its layers keep no views: key -1
+
+
 # the sorted regime for every case; the pairwise one where it runs (a few tokens)
 FUSED_CASES = [(c, False) for c in CASES] + [
     (c, True)

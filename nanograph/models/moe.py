@@ -24,6 +24,7 @@ Invariants:
 
 from __future__ import annotations
 
+import weakref
 from abc import ABC, abstractmethod
 
 import torch
@@ -94,8 +95,10 @@ class TorchNativeMoE(MoEBackend):
 
     def forward(self, layer: MoE, x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         weights, ids = route(logits, layer.top_k, layer.softmax_first, layer.renormalize)
-        return native_moe(x, layer.w13, layer.w2, layer.w13_bias, layer.w2_bias, weights, ids,
-                          layer.activation_id, layer.alpha, layer.limit)  # fmt: skip
+        return native_moe(
+            x, layer.w13, layer.w2, layer.w13_bias, layer.w2_bias, weights, ids,
+            layer.activation_id, layer.alpha, layer.limit, layer.views_key,
+        )  # fmt: skip
 
 
 def get_moe_backend(name: str, device: torch.device) -> MoEBackend:
@@ -135,9 +138,11 @@ _fused_moe_op.register_fake(lambda *args: None)
 def native_moe(
     x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, b13: torch.Tensor | None,
     b2: torch.Tensor | None, weights: torch.Tensor, ids: torch.Tensor, activation: int,
-    alpha: float, limit: float,
+    alpha: float, limit: float, views_key: int = -1,
 ) -> torch.Tensor:  # fmt: skip
-    """Each expert's tokens through that expert, one expert at a time. Only the loop, whose
+    """Each expert's tokens through that expert, one expert at a time (``views_key``: the
+    layer's, from ``expert_views_key``, keeps the experts' weight views from one call to the
+    next; -1 makes them every call). Only the loop, whose
     shapes follow the routing, is the split op; the work around it has the same shapes for any
     routing, so graphs capture it: the (token, expert) pairs sorted by expert, each expert's
     end among them, the rows gathered in that order before the loop; scaled, put back in pair
@@ -150,7 +155,7 @@ def native_moe(
     ends = torch.searchsorted(expert_ids, experts, right=True)
     rows = x[order // top_k]
     down = torch.empty_like(rows)  # allocated here, inside the graph: the break only fills it
-    native_experts(rows, ends, w13, w2, b13, b2, activation, alpha, limit, down)
+    native_experts(rows, ends, w13, w2, b13, b2, activation, alpha, limit, views_key, down)
     scales = weights.reshape(-1)[order].to(x.dtype)[:, None]
     # back to pair order, then a sum over k: deterministic (an index_add_ of duplicate token
     # rows would add in any order on CUDA)
@@ -162,7 +167,7 @@ def native_moe(
 def native_experts(
     rows: torch.Tensor, ends: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     b13: torch.Tensor | None, b2: torch.Tensor | None, activation: int, alpha: float,
-    limit: float, out: torch.Tensor,
+    limit: float, views_key: int, out: torch.Tensor,
 ) -> None:  # fmt: skip
     """out = the rows, sorted by expert, through their experts: expert e's run ends at
     ``ends[e]``, which the host reads (a sync), so the shapes follow the routing. Each expert's
@@ -171,25 +176,59 @@ def native_experts(
     activation and a copy an expert took five (SwiGLU) to eleven (gpt-oss' clamped one)."""
     bounds = [0, *ends.tolist()]
     counts = [b - a for a, b in zip(bounds, bounds[1:])]
-    gate_up = _products(rows, w13, b13, counts)
+    gate_up = _products(rows, _expert_views(views_key, 0, w13, b13), counts)
     act = reference.moe_activation(gate_up, _ACTIVATIONS[activation], alpha, limit)
-    _products(act, w2, b2, counts, out=out)
+    _products(act, _expert_views(views_key, 1, w2, b2), counts, out=out)
+
+
+# The native loop's per-expert weight views, made on a layer's first forward and dropped with
+# the layer (``expert_views_key``): unbinding them on every forward cost the break ~0.1 ms a
+# product on the CPU machine's host (128 experts), where each of its launches costs ~5 us.
+# The split op's schema takes tensors and numbers, not the layer, so it finds them by a key.
+_EXPERT_VIEWS: dict[tuple[int, int], tuple] = {}
+
+
+def expert_views_key(layer: nn.Module) -> int:
+    """A key for ``layer``'s expert views, whose cache entries go when the layer does."""
+    key = id(layer)
+    weakref.finalize(layer, _forget_views, key)
+    return key
+
+
+def _forget_views(key: int) -> None:
+    for product in (0, 1):
+        _EXPERT_VIEWS.pop((key, product), None)
+
+
+def _expert_views(
+    key: int, product: int, w: torch.Tensor, b: torch.Tensor | None
+) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...] | None]:
+    """Each expert's weight, transposed, and bias, as views: kept under ``key`` (when it is
+    not -1) while the weights are the same tensors in the same memory."""
+    stamp = (w.data_ptr(), w.shape, w.dtype, None if b is None else b.data_ptr())
+    cached = _EXPERT_VIEWS.get((key, product))
+    if cached is not None and cached[0] == stamp:
+        return cached[1]
+    views = (w.transpose(1, 2).unbind(0), None if b is None else b.unbind(0))
+    if key != -1:
+        _EXPERT_VIEWS[(key, product)] = (stamp, views)
+    return views
 
 
 def _products(
-    x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, counts: list[int],
-    out: torch.Tensor | None = None,
+    x: torch.Tensor, experts: tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...] | None],
+    counts: list[int], out: torch.Tensor | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """F.linear(rows, w[e], b[e]) for each expert e's ``counts[e]`` consecutive rows of x, each
     written into its slice of one output (``out``, else a new one; ``mm`` / ``addmm`` with
-    ``out=``: no copy). The per-expert views, the weights' already transposed, come from one
-    ``split`` / ``unbind`` each: on CUDA this loop is bound by the host's per-op cost, and
-    indexing every view separately took ~40% of it (a ``.t()`` an expert ~20% of the rest, on
-    the CPU machine)."""
+    ``out=``: no copy); ``experts``: each w[e] transposed and b[e] (``_expert_views``). The
+    rows' and the output's per-expert views come from one ``split`` each: on CUDA this loop is
+    bound by the host's per-op cost, and indexing every view separately took ~40% of it (a
+    ``.t()`` an expert ~20% of the rest, on the CPU machine)."""
+    wts, bs = experts
     if out is None:
-        out = x.new_empty(x.shape[0], w.shape[1])
-    xs, outs, wts = x.split(counts), out.split(counts), w.transpose(1, 2).unbind(0)
-    bs = b.unbind(0) if b is not None else None
+        out = x.new_empty(x.shape[0], wts[0].shape[1])
+    xs, outs = x.split(counts), out.split(counts)
     for expert, count in enumerate(counts):
         if not count:
             continue
@@ -231,6 +270,7 @@ class MoE(nn.Module):
         inter = config.expert_intermediate_size
         gpt_oss = config.moe_activation == "clamped_swiglu"
         self.backend = backend
+        self.views_key = -1 if backend.graph_safe else expert_views_key(self)
         self.top_k = config.num_experts_per_tok
         self.softmax_first = not gpt_oss
         self.renormalize = config.norm_topk_prob
