@@ -163,6 +163,18 @@ def test_completions_text_and_token_ids(client, reference, server):
     assert [t for c in choices for t in c.get("token_ids", [])] == expected.token_ids
 
 
+def test_max_tokens_past_the_context_ends_at_the_context(client):
+    """More max_tokens than the context leaves is accepted (vLLM and SGLang refuse it): the
+    answer stops at the context length, finish_reason "length"."""
+    prompt = list(range(1000, 1000 + MAX_LEN - 5))
+    out = client.completions.create(
+        model="smollm2-135m", prompt=prompt, max_tokens=10 * MAX_LEN, temperature=0,
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    assert out.choices[0].finish_reason == "length"
+    assert (out.usage.prompt_tokens, out.usage.completion_tokens) == (MAX_LEN - 5, 5)
+
+
 def test_logprobs_equal_offline_whole_and_streamed(any_server, reference):
     """Chat's logprobs objects (whole, and spread over stream chunks) and completions' carry
     the offline engine's log-probabilities for the same tokens."""
