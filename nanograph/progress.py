@@ -1,10 +1,11 @@
-"""Progress bars for long start-up work (weight loading, graph capture), on terminals only."""
+"""Progress bars for long work (weight loading, graph capture, offline generation), on
+terminals only."""
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Iterable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -18,3 +19,13 @@ def progress_bar(
     from tqdm import tqdm
 
     return tqdm(items, desc=desc, total=total, unit=unit, leave=False)
+
+
+def counter_bar(total: int, *, desc: str, show: bool = True, unit: str = "it") -> Any | None:
+    """A tqdm bar the caller advances (``update`` / ``set_postfix_str`` / ``close``), kept on
+    screen when closed; None where ``progress_bar`` would show none."""
+    if not show or not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit=unit)

@@ -163,6 +163,29 @@ def test_max_tokens_past_the_context_stops_at_the_context(tiny):
     assert len(out.token_ids) == 32 - 10
 
 
+def test_generate_shows_a_bar_of_finished_prompts_on_a_terminal(tiny, monkeypatch, capsys):
+    """vLLM's use_tqdm: a bar on a terminal, finished prompts of the batch (a bad prompt
+    counts as finished), and none with use_tqdm=False, progress=False or off a terminal."""
+    import sys
+
+    llm = make_llm(tiny, progress=True)
+    batch = prompts(3) + [[10**9]]  # the last is outside the vocabulary: an error output
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    outs = llm.generate(batch, GREEDY)
+    err = capsys.readouterr().err
+    assert "Processed prompts" in err and "4/4" in err and "tok/s" in err
+    assert [o.ok for o in outs] == [True, True, True, False]
+    assert [o.token_ids for o in outs[:3]] == [
+        o.token_ids for o in llm.generate(batch[:3], GREEDY, use_tqdm=False)
+    ]
+    assert "Processed prompts" not in capsys.readouterr().err
+    quiet = make_llm(tiny)  # progress=False
+    quiet.generate(batch[:1], GREEDY)
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: False)
+    llm.generate(batch[:1], GREEDY)
+    assert "Processed prompts" not in capsys.readouterr().err
+
+
 def test_pending_tokens_equal_the_joined_slice():
     from nanograph.engine.request import Request
 

@@ -177,7 +177,7 @@ def _copy_seconds(nbytes: int, dev: torch.device, repeats: int) -> list[float]:
 def generate(llm: Any, prompts: list, params: Any) -> list:
     """``llm.generate``, raising where a request failed: a bench must never time a rejection
     (a prompt at the model's context length, a KV pool too small) as if it were work."""
-    outs = llm.generate(prompts, params)
+    outs = llm.generate(prompts, params, use_tqdm=False)
     failed = [o.error for o in outs if not o.ok]
     if failed:
         raise RuntimeError(f"{len(failed)} of {len(outs)} requests failed, first: {failed[0]}")

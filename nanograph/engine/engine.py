@@ -39,6 +39,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -488,14 +489,17 @@ class Engine:
                 finished.append(request)
         return finished
 
-    def run(self, requests: list[Request]) -> None:
-        """Steps until every request in ``requests`` has finished. A step left in flight (one
-        that a stop token made useless) is read too when nothing else waits: the engine ends
-        idle, holding no device work. Whatever raises (a bug, a KeyboardInterrupt), the
-        requests of this call are aborted before it propagates: none stays in the engine."""
+    def run(self, requests: list[Request], after_step: Callable[[], None] | None = None) -> None:
+        """Steps until every request in ``requests`` has finished (``after_step``: called after
+        each step, e.g. a progress bar's). A step left in flight (one that a stop token made
+        useless) is read too when nothing else waits: the engine ends idle, holding no device
+        work. Whatever raises (a bug, a KeyboardInterrupt), the requests of this call are
+        aborted before it propagates: none stays in the engine."""
         try:
             while any(r.status != Status.FINISHED for r in requests):
                 self.step()
+                if after_step is not None:
+                    after_step()
             if self._in_flight is not None and not self.scheduler.has_work():
                 self.step()
         except BaseException:

@@ -9,6 +9,7 @@ never leaves a request inside the engine, whatever raised.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +20,7 @@ from nanograph.engine.logprobs import TokenLogprob
 from nanograph.engine.prompts import Message, Prompt, is_single_prompt, prompt_token_ids
 from nanograph.engine.request import Request
 from nanograph.engine.sampling_params import SamplingParams
+from nanograph.progress import counter_bar
 
 
 @dataclass(frozen=True)
@@ -69,7 +71,10 @@ class LLM:
         self,
         prompts: Prompt | Sequence[Prompt],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
     ) -> list[RequestOutput]:
+        """``use_tqdm``: a progress bar of finished prompts and output tokens/s, on a terminal
+        (and unless the engine was made with ``progress=False``)."""
         batch = [prompts] if is_single_prompt(prompts) else list(prompts)
         params = SamplingParams() if sampling_params is None else sampling_params
         params_list = [params] * len(batch) if isinstance(params, SamplingParams) else list(params)
@@ -79,14 +84,22 @@ class LLM:
                 "give one, or one per prompt"
             )
         requests = []
+        show = use_tqdm and self.engine.config.progress
+        bar = counter_bar(len(batch), desc="Processed prompts", show=show, unit="prompt")
         try:
             for prompt, p in zip(batch, params_list):
                 requests.append(self._request(prompt, p))
-            self.engine.run(requests)
+            updater = None if bar is None else _BarUpdater(bar, requests)
+            self.engine.run(requests, updater)
+            if updater is not None:
+                updater(final=True)
         except BaseException:
             for request in requests:  # those queued before the exception: none stays behind
                 self.engine.abort(request, "error", "generate was interrupted")
             raise
+        finally:
+            if bar is not None:
+                bar.close()
         return [self._output(r) for r in requests]
 
     def _request(self, prompt: Any, params: Any) -> Request:
@@ -107,10 +120,11 @@ class LLM:
         self,
         conversations: list[Message] | Sequence[list[Message]],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
     ) -> list[RequestOutput]:
         if conversations and isinstance(conversations[0], dict):
             conversations = [conversations]  # one conversation
-        return self.generate(list(conversations), sampling_params)
+        return self.generate(list(conversations), sampling_params, use_tqdm)
 
     def _output(self, r: Request) -> RequestOutput:
         # with stop strings the engine keeps the text (cut before the stop string, possibly
@@ -135,3 +149,22 @@ class LLM:
             cached_tokens=r.num_cached_tokens,
             logprobs=list(r.logprobs) if getattr(r.params, "logprobs", None) is not None else None,
         )
+
+
+class _BarUpdater:
+    """After each engine step: the bar's finished prompts and output tokens/s, at most ten
+    times a second (counting walks every request)."""
+
+    def __init__(self, bar: Any, requests: list[Request]) -> None:
+        self.bar, self.requests = bar, requests
+        self.start = self.shown = time.perf_counter()
+
+    def __call__(self, final: bool = False) -> None:
+        now = time.perf_counter()
+        if now - self.shown < 0.1 and not final:
+            return
+        self.shown = now
+        done = sum(r.finish_reason is not None for r in self.requests)
+        tokens = sum(len(r.output_ids) for r in self.requests)
+        self.bar.set_postfix_str(f"output {tokens / (now - self.start):.0f} tok/s", refresh=False)
+        self.bar.update(done - self.bar.n)
