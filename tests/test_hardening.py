@@ -238,6 +238,20 @@ def test_first_bad_token_names_the_first_entry_outside_the_vocabulary(length):
         assert first_bad_token(ids, length) == length - 1, bad
 
 
+def test_start_up_gives_the_cyclic_gc_back_whether_loading_works_or_fails(tiny_model_dir, tmp_path):
+    """Loading runs with the cyclic GC paused; an engine that starts, and one whose model
+    fails to load, both leave it on."""
+    import gc
+
+    assert gc.isenabled()
+    LLM(str(tiny_model_dir("qwen3")), page_size=4, kv_cache_bytes=2**20, progress=False)
+    assert gc.isenabled()
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(Exception):  # noqa: B017 (the loader's own error type is not the point)
+        LLM(str(tmp_path), progress=False)
+    assert gc.isenabled()
+
+
 def test_weights_that_do_not_fit_the_gpu_fail_before_allocating(monkeypatch):
     """A model too large for the GPU's free memory is refused with the sizes and the ways out,
     before anything is allocated (checked here with CUDA's free-memory query faked)."""
