@@ -150,6 +150,35 @@ def test_token_lists_of_python_ints_other_integers_and_neither():
 
 
 @requires_smollm2
+def test_vllm_prompt_dicts_are_prompts_not_their_keys(smol):
+    """vLLM's TextPrompt / TokensPrompt dicts answer as the string or ids inside them, alone or
+    in a batch (a dict was iterated as its keys: generate({"prompt": "hi"}) answered the word
+    "prompt"); other dicts fail alone, saying what a prompt dict takes."""
+    ids = [1, 2, 3]
+    plain = [o.token_ids for o in smol.generate(["Name a colour.", ids], GREEDY)]
+    assert smol.generate({"prompt": "Name a colour."}, GREEDY)[0].token_ids == plain[0]
+    assert smol.generate({"prompt_token_ids": ids}, GREEDY)[0].token_ids == plain[1]
+    batch = [{"prompt": "Name a colour."}, {"prompt_token_ids": ids}]
+    assert [o.token_ids for o in smol.generate(batch, GREEDY)] == plain
+    bad = [
+        {"role": "user", "content": "one message, not in a list"},
+        {"prompt": "x", "multi_modal_data": {}},
+        {"prompt_token_ids": "1 2 3"},
+        {"prompt": 7},
+        {"prompt_token_ids": []},
+    ]
+    outs = smol.generate([*bad, ids], GREEDY)
+    assert [o.ok for o in outs] == [False] * len(bad) + [True]
+    assert outs[-1].token_ids == plain[1]
+    assert "a conversation is a list of {'role', 'content'} dicts" in outs[0].error
+    assert "multi_modal_data in a prompt dict is not supported" in outs[1].error
+    assert "prompt_token_ids must be a list" in outs[2].error
+    assert "'prompt' must be a string" in outs[3].error
+    assert "the prompt is empty" in outs[4].error
+    assert_clean(smol)
+
+
+@requires_smollm2
 def test_lone_surrogates_and_broken_messages_fail_alone(smol):
     valid = "Name a colour."
     alone = smol.generate(valid, GREEDY)[0].token_ids

@@ -1,8 +1,9 @@
 """The offline API: ``LLM(model=..., **engine_args).generate(prompts, SamplingParams(...))``.
 
-A prompt is a string (raw completion), a list of token ids, or a chat conversation (a list of
-``{"role", "content"}`` dicts, rendered with the model's chat template): see ``prompts``. A list
-of those is a batch. Every prompt gets a ``RequestOutput``, in order; a bad one carries
+A prompt is a string (raw completion), a list of token ids, a chat conversation (a list of
+``{"role", "content"}`` dicts, rendered with the model's chat template), or vLLM's
+``{"prompt": ...}`` / ``{"prompt_token_ids": [...]}``: see ``prompts``. A list of those is a
+batch. Every prompt gets a ``RequestOutput``, in order; a bad one carries
 ``finish_reason == "error"`` and ``error`` while the others complete normally. ``generate``
 never leaves a request inside the engine, whatever raised.
 """

@@ -1,7 +1,9 @@
 """Prompt forms and their token ids: the one place a user's prompt is checked and tokenised.
 
-A prompt is a string (raw completion), a list of token ids, or a conversation (a list of
-``{"role": str, "content": str}`` messages rendered with the model's chat template).
+A prompt is a string (raw completion), a list of token ids, a conversation (a list of
+``{"role": str, "content": str}`` messages rendered with the model's chat template), or vLLM's
+prompt dicts: ``{"prompt": str}`` (TextPrompt) and ``{"prompt_token_ids": [int, ...]}``
+(TokensPrompt). A dict is always one prompt, never iterated as its keys.
 
 Invariant: ``prompt_token_ids`` either returns a non-empty list of Python ints or raises
 ``ValueError`` with a message that names what is wrong and what to give instead. Errors of the
@@ -21,21 +23,32 @@ if TYPE_CHECKING:
     from nanograph.loader.tokenizer import Tokenizer
 
 Message = dict[str, str]
-Prompt = str | list[int] | list[Message]
+Prompt = str | list[int] | list[Message] | dict[str, Any]
+# vLLM's prompt dicts: the text, or the token ids (which win where both are given, as in vLLM)
+_PROMPT_KEYS = ("prompt", "prompt_token_ids")
 
 
 def is_single_prompt(prompts: Any) -> bool:
     """Whether ``generate``'s argument is one prompt (rather than a batch of prompts)."""
-    if isinstance(prompts, str):
+    if isinstance(prompts, str | dict):
         return True
     if not isinstance(prompts, list) or not prompts:
         return False
     if _plain_ints(prompts):
         return True
-    return all(_is_token(t) for t in prompts) or all(isinstance(m, dict) for m in prompts)
+    if all(_is_token(t) for t in prompts):
+        return True
+    # a conversation, unless every dict is one of vLLM's prompt dicts (then: a batch of them)
+    return all(isinstance(m, dict) for m in prompts) and not all(map(_is_prompt_dict, prompts))
+
+
+def _is_prompt_dict(value: Any) -> bool:
+    return isinstance(value, dict) and "role" not in value and any(k in value for k in _PROMPT_KEYS)
 
 
 def prompt_token_ids(tokenizer: Tokenizer | None, prompt: Any) -> list[int]:
+    if isinstance(prompt, dict):
+        return prompt_token_ids(tokenizer, _unwrap(prompt))
     if isinstance(prompt, list | tuple) and prompt and _plain_ints(prompt):
         return list(prompt)
     if isinstance(prompt, list | tuple) and prompt and all(_is_token(t) for t in prompt):
@@ -82,6 +95,29 @@ def first_bad_token(ids: list, vocab: int) -> int | None:
             if rows.min() >= 0 and rows.max() < vocab:
                 return None
     return next((i for i, t in enumerate(ids) if type(t) is not int or not 0 <= t < vocab), None)
+
+
+def _unwrap(prompt: dict) -> Any:
+    """The prompt inside one of vLLM's prompt dicts; a ValueError for any other dict."""
+    keys = sorted(map(str, prompt))
+    if not _is_prompt_dict(prompt):
+        raise ValueError(
+            "a prompt dict takes 'prompt' (text) or 'prompt_token_ids' (a list of token ids), "
+            f"got the keys {keys}; a conversation is a list of {{'role', 'content'}} dicts"
+        )
+    other = [k for k in keys if k not in _PROMPT_KEYS]
+    if other:
+        raise ValueError(f"{', '.join(other)} in a prompt dict is not supported: give only "
+                         "'prompt' or 'prompt_token_ids'")  # fmt: skip
+    if "prompt_token_ids" in prompt:
+        ids = prompt["prompt_token_ids"]
+        if not isinstance(ids, list | tuple):
+            raise ValueError(f"prompt_token_ids must be a list of token ids, got {_describe(ids)}")
+        return ids
+    text = prompt["prompt"]
+    if not isinstance(text, str):
+        raise ValueError(f"'prompt' must be a string, got {_describe(text)}")
+    return text
 
 
 def _is_token(value: Any) -> bool:
