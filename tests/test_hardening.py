@@ -269,7 +269,7 @@ def test_first_bad_token_names_the_first_entry_outside_the_vocabulary(length):
 
 def test_start_up_gives_the_cyclic_gc_back_whether_loading_works_or_fails(tiny_model_dir, tmp_path):
     """Loading runs with the cyclic GC paused; an engine that starts, and one whose model
-    fails to load, both leave it on."""
+    fails to load, both leave it as the caller had it."""
     import gc
 
     assert gc.isenabled()
@@ -279,6 +279,12 @@ def test_start_up_gives_the_cyclic_gc_back_whether_loading_works_or_fails(tiny_m
     with pytest.raises(Exception):  # noqa: B017 (the loader's own error type is not the point)
         LLM(str(tmp_path), progress=False)
     assert gc.isenabled()
+    gc.disable()  # a caller that runs without it keeps it off
+    try:
+        LLM(str(tiny_model_dir("qwen3")), page_size=4, kv_cache_bytes=2**20, progress=False)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
 
 
 def test_weights_that_do_not_fit_the_gpu_fail_before_allocating(monkeypatch):

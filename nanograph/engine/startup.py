@@ -81,12 +81,14 @@ class Startup:
         # the GGUF reader make ~300k objects, each full collection re-scans all of them, and
         # loading makes no cyclic garbage worth collecting (smollm2-135m on the CPU machine:
         # ready 5.1 -> 4.4 s, peak RSS +7 of 1,163 MiB; level on an H100, where capture leads).
+        collecting = gc.isenabled()  # as the caller had it
         gc.disable()
         try:
             with agreed(tp, "loading the model"), self._phase("weights"):
                 self._load_model()
         finally:
-            gc.enable()
+            if collecting:
+                gc.enable()
         self.max_model_len = min(
             config.max_model_len or self.model_config.max_position_embeddings,
             self.model_config.max_position_embeddings,
