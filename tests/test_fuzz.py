@@ -1,7 +1,8 @@
 """Property-based fuzzing of the public API: no prompt and no sampling value can poison the engine.
 
 Arbitrary prompts (strings of any code points, surrogates included; token-id lists of any
-integers; conversations of any shape; things that are no prompt at all) and arbitrary
+integers; conversations of any shape; vLLM's prompt dicts, well-formed or not; things that
+are no prompt at all) and arbitrary
 ``SamplingParams`` values (any types, NaN/inf, huge and negative numbers) are mixed with valid
 requests in one batch. Invariants, for every example:
 - building ``SamplingParams`` either succeeds or raises ``ValueError`` (nothing else);
@@ -58,10 +59,17 @@ message = st.one_of(
                            "content": any_text}),
     st.dictionaries(st.sampled_from(["role", "content", "name", "x"]), any_value, max_size=3),
 )  # fmt: skip
+# vLLM's prompt dicts, well-formed or not
+prompt_dict = st.dictionaries(
+    st.sampled_from(["prompt", "prompt_token_ids", "role", "x"]),
+    st.one_of(any_text, st.lists(any_int, max_size=24), any_value), max_size=2,
+)  # fmt: skip
 any_prompt = st.one_of(
     any_text,
     st.lists(any_int, max_size=24),
     st.lists(message, max_size=3),
+    prompt_dict,
+    st.lists(prompt_dict, min_size=1, max_size=2),
     any_value,
 )
 SAMPLING_FIELDS = {
