@@ -78,22 +78,31 @@ ENGINE_HELP = {
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
-    from nanograph.engine.config import EngineConfig
+    from nanograph.engine.config import ALIASES, EAGER_SWITCHES, EngineConfig
 
     group = parser.add_argument_group("engine")
     for f in dataclasses.fields(EngineConfig):
         help_text = ENGINE_HELP.get(f.name)
         if help_text is None:
             continue
-        flag = "--" + f.name.replace("_", "-")
+        # our flag, then vLLM's / SGLang's names for it
+        flags = [_flag(f.name)] + [_flag(a) for a, name in ALIASES.items() if name == f.name]
         if f.type == "bool":
-            group.add_argument(flag, action="store_true", help=help_text)
+            group.add_argument(*flags, action="store_true", help=help_text)
             continue
         kind = {"int": int, "float": float, "int | None": int}.get(str(f.type), str)
         if f.type == "tuple[int, ...] | None":
             kind = _int_list
-        group.add_argument(flag, type=kind, default=f.default, help=f"{help_text} [{f.default}]")
+        group.add_argument(*flags, dest=f.name, type=kind, default=f.default,
+                           help=f"{help_text} [{f.default}]")  # fmt: skip
+    group.add_argument(*map(_flag, EAGER_SWITCHES), dest="enforce_eager", action="store_true",
+                       help="no CUDA graphs on any path (vLLM's and SGLang's flags for "
+                       "--decode-cuda-graph none --prefill-cuda-graph none)")  # fmt: skip
     group.add_argument("--quiet", action="store_true", help="no progress bars or summary")
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
 
 
 def _int_list(text: str) -> tuple[int, ...]:
@@ -106,11 +115,12 @@ def _int_list(text: str) -> tuple[int, ...]:
 
 
 def engine_config_from(args: argparse.Namespace):
-    from nanograph.engine.config import EngineConfig
+    from nanograph.engine.config import EngineConfig, resolve_aliases
 
     values = {k: getattr(args, k) for k in EngineConfig.field_names() if hasattr(args, k)}
     values["progress"] = not args.quiet
-    return EngineConfig(**values)
+    values["enforce_eager"] = getattr(args, "enforce_eager", False)
+    return EngineConfig(**resolve_aliases(values))
 
 
 class _Ordered(argparse.Action):

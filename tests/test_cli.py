@@ -22,6 +22,38 @@ def test_help_documents_every_engine_flag(capsys):
         assert flag in help_text
 
 
+def test_vllm_and_sglang_flag_names_set_our_settings(capsys, tiny_model_dir):
+    """--gpu-memory-utilization / --mem-fraction-static are --mem-fraction; --enforce-eager /
+    --disable-cuda-graph turn every graph path off, and refuse a path set to a backend; the
+    same names work as LLM(...) arguments."""
+    from nanograph import LLM
+    from nanograph.cli import engine_config_from
+
+    def config(*flags: str) -> EngineConfig:
+        return engine_config_from(build_parser().parse_args(["serve", *flags]))
+
+    assert config("--gpu-memory-utilization", "0.6").mem_fraction == 0.6
+    assert config("--mem-fraction-static", "0.7").mem_fraction == 0.7
+    assert config().mem_fraction == EngineConfig.mem_fraction
+    paths = ("decode_cuda_graph", "prefill_cuda_graph", "speculative_draft_cuda_graph")
+    for switch in ("--enforce-eager", "--disable-cuda-graph"):
+        assert [getattr(config(switch), p) for p in paths] == ["none"] * 3
+    assert [getattr(config(), p) for p in paths] == ["auto"] * 3
+    assert main(["generate", "--prompt-ids", "1,2", "--model", str(tiny_model_dir("qwen3")),
+                 "--enforce-eager", "--decode-cuda-graph", "full"]) == 2  # fmt: skip
+    assert "enforce_eager turns every CUDA graph off" in capsys.readouterr().err
+    llm = LLM(str(tiny_model_dir("qwen3")), enforce_eager=True, gpu_memory_utilization=0.5,
+              progress=False)  # fmt: skip
+    assert llm.engine.config.mem_fraction == 0.5
+    assert [getattr(llm.engine.config, p) for p in paths] == ["none"] * 3
+    try:
+        LLM(str(tiny_model_dir("qwen3")), gpu_memory_utilization=0.5, mem_fraction=0.6)
+    except ValueError as e:
+        assert "disagree" in str(e)
+    else:
+        raise AssertionError("conflicting names were accepted")
+
+
 def test_bad_flags_are_clear_errors(capsys, tiny_model_dir):
     assert main(["generate", "--prompt", "hi", "--model", "no-such-model"]) == 2
     assert "no-such-model" in capsys.readouterr().err

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -344,6 +345,38 @@ class EngineConfig:
     @classmethod
     def field_names(cls) -> set[str]:
         return {f.name for f in dataclasses.fields(cls)}
+
+
+# vLLM's and SGLang's names for settings of ours, accepted by LLM(...) and the CLI so their
+# users' commands work here: each maps to one field, or for the eager switches, to every graph
+# path off (a graph path also set to a backend is a conflict, refused).
+ALIASES = {"gpu_memory_utilization": "mem_fraction", "mem_fraction_static": "mem_fraction"}
+EAGER_SWITCHES = ("enforce_eager", "disable_cuda_graph")
+GRAPH_PATHS = ("decode_cuda_graph", "prefill_cuda_graph", "speculative_draft_cuda_graph")
+
+
+def resolve_aliases(args: dict[str, Any]) -> dict[str, Any]:
+    """``args`` with vLLM's / SGLang's names replaced by ours (``ALIASES``, the eager switches
+    as every graph path "none"); a ValueError where an alias and our name disagree."""
+    out = {k: v for k, v in args.items() if k not in ALIASES and k not in EAGER_SWITCHES}
+    for alias, name in ALIASES.items():
+        if alias in args:
+            if name in out and out[name] != args[alias]:
+                raise ValueError(
+                    f"{alias} ({args[alias]}) and {name} ({out[name]}) disagree: give one "
+                    f"({alias} is {name} under vLLM's or SGLang's name)"
+                )
+            out[name] = args[alias]
+    switch = next((k for k in EAGER_SWITCHES if args.get(k)), None)
+    if switch is not None:
+        for path in GRAPH_PATHS:
+            if out.get(path, "auto") not in ("auto", "none"):
+                raise ValueError(
+                    f"{switch} turns every CUDA graph off, but {path} is {out[path]!r}: "
+                    "drop one of them"
+                )
+            out[path] = "none"
+    return out
 
 
 def parse_graph_memory(text: str) -> tuple[str, float]:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from nanograph.engine.config import EngineConfig
+from nanograph.engine.config import ALIASES, EAGER_SWITCHES, EngineConfig, resolve_aliases
 from nanograph.engine.engine import Engine
 from nanograph.engine.logprobs import TokenLogprob
 from nanograph.engine.prompts import Message, Prompt, is_single_prompt, prompt_token_ids
@@ -45,13 +45,16 @@ class RequestOutput:
 
 class LLM:
     def __init__(self, model: str = "smollm2-135m", **engine_args: Any) -> None:
-        unknown = set(engine_args) - EngineConfig.field_names()
+        """``engine_args``: ``EngineConfig``'s fields, or vLLM's / SGLang's names for them
+        (``gpu_memory_utilization``, ``mem_fraction_static``, ``enforce_eager``,
+        ``disable_cuda_graph``: see ``config.ALIASES``)."""
+        unknown = set(engine_args) - EngineConfig.field_names() - set(ALIASES) - set(EAGER_SWITCHES)
         if unknown:
             raise TypeError(
                 f"unknown engine argument(s) {sorted(unknown)}; "
                 f"valid: {sorted(EngineConfig.field_names() - {'model'})}"
             )
-        self.engine = Engine(EngineConfig(model=model, **engine_args))
+        self.engine = Engine(EngineConfig(model=model, **resolve_aliases(engine_args)))
 
     def close(self) -> None:
         """Stops the background capture thread and the engine's other tensor-parallel ranks;
