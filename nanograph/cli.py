@@ -97,7 +97,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                            help=f"{help_text} [{f.default}]")  # fmt: skip
     group.add_argument(*map(_flag, EAGER_SWITCHES), dest="enforce_eager", action="store_true",
                        help="no CUDA graphs on any path (vLLM's and SGLang's flags for "
-                       "--decode-cuda-graph none --prefill-cuda-graph none)")  # fmt: skip
+                       "none on every --*-cuda-graph)")  # fmt: skip
     group.add_argument("--quiet", action="store_true", help="no progress bars or summary")
 
 

@@ -37,6 +37,10 @@ def _triton_interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+# the settings that choose a graph backend, one per path
+GRAPH_PATHS = ("decode_cuda_graph", "prefill_cuda_graph", "speculative_draft_cuda_graph")
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     model: str = "smollm2-135m"
@@ -140,7 +144,7 @@ class EngineConfig:
                 f"{self.quantization!r}"
             )
         self._check_speculative()
-        for flag in ("decode_cuda_graph", "prefill_cuda_graph", "speculative_draft_cuda_graph"):
+        for flag in GRAPH_PATHS:
             value = getattr(self, flag)
             if value not in GRAPH_CHOICES:
                 raise ValueError(f"{flag} must be one of {', '.join(GRAPH_CHOICES)}, got {value!r}")
@@ -352,7 +356,6 @@ class EngineConfig:
 # path off (a graph path also set to a backend is a conflict, refused).
 ALIASES = {"gpu_memory_utilization": "mem_fraction", "mem_fraction_static": "mem_fraction"}
 EAGER_SWITCHES = ("enforce_eager", "disable_cuda_graph")
-GRAPH_PATHS = ("decode_cuda_graph", "prefill_cuda_graph", "speculative_draft_cuda_graph")
 
 
 def resolve_aliases(args: dict[str, Any]) -> dict[str, Any]:

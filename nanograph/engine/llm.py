@@ -52,7 +52,8 @@ class LLM:
         if unknown:
             raise TypeError(
                 f"unknown engine argument(s) {sorted(unknown)}; "
-                f"valid: {sorted(EngineConfig.field_names() - {'model'})}"
+                f"valid: {sorted(EngineConfig.field_names() - {'model'})}, and vLLM's / "
+                f"SGLang's {sorted([*ALIASES, *EAGER_SWITCHES])}"
             )
         self.engine = Engine(EngineConfig(model=model, **resolve_aliases(engine_args)))
 
