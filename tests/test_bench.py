@@ -385,7 +385,7 @@ def test_bench_coverage_times_prefills_that_compute_the_whole_prompt(monkeypatch
 
     def generate(llm, prompts, params):
         outs = real(llm, prompts, params)
-        cached.extend(o.cached_tokens for o in outs)
+        cached.extend(o.num_cached_tokens for o in outs)
         return outs
 
     monkeypatch.setattr(coverage, "generate", generate)

@@ -86,7 +86,7 @@ def test_random_shared_workloads_match_caching_off(tiny, seed):
         assert_pages_back(llm)
         if disable:
             assert llm.engine.prefix_cache is None
-            assert all(o.cached_tokens == 0 for wave in outs for o in wave)
+            assert all(o.num_cached_tokens == 0 for wave in outs for o in wave)
         else:
             stats = llm.engine.prefix_cache.stats()
             assert stats.hit_tokens > 0
@@ -112,7 +112,7 @@ def test_preemption_with_shared_prefixes(tiny):
     assert [o.token_ids for o in outs[False]] == [o.token_ids for o in outs[True]]
     # requests admitted in the same step as the first compute the head themselves; those
     # admitted later (after a preemption freed pages) take it from the tree
-    assert sum(o.cached_tokens for o in outs[False]) > 0
+    assert sum(o.num_cached_tokens for o in outs[False]) > 0
 
 
 def test_prefilled_tokens_drop_by_the_cached_amount(tiny):
@@ -131,8 +131,8 @@ def test_prefilled_tokens_drop_by_the_cached_amount(tiny):
     assert [o.token_ids for o in on] == [o.token_ids for o in outputs[True]]
     # the later two share the 37-token system prompt with the first: 9 whole pages (36 tokens)
     # of each come from the cache and are not computed
-    assert [o.cached_tokens for o in on] == [0, 36, 36]
-    assert counts[True] - counts[False] == sum(o.cached_tokens for o in on)
+    assert [o.num_cached_tokens for o in on] == [0, 36, 36]
+    assert counts[True] - counts[False] == sum(o.num_cached_tokens for o in on)
 
 
 def test_requests_sharing_a_head_submitted_together_compute_it_once(tiny):
@@ -149,7 +149,7 @@ def test_requests_sharing_a_head_submitted_together_compute_it_once(tiny):
         outs[disable], counts[disable] = llm.generate(batch, params), counted[0]
         assert_pages_back(llm)
     assert [o.token_ids for o in outs[False]] == [o.token_ids for o in outs[True]]
-    assert [o.cached_tokens for o in outs[False]] == [0, 32, 32, 32]
+    assert [o.num_cached_tokens for o in outs[False]] == [0, 32, 32, 32]
     assert counts[True] - counts[False] == 96
 
 
@@ -162,7 +162,7 @@ def test_identical_and_strict_prefix_prompts(tiny):
     for p in (prompt, prompt, prompt[:10], prompt[:4], prompt[:1], prompt + [3, 4]):
         out = llm.generate(p, params)[0]
         assert out.token_ids == ref.generate(p, params)[0].token_ids
-        assert out.cached_tokens <= (len(p) - 1) // 4 * 4  # the last token is always computed
+        assert out.num_cached_tokens <= (len(p) - 1) // 4 * 4  # the last token is always computed
     assert llm.engine.prefix_cache.stats().hit_tokens == 20 + 8 + 0 + 0 + 24
     assert_pages_back(llm)
 

@@ -186,7 +186,7 @@ def test_runners_serve_cached_prefixes(tiny_model_dir, llm):
     cached.engine.runner.graph_runners = {"prefill": runner}
     outs = cached.generate(prompts, GREEDY)
     assert [o.token_ids for o in outs] == reference
-    assert [o.cached_tokens for o in outs] == [8, 20]
+    assert [o.num_cached_tokens for o in outs] == [8, 20]
     assert runner.replays > 0 and runner.fallbacks == 0
 
 

@@ -195,7 +195,7 @@ def test_only_accepted_tokens_enter_the_prefix_cache(tiny_model_dir, tiny):
     follow_up = prompt + out.token_ids + [3]
     short = SamplingParams(max_tokens=2, temperature=0)
     again = llm.generate([follow_up], short)[0]
-    assert again.cached_tokens == (len(prompt) + len(out.token_ids)) // 4 * 4
+    assert again.num_cached_tokens == (len(prompt) + len(out.token_ids)) // 4 * 4
     plain = make_llm(tiny).generate([follow_up], short)[0]
     assert again.token_ids == plain.token_ids
 

@@ -69,7 +69,7 @@ class Workloads:
             "tokens_per_s": tokens / wall, "ttft_s": [o.ttft_s for o in outs],
             "ttft_median_s": median([o.ttft_s for o in outs]),
             "prompt_tokens": sum(len(o.prompt_token_ids) for o in outs),
-            "cached_tokens": sum(o.cached_tokens for o in outs),
+            "cached_tokens": sum(o.num_cached_tokens for o in outs),
         }  # fmt: skip
         if cache is not None:
             after = cache.stats()

@@ -250,6 +250,11 @@ class Engine:
         n, vocab = len(request.prompt_ids), self.model_config.vocab_size
         if n == 0:
             return "the prompt is empty: give at least one token"
+        if request.params.n != 1:
+            return (
+                f"n={request.params.n}: an engine request is one completion; LLM.generate and "
+                "the server run one per completion (SamplingParams.choices())"
+            )
         if n >= self.max_model_len:
             return (
                 f"the prompt has {n} tokens but the context length is {self.max_model_len}: "

@@ -3,9 +3,10 @@
 A prompt is a string (raw completion), a list of token ids, a chat conversation (a list of
 ``{"role", "content"}`` dicts, rendered with the model's chat template), or vLLM's
 ``{"prompt": ...}`` / ``{"prompt_token_ids": [...]}``: see ``prompts``. A list of those is a
-batch. Every prompt gets a ``RequestOutput``, in order; a bad one carries
-``finish_reason == "error"`` and ``error`` while the others complete normally. ``generate``
-never leaves a request inside the engine, whatever raised.
+batch. Every prompt gets a ``RequestOutput``, in order, with vLLM's shape: its
+``SamplingParams.n`` completions in ``outputs`` (an engine request each); a bad prompt's
+completions carry ``finish_reason == "error"`` and ``error`` while the others complete normally.
+``generate`` never leaves a request inside the engine, whatever raised.
 """
 
 from __future__ import annotations
@@ -25,22 +26,49 @@ from nanograph.progress import counter_bar
 
 
 @dataclass(frozen=True)
-class RequestOutput:
-    prompt_token_ids: list[int]
+class CompletionOutput:
+    """One completion of a prompt (vLLM's ``CompletionOutput``)."""
+
+    index: int  # among the prompt's n completions
     text: str
     token_ids: list[int]
     finish_reason: str  # "stop" | "length" | "error" | "abort"
     error: str | None
+    # one per token of token_ids when SamplingParams.logprobs was set, else None
+    logprobs: list[TokenLogprob] | None
+    cumulative_logprob: float | None  # their sum, when logprobs were asked for
     ttft_s: float | None  # time to first token
     decode_tokens_per_s: float | None  # after the first token
     num_preemptions: int
-    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
-    # one per token of token_ids when SamplingParams.logprobs was set, else None
-    logprobs: list[TokenLogprob] | None = None
 
     @property
     def ok(self) -> bool:
         return self.finish_reason in ("stop", "length")
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """One prompt's result (vLLM's ``RequestOutput``): its ``SamplingParams.n`` completions
+    in ``outputs``. ``text``, ``token_ids``, ``finish_reason``, ``error``, ``logprobs``,
+    ``ok``, ``ttft_s``, ``decode_tokens_per_s`` and ``num_preemptions`` are the first
+    completion's, the only one unless n > 1."""
+
+    request_id: str
+    prompt: str | None  # the text, when the prompt was text (None for token ids, a chat)
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
+    finished: bool = True  # every completion ended (generate returns finished outputs)
+
+    text = property(lambda self: self.outputs[0].text)
+    token_ids = property(lambda self: self.outputs[0].token_ids)
+    finish_reason = property(lambda self: self.outputs[0].finish_reason)
+    error = property(lambda self: self.outputs[0].error)
+    logprobs = property(lambda self: self.outputs[0].logprobs)
+    ok = property(lambda self: self.outputs[0].ok)
+    ttft_s = property(lambda self: self.outputs[0].ttft_s)
+    decode_tokens_per_s = property(lambda self: self.outputs[0].decode_tokens_per_s)
+    num_preemptions = property(lambda self: self.outputs[0].num_preemptions)
 
 
 class LLM:
@@ -88,27 +116,29 @@ class LLM:
                 f"got {len(batch)} prompts but {len(params_list)} SamplingParams: "
                 "give one, or one per prompt"
             )
-        requests = []
+        groups: list[list[Request]] = []  # each prompt's n requests, one per completion
         show = use_tqdm and self.engine.config.progress
         bar = counter_bar(len(batch), desc="Processed prompts", show=show, unit="prompt")
         try:
             for prompt, p in zip(batch, params_list):
-                requests.append(self._request(prompt, p))
-            updater = None if bar is None else _BarUpdater(bar, requests)
-            self.engine.run(requests, updater)
+                groups.append(self._requests(prompt, p))
+            updater = None if bar is None else _BarUpdater(bar, groups)
+            self.engine.run([r for group in groups for r in group], updater)
             if updater is not None:
                 updater(final=True)
         except BaseException:
-            for request in requests:  # those queued before the exception: none stays behind
-                self.engine.abort(request, "error", "generate was interrupted")
+            for group in groups:  # those queued before the exception: none stays behind
+                for request in group:
+                    self.engine.abort(request, "error", "generate was interrupted")
             raise
         finally:
             if bar is not None:
                 bar.close()
-        return [self._output(r) for r in requests]
+        return [self._output(prompt, group) for prompt, group in zip(batch, groups)]
 
-    def _request(self, prompt: Any, params: Any) -> Request:
-        """The engine's request for one prompt, or a finished error request for a bad one."""
+    def _requests(self, prompt: Any, params: Any) -> list[Request]:
+        """The engine's requests for one prompt, one per completion, or finished error
+        requests for a bad one."""
         try:
             if not isinstance(params, SamplingParams):
                 raise ValueError(
@@ -118,8 +148,8 @@ class LLM:
         except ValueError as e:
             request = Request(-1, [], params)
             request.finish("error", str(e))
-            return request
-        return self.engine.add_request(ids, params)
+            return [request] * params.n if isinstance(params, SamplingParams) else [request]
+        return [self.engine.add_request(ids, p) for p in params.choices()]
 
     def chat(
         self,
@@ -131,7 +161,19 @@ class LLM:
             conversations = [conversations]  # one conversation
         return self.generate(list(conversations), sampling_params, use_tqdm)
 
-    def _output(self, r: Request) -> RequestOutput:
+    def _output(self, prompt: Any, group: list[Request]) -> RequestOutput:
+        first = group[0]
+        if isinstance(prompt, dict) and "prompt_token_ids" not in prompt:
+            prompt = prompt.get("prompt")
+        return RequestOutput(
+            request_id=str(first.request_id),
+            prompt=prompt if isinstance(prompt, str) else None,
+            prompt_token_ids=first.prompt_ids,
+            outputs=[self._completion(i, r) for i, r in enumerate(group)],
+            num_cached_tokens=first.num_cached_tokens,
+        )
+
+    def _completion(self, index: int, r: Request) -> CompletionOutput:
         # with stop strings the engine keeps the text (cut before the stop string, possibly
         # empty); without, the tokens are decoded once here
         text = r.text
@@ -142,17 +184,20 @@ class LLM:
         if r.first_token_time is not None and r.finish_time and len(r.output_ids) > 1:
             span = r.finish_time - r.first_token_time
             decode_rate = (len(r.output_ids) - 1) / span if span > 0 else None
-        return RequestOutput(
-            prompt_token_ids=r.prompt_ids,
+        logprobs = None
+        if getattr(r.params, "logprobs", None) is not None:
+            logprobs = list(r.logprobs)
+        return CompletionOutput(
+            index=index,
             text=text,
             token_ids=list(r.output_ids),
             finish_reason=r.finish_reason or "error",
             error=r.error,
+            logprobs=logprobs,
+            cumulative_logprob=None if logprobs is None else sum(t.logprob for t in logprobs),
             ttft_s=(r.first_token_time - r.arrival_time) if r.first_token_time else None,
             decode_tokens_per_s=decode_rate,
             num_preemptions=r.num_preemptions,
-            cached_tokens=r.num_cached_tokens,
-            logprobs=list(r.logprobs) if getattr(r.params, "logprobs", None) is not None else None,
         )
 
 
@@ -160,8 +205,8 @@ class _BarUpdater:
     """After each engine step: the bar's finished prompts and output tokens/s, at most ten
     times a second (counting walks every request)."""
 
-    def __init__(self, bar: Any, requests: list[Request]) -> None:
-        self.bar, self.requests = bar, requests
+    def __init__(self, bar: Any, groups: list[list[Request]]) -> None:
+        self.bar, self.groups = bar, groups
         self.start = self.shown = time.perf_counter()
 
     def __call__(self, final: bool = False) -> None:
@@ -169,7 +214,7 @@ class _BarUpdater:
         if now - self.shown < 0.1 and not final:
             return
         self.shown = now
-        done = sum(r.finish_reason is not None for r in self.requests)
-        tokens = sum(len(r.output_ids) for r in self.requests)
+        done = sum(all(r.finish_reason is not None for r in group) for group in self.groups)
+        tokens = sum(len(r.output_ids) for group in self.groups for r in group)
         self.bar.set_postfix_str(f"output {tokens / (now - self.start):.0f} tok/s", refresh=False)
         self.bar.update(done - self.bar.n)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import operator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 # torch.Generator.manual_seed takes a 64-bit seed, signed or unsigned
@@ -20,6 +20,7 @@ SEED_RANGE = (-(2**63), 2**64 - 1)
 GREEDY_BELOW = 1e-5
 # most likely alternatives a request may ask for per output token (OpenAI's top_logprobs limit)
 MAX_LOGPROBS = 20
+MAX_CHOICES = 128  # completions of one prompt (``n``): OpenAI's bound
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,9 @@ class SamplingParams:
     repetition penalty also those of the prompt); ``logit_bias`` ({token id: -100..100}) is
     added to those tokens' logits: ``engine/penalties.py``. ``logprobs``
     (0..20) returns each output token's log-probability and that many of the most likely
-    tokens at its position (None: none).
+    tokens at its position (None: none). ``n`` completions of the prompt (vLLM's and OpenAI's
+    ``n``): ``LLM.generate`` and the server run one engine request per completion
+    (``choices``), each with ``n == 1``.
     """
 
     max_tokens: int = 128
@@ -50,6 +53,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     logit_bias: tuple[tuple[int, float], ...] = ()  # given as a dict or pairs
     logprobs: int | None = None
+    n: int = 1
 
     def __post_init__(self) -> None:
         set_ = lambda name, value: object.__setattr__(self, name, value)
@@ -73,6 +77,20 @@ class SamplingParams:
         if self.logprobs is not None:
             hint = "the most likely alternatives returned per token"
             set_("logprobs", _integer("logprobs", self.logprobs, 0, MAX_LOGPROBS, hint))
+        set_("n", _integer("n", self.n, 1, MAX_CHOICES, "completions per prompt"))
+
+    def choices(self) -> list[SamplingParams]:
+        """One engine request's parameters per completion, each with ``n == 1``: completion i
+        of a seeded request samples with ``seed + i`` (wrapped into the seed range), so the
+        completions differ and each is reproducible."""
+        if self.n == 1:
+            return [self]
+        one = replace(self, n=1)
+        if self.seed is None:
+            return [one] * self.n
+        low, high = SEED_RANGE
+        return [replace(one, seed=low + (self.seed - low + i) % (high - low + 1))
+                for i in range(self.n)]  # fmt: skip
 
     @property
     def greedy(self) -> bool:

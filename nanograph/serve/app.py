@@ -141,9 +141,8 @@ def build_app(
         )  # fmt: skip
         choices = [
             (prompt, choice) for prompt in prompts
-            for choice in protocol.choice_params(
-                protocol.sampling_params(request, len(prompt), front.max_model_len), request.n
-            )
+            for choice in protocol.sampling_params(request, len(prompt), front.max_model_len)
+            .choices()
         ]  # fmt: skip
         streams: list[RequestStream] = []  # one per choice: n per prompt, prompt by prompt
         admitted = False

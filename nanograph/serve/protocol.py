@@ -27,17 +27,15 @@ Invariants:
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from nanograph.engine.prompts import prompt_token_ids
-from nanograph.engine.sampling_params import MAX_LOGPROBS, SEED_RANGE, SamplingParams
+from nanograph.engine.sampling_params import MAX_CHOICES, MAX_LOGPROBS, SamplingParams
 
 # OpenAI's legacy completions default; chat completions default to the rest of the context
 COMPLETION_DEFAULT_MAX_TOKENS = 16
-MAX_CHOICES = 128  # OpenAI's bound on n
 
 
 class ApiError(Exception):
@@ -348,6 +346,7 @@ def sampling_params(request: _Request, prompt_len: int, max_model_len: int) -> S
         "repetition_penalty": request.repetition_penalty,
         "logit_bias": _logit_bias(request),
         "logprobs": _logprobs(request),
+        "n": request.n,
     }
     try:
         return SamplingParams(**{k: v for k, v in given.items() if v is not None})
@@ -359,16 +358,6 @@ def sampling_params(request: _Request, prompt_len: int, max_model_len: int) -> S
         elif param == "max_tokens" and getattr(request, "max_completion_tokens", None) is not None:
             param = "max_completion_tokens"
         raise ApiError(400, message, param=param) from None
-
-
-def choice_params(params: SamplingParams, n: int) -> list[SamplingParams]:
-    """Each choice's parameters: choice i of a seeded request samples with ``seed + i``
-    (wrapped into the seed range)."""
-    if params.seed is None:
-        return [params] * n
-    low, high = SEED_RANGE
-    return [replace(params, seed=low + (params.seed - low + i) % (high - low + 1))
-            for i in range(n)]  # fmt: skip
 
 
 def _logprobs(request: _Request) -> int | None:

@@ -66,7 +66,7 @@ def test_cached_prefixes_under_each_prefill_backend(model_dir, uncached, prefill
     print(f"\nprefill={prefill}: {runner}, cache {stats.as_dict()}")
     assert [o.token_ids for o in first] == uncached[0]
     assert [o.token_ids for o in second] == uncached[1]
-    assert sum(o.cached_tokens for o in second) >= 3 * 688  # the system prompt, 43 pages
+    assert sum(o.num_cached_tokens for o in second) >= 3 * 688  # the system prompt, 43 pages
     assert runner.replays > replays  # the graphs served batches with cached prefixes
     engine = llm.engine
     assert engine.scheduler.num_available_pages == engine.kv_cache.allocator.num_usable
