@@ -83,6 +83,7 @@ SAMPLING_FIELDS = {
     "stop_token_ids": st.one_of(st.lists(st.integers(0, 50_000), max_size=2), any_value),
     "ignore_eos": st.one_of(st.booleans(), any_value),
     "logprobs": st.one_of(st.none(), st.integers(-1, 21), any_value),
+    "n": st.one_of(st.integers(0, 3), any_value),
     "presence_penalty": st.one_of(st.floats(-2.5, 2.5), any_value),
     "frequency_penalty": st.one_of(st.floats(-2.5, 2.5), any_value),
     "repetition_penalty": st.one_of(st.floats(0.0, 3.0), any_value),
@@ -132,6 +133,7 @@ def test_sampling_params_either_build_or_raise_value_error(kwargs):
     assert all(isinstance(s, str) and s for s in p.stop)
     assert all(type(t) is int and t >= 0 for t in p.stop_token_ids)
     assert p.logprobs is None or (type(p.logprobs) is int and 0 <= p.logprobs <= 20)
+    assert type(p.n) is int and 1 <= p.n <= 128
     assert -2 <= p.presence_penalty <= 2 and -2 <= p.frequency_penalty <= 2
     assert math.isfinite(p.repetition_penalty) and p.repetition_penalty > 0
     assert all(type(t) is int and t >= 0 and -100 <= b <= 100 for t, b in p.logit_bias)
@@ -153,16 +155,19 @@ def test_arbitrary_requests_never_poison_the_engine(fuzz_llm, alone, data):
     outs = fuzz_llm.generate([b[0] for b in batch], [b[1] for b in batch])
 
     assert len(outs) == len(batch)
-    for (prompt, params, is_valid), out in zip(batch, outs):
-        if is_valid:
-            assert out.ok and out.token_ids == alone[prompt], (prompt, out)
-        elif out.finish_reason == "error":
-            assert out.error
-        else:
-            assert out.finish_reason in ("stop", "length") and isinstance(params, SamplingParams)
-            if params.logprobs is not None:  # one per token, cut with the tokens at a stop
-                assert len(out.logprobs) == len(out.token_ids)
-                assert all(len(lp.top) == params.logprobs for lp in out.logprobs)
+    for (prompt, params, is_valid), request_out in zip(batch, outs):
+        n = params.n if isinstance(params, SamplingParams) else 1
+        assert [c.index for c in request_out.outputs] == list(range(n))
+        for out in request_out.outputs:  # each of the prompt's n completions
+            if is_valid:
+                assert out.ok and out.token_ids == alone[prompt], (prompt, out)
+            elif out.finish_reason == "error":
+                assert out.error
+            else:
+                assert out.finish_reason in ("stop", "length")
+                if params.logprobs is not None:  # one per token, cut with the tokens at a stop
+                    assert len(out.logprobs) == len(out.token_ids)
+                    assert all(len(lp.top) == params.logprobs for lp in out.logprobs)
     assert not engine.has_work()
     assert engine.scheduler.num_available_pages == free_before == allocator.num_usable
     again = fuzz_llm.generate(VALID_TEXTS[0], VALID)[0]
