@@ -139,11 +139,10 @@ def build_app(
             [protocol.chat_prompt_ids(front.tokenizer, request)] if chat
             else protocol.completion_prompts(front.tokenizer, request)
         )  # fmt: skip
-        choices = [
-            (prompt, choice) for prompt in prompts
-            for choice in protocol.sampling_params(request, len(prompt), front.max_model_len)
-            .choices()
-        ]  # fmt: skip
+        choices = []  # (prompt, parameters): n per prompt, prompt by prompt
+        for prompt in prompts:
+            params = protocol.sampling_params(request, len(prompt), front.max_model_len)
+            choices += [(prompt, choice) for choice in params.choices()]
         streams: list[RequestStream] = []  # one per choice: n per prompt, prompt by prompt
         admitted = False
         try:
