@@ -56,12 +56,13 @@ def test_finish_reasons_and_stop_tokens(tiny):
     p = prompts(1, seed=3)[0]
     free = llm.generate([p], GREEDY)[0]
     assert free.finish_reason == "length" and len(free.token_ids) == 12
+    assert free.stop_reason is None
     stop_at = free.token_ids[4]
     first = free.token_ids.index(stop_at)
     stopped = llm.generate(
         [p], SamplingParams(max_tokens=12, temperature=0.0, stop_token_ids=(stop_at,))
     )[0]
-    assert stopped.finish_reason == "stop"
+    assert stopped.finish_reason == "stop" and stopped.stop_reason == stop_at
     assert stopped.token_ids == free.token_ids[:first]
     assert stopped.ttft_s is not None and stopped.ttft_s >= 0
 

@@ -265,12 +265,12 @@ def test_stop_strings_never_stream_out(client, reference):
     )
     whole = client.chat.completions.create(**kwargs).choices[0]
     assert whole.message.content == full[: full.index(stop)] and whole.finish_reason == "stop"
-    chunks = [
-        c.choices[0].delta.content or ""
-        for c in client.chat.completions.create(stream=True, **kwargs)
-        if c.choices
-    ]
+    assert whole.stop_reason == stop  # vLLM's extension: what stopped it
+    streamed = [c.choices[0] for c in client.chat.completions.create(stream=True, **kwargs)
+                if c.choices]  # fmt: skip
+    chunks = [c.delta.content or "" for c in streamed]
     assert "".join(chunks) == whole.message.content
+    assert (streamed[-1].finish_reason, streamed[-1].stop_reason) == ("stop", stop)
     assert all(stop not in chunk for chunk in chunks)
 
 

@@ -69,10 +69,15 @@ def test_chat_answer_is_sensible(llm):
 
 def test_stop_string_cuts_the_text(llm):
     full = llm.chat(PROMPT, SamplingParams(max_tokens=24, temperature=0))[0]
-    assert "Paris" in full.text
+    assert "Paris" in full.text and full.stop_reason is None  # EOS or the length
     cut = llm.chat(PROMPT, SamplingParams(max_tokens=24, temperature=0, stop=["Paris"]))[0]
-    assert cut.finish_reason == "stop"
+    assert cut.finish_reason == "stop" and cut.stop_reason == "Paris"
     assert cut.text == full.text[: full.text.index("Paris")]
+    # two stop strings met by one token: the text is cut at the earlier, which stop_reason names
+    assert "of France" in full.text
+    both = SamplingParams(max_tokens=24, temperature=0, stop=["France", "of France"])
+    cut = llm.chat(PROMPT, both)[0]
+    assert (cut.text, cut.stop_reason) == (full.text[: full.text.index("of France")], "of France")
 
 
 def test_seeded_sampling_is_reproducible(llm):

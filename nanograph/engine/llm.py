@@ -33,6 +33,8 @@ class CompletionOutput:
     text: str
     token_ids: list[int]
     finish_reason: str  # "stop" | "length" | "error" | "abort"
+    # the stop token id or stop string that ended it (None for EOS, "length", errors)
+    stop_reason: int | str | None
     error: str | None
     # one per token of token_ids when SamplingParams.logprobs was set, else None
     logprobs: list[TokenLogprob] | None
@@ -49,9 +51,9 @@ class CompletionOutput:
 @dataclass(frozen=True)
 class RequestOutput:
     """One prompt's result (vLLM's ``RequestOutput``): its ``SamplingParams.n`` completions
-    in ``outputs``. ``text``, ``token_ids``, ``finish_reason``, ``error``, ``logprobs``,
-    ``ok``, ``ttft_s``, ``decode_tokens_per_s`` and ``num_preemptions`` are the first
-    completion's, the only one unless n > 1."""
+    in ``outputs``. ``text``, ``token_ids``, ``finish_reason``, ``stop_reason``, ``error``,
+    ``logprobs``, ``ok``, ``ttft_s``, ``decode_tokens_per_s`` and ``num_preemptions`` are the
+    first completion's, the only one unless n > 1."""
 
     request_id: str
     prompt: str | None  # the text, when the prompt was text (None for token ids, a chat)
@@ -63,6 +65,7 @@ class RequestOutput:
     text = property(lambda self: self.outputs[0].text)
     token_ids = property(lambda self: self.outputs[0].token_ids)
     finish_reason = property(lambda self: self.outputs[0].finish_reason)
+    stop_reason = property(lambda self: self.outputs[0].stop_reason)
     error = property(lambda self: self.outputs[0].error)
     logprobs = property(lambda self: self.outputs[0].logprobs)
     ok = property(lambda self: self.outputs[0].ok)
@@ -192,6 +195,7 @@ class LLM:
             text=text,
             token_ids=list(r.output_ids),
             finish_reason=r.finish_reason or "error",
+            stop_reason=r.stop_reason,
             error=r.error,
             logprobs=logprobs,
             cumulative_logprob=None if logprobs is None else sum(t.logprob for t in logprobs),

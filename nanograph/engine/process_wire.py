@@ -78,7 +78,8 @@ def to_wire(key: Hashable, update: Update) -> tuple:
     if not update.finished and not update.rejected and update.logprobs is None:
         return key, update.token_ids
     return (key, update.token_ids, update.finished, update.finish_reason, update.error,
-            update.text, update.rejected, update.cached_tokens, update.logprobs)  # fmt: skip
+            update.text, update.rejected, update.cached_tokens, update.logprobs,
+            update.stop_reason)  # fmt: skip
 
 
 def from_wire(item: tuple) -> tuple[Hashable, Update]:

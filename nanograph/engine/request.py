@@ -57,6 +57,8 @@ class Request:
     pages: list[int] = field(default_factory=list)
     finish_reason: str | None = None  # "stop" | "length" | "error"
     error: str | None = None
+    # what stopped it: the stop token id or stop string (None for EOS, length, errors: vLLM's)
+    stop_reason: int | str | None = None
     text: str = ""
     arrival_time: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None

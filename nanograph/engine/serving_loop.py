@@ -68,6 +68,7 @@ class Update:
     cached_tokens: int = 0  # on the last update: prompt tokens taken from the prefix cache
     # one (log-probability, top alternatives) per token of token_ids when the request asked
     logprobs: list[TokenLogprob] | None = None
+    stop_reason: int | str | None = None  # on the last update: the stop token id or string
 
 
 @dataclass(frozen=True)
@@ -194,8 +195,8 @@ class ServingLoop:
                 del self._live[key]
                 text = request.text if request.params.stop else None
                 update = Update(new, True, request.finish_reason, request.error, text,
-                                cached_tokens=request.num_cached_tokens,
-                                logprobs=logprobs)  # fmt: skip
+                                cached_tokens=request.num_cached_tokens, logprobs=logprobs,
+                                stop_reason=request.stop_reason)  # fmt: skip
                 ready.append((key, update))
             elif new:
                 ready.append((key, Update(new, logprobs=logprobs)))

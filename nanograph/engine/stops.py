@@ -28,11 +28,14 @@ class StopChecker:
 
     def accept(self, request: Request, index: int, token: int) -> str | None:
         """Puts a sampled token at ``output_ids[index]``; returns a finish reason when the
-        request is done ("stop-token": the token is a stop token and is not kept)."""
+        request is done ("stop-token": the token is a stop token and is not kept).
+        ``request.stop_reason`` becomes the request's own stop token or the stop string it
+        met (vLLM's: None for EOS)."""
         params = request.params
-        if token in params.stop_token_ids or (
-            token in self.eos_token_ids and not params.ignore_eos
-        ):
+        if token in self.eos_token_ids and not params.ignore_eos:
+            return "stop-token"
+        if token in params.stop_token_ids:
+            request.stop_reason = token
             return "stop-token"
         request.output_ids[index] = token
         if params.stop and self.tokenizer is not None:
@@ -42,11 +45,12 @@ class StopChecker:
             seen = len(request.text)
             request.text += decoder.step(token)
             hits = [
-                i for stop in params.stop
+                (i, stop) for stop in params.stop
                 if (i := request.text.find(stop, max(0, seen - len(stop) + 1))) >= 0
             ]  # fmt: skip
             if hits:
-                request.text = request.text[: min(hits)]
+                cut, request.stop_reason = min(hits, key=lambda hit: hit[0])
+                request.text = request.text[:cut]
                 return "stop"
         if (
             index + 1 >= params.max_tokens

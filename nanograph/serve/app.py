@@ -342,7 +342,7 @@ class _Answer:
             content = self.echoed[choice.index] + content
         body = {
             "index": choice.index, "finish_reason": last.finish_reason,
-            "logprobs": choice.take_unsent(),
+            "stop_reason": last.stop_reason, "logprobs": choice.take_unsent(),
         }  # fmt: skip
         if self.request.return_token_ids:
             body["token_ids"] = tokens
@@ -358,6 +358,7 @@ class _Answer:
         choice: _Choice,
         delta: str | None,
         finish_reason: str | None = None,
+        stop_reason: int | str | None = None,
         role: bool = False,
         token_ids: list[int] | None = None,
     ) -> str:
@@ -365,6 +366,8 @@ class _Answer:
             "index": choice.index, "finish_reason": finish_reason,
             "logprobs": choice.take_unsent(),  # every token this chunk brings
         }  # fmt: skip
+        if finish_reason is not None:  # vLLM's extension, on the chunk that ends the choice
+            body["stop_reason"] = stop_reason
         if self.request.return_token_ids and token_ids is not None:
             body["token_ids"] = token_ids
         if self.chat:
@@ -437,7 +440,7 @@ class _Answer:
                     delta = choice.text.final(update.token_ids, update.text)
                     if delta or update.token_ids:
                         yield self._chunk(choice, delta, token_ids=update.token_ids)
-                    yield self._chunk(choice, None, update.finish_reason)
+                    yield self._chunk(choice, None, update.finish_reason, update.stop_reason)
                 else:
                     if self.include_usage:
                         yield self._event([], self.usage())
