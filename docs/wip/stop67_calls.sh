@@ -2,6 +2,7 @@
 # Stop 67's device calls, from the repo root with NANOGRAPH_COMMIT exported:
 #   LIMIT=560 bash docs/wip/stop66_calls.sh one $OUT/o   # decode aims on an H200, then why
 #                                                        # tc_piecewise prefills q30 native slowly
+#   bash docs/wip/stop67_calls.sh first $OUT/o   # on an H200 the call above, else the tests
 #   bash docs/wip/stop67_calls.sh tests $OUT/t   # ~8 min: every tests/gpu file but TP, five
 #                                                # processes (the kernel files as the fifth)
 set -uo pipefail
@@ -9,6 +10,9 @@ stage=$1 out=$(mkdir -p "$2" && cd "$2" && pwd)
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,power.limit --format=csv > "$out/gpu.txt"
 case $stage in
+  first)  # an H200: stop 66's call (decode aims, then the tc_piecewise profile); else the tests
+    if grep -q H200 "$out/gpu.txt"; then LIMIT=${LIMIT:-540} bash docs/wip/stop66_calls.sh one "$out"
+    else bash "$0" tests "$out"; fi ;;
   tests)
     groups=("test_engine_gpu.py test_front_gpu.py" "test_moe_gpu.py test_spec_gpu.py"
       "test_graph_backends.py test_graph_memory.py test_runners_gpu.py"
