@@ -194,6 +194,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         presence_penalty=args.presence_penalty,
         frequency_penalty=args.frequency_penalty,
         repetition_penalty=args.repetition_penalty,
+        n=args.n,
     )
     config = engine_config_from(args)
     prompts = _prompts(args)
@@ -201,20 +202,22 @@ def cmd_generate(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     outputs = llm.generate(prompts, params)
     elapsed = time.perf_counter() - start
-    batch = len(outputs) > 1
-    for i, out in enumerate(outputs):
-        if batch:  # a block per prompt, in order; a failed prompt's block holds its error
-            print(f"--- [{i}] ---", flush=True)
+    completions = [(i, c) for i, out in enumerate(outputs) for c in out.outputs]
+    many = len(completions) > 1
+    for i, out in completions:
+        if many:  # a block per completion, in order; a failed one's block holds its error
+            print(f"--- [{i}{f'.{out.index}' if args.n > 1 else ''}] ---", flush=True)
             print(_answer(llm, out) if out.ok else f"(error: {out.error})", flush=True)
         elif out.ok:
             print(_answer(llm, out), flush=True)
         else:
             print(f"error: {out.error}", file=sys.stderr, flush=True)
-    failed = sum(not o.ok for o in outputs)
-    if batch and failed:
-        print(f"error: {failed} of {len(outputs)} prompts failed", file=sys.stderr, flush=True)
+    failed = sum(not c.ok for _, c in completions)
+    if many and failed:
+        what = "completions" if args.n > 1 else "prompts"
+        print(f"error: {failed} of {len(completions)} {what} failed", file=sys.stderr, flush=True)
     if not args.quiet:
-        _summary(llm, outputs, elapsed)
+        _summary(llm, [c for _, c in completions], elapsed)
     return 1 if failed else 0
 
 
@@ -222,7 +225,8 @@ def _answer(llm, out) -> str:
     return out.text if llm.tokenizer is not None else str(out.token_ids)
 
 
-def _summary(llm, outputs, elapsed: float) -> None:
+def _summary(llm, outputs: list, elapsed: float) -> None:
+    """``outputs``: every completion (``CompletionOutput``)."""
     e = llm.engine
     kv = e.kv_cache
     generated = sum(len(o.token_ids) for o in outputs)
@@ -311,6 +315,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass [1.0]")
     s.add_argument("--min-p", type=float, default=0.0, help="min-p filter [0.0]")
     s.add_argument("--sampling-seed", type=int, default=None, help="per-request seed")
+    s.add_argument("--n", type=int, default=1, help="completions per prompt [1]")
     s.add_argument("--stop", action="append", help="stop string (repeatable)")
     s.add_argument("--ignore-eos", action="store_true", help="keep going past end-of-sequence")
     s.add_argument("--presence-penalty", type=float, default=0.0,

@@ -76,6 +76,24 @@ def test_generate_token_ids_on_a_model_without_tokenizer(capsys, tiny_model_dir)
     assert "KV pool" in captured.err
 
 
+def test_generate_n_prints_each_completion_of_each_prompt(capsys, tiny_model_dir):
+    from nanograph import LLM, SamplingParams
+
+    model = str(tiny_model_dir("qwen3"))
+    assert main(["generate", "--model", model, "--prompt-ids", "5,6,7", "--prompt-ids", "8,9",
+                 "--max-tokens", "4", "--ignore-eos", "--temperature", "1", "--sampling-seed",
+                 "3", "--n", "2"]) == 0  # fmt: skip
+    captured = capsys.readouterr()
+    params = SamplingParams(max_tokens=4, temperature=1, ignore_eos=True, seed=3, n=2)
+    outs = LLM(model, progress=False).generate([[5, 6, 7], [8, 9]], params)
+    expected = "".join(f"--- [{i}.{c.index}] ---\n{c.token_ids}\n"
+                       for i, o in enumerate(outs) for c in o.outputs)  # fmt: skip
+    assert captured.out == expected
+    assert "4 (0 failed), 16 tokens" in captured.err
+    assert main(["generate", "--model", model, "--prompt-ids", "5", "--n", "0"]) == 2
+    assert "n must be an integer in [1, 128]" in capsys.readouterr().err
+
+
 def test_generate_with_penalties_equals_the_api(capsys, tiny_model_dir):
     from nanograph import LLM, SamplingParams
 
