@@ -354,7 +354,17 @@ class EngineConfig:
 # vLLM's and SGLang's names for settings of ours, accepted by LLM(...) and the CLI so their
 # users' commands work here: each maps to one field, or for the eager switches, to every graph
 # path off (a graph path also set to a backend is a conflict, refused).
-ALIASES = {"gpu_memory_utilization": "mem_fraction", "mem_fraction_static": "mem_fraction"}
+# vLLM's and SGLang's names for our settings, where the meaning is the same
+ALIASES = {
+    "gpu_memory_utilization": "mem_fraction",  # vLLM
+    "mem_fraction_static": "mem_fraction",  # SGLang
+    "tp_size": "tensor_parallel_size",  # SGLang
+    "context_length": "max_model_len",  # SGLang
+    "max_running_requests": "max_num_seqs",  # SGLang
+    "block_size": "page_size",  # vLLM
+    "disable_radix_cache": "disable_prefix_caching",  # SGLang
+    "random_seed": "seed",  # SGLang
+}
 EAGER_SWITCHES = ("enforce_eager", "disable_cuda_graph")
 
 
