@@ -352,9 +352,9 @@ class EngineConfig:
 
 
 # vLLM's and SGLang's names for settings of ours, accepted by LLM(...) and the CLI so their
-# users' commands work here: each maps to one field, or for the eager switches, to every graph
-# path off (a graph path also set to a backend is a conflict, refused).
-# vLLM's and SGLang's names for our settings, where the meaning is the same
+# users' commands work here: each maps to one field whose meaning is exactly its own, or for
+# the eager switches, to every graph path off (a graph path also set to a backend is a
+# conflict, refused).
 ALIASES = {
     "gpu_memory_utilization": "mem_fraction",  # vLLM
     "mem_fraction_static": "mem_fraction",  # SGLang
