@@ -13,11 +13,12 @@ case $stage in
   first)  # an H200: stop 66's call (decode aims, then the tc_piecewise profile); else the tests
     if grep -q H200 "$out/gpu.txt"; then LIMIT=${LIMIT:-540} bash docs/wip/stop66_calls.sh one "$out"
     else bash "$0" tests "$out"; fi ;;
-  tests)
+  tests|tests4)  # tests4: without the kernel files (unchanged since stop 64's run)
     groups=("test_engine_gpu.py test_front_gpu.py" "test_moe_gpu.py test_spec_gpu.py"
       "test_graph_backends.py test_graph_memory.py test_runners_gpu.py"
       "test_sampling_gpu.py test_live_capture_gpu.py test_prefix_gpu.py test_hardening_gpu.py"
       "test_kernels_attention.py test_kernels_fused.py test_gemv_gpu.py test_fused_decode_gpu.py")
+    [ "$stage" = tests4 ] && unset 'groups[4]'
     for i in "${!groups[@]}"; do
       timeout "${TEST_TIMEOUT:-500}" python3 -m pytest -q -p no:cacheprovider --durations=5 -rfE \
         $(printf 'tests/gpu/%s ' ${groups[$i]}) > "$out/gpu_tests_$i.log" 2>&1 &
