@@ -24,5 +24,11 @@ case $stage in
         $(printf 'tests/gpu/%s ' ${groups[$i]}) > "$out/gpu_tests_$i.log" 2>&1 &
     done
     wait; for f in "$out"/gpu_tests_*.log; do grep -E "passed|failed|error" "$f" | tail -4; done ;;
+  core)  # ~3 min: the files whose engines start up (6fcdd50's GC) and serve the API's changes
+    for f in test_engine_gpu test_hardening_gpu test_front_gpu test_prefix_gpu; do
+      timeout "${TEST_TIMEOUT:-170}" python3 -m pytest -q -p no:cacheprovider -rfE \
+        "tests/gpu/$f.py" > "$out/$f.log" 2>&1 &
+    done
+    wait; for f in "$out"/test_*.log; do echo "$f"; grep -E "passed|failed|error" "$f" | tail -3; done ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
