@@ -243,6 +243,16 @@ def test_tokenize_and_detokenize_agree_with_the_engine(server, reference):
     assert r == {"count": len(completion.prompt_token_ids), "max_model_len": MAX_LEN,
                  "tokens": completion.prompt_token_ids}  # fmt: skip
     assert post("tokenize", {"messages": QUESTION}).json()["tokens"] == chat.prompt_token_ids
+    # the template's own variables pass through (SmolLM2's uses none of these); the
+    # arguments of apply_chat_template itself are refused, naming the field
+    quiet = {"messages": QUESTION, "chat_template_kwargs": {"enable_thinking": False}}
+    assert post("tokenize", quiet).json()["tokens"] == chat.prompt_token_ids
+    for path, extra in (("tokenize", {}), ("v1/chat/completions", {"max_tokens": 2})):
+        r = post(path, {**quiet, "chat_template_kwargs": {"tokenize": True}, **extra})
+        assert r.status_code == 400 and "'tokenize'" in r.json()["error"]["message"]
+        assert r.json()["error"]["param"] == "chat_template_kwargs"
+    r = post("v1/chat/completions", {**quiet, "max_tokens": 3, "temperature": 0})
+    assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == len(chat.prompt_token_ids)
     text = post("detokenize", {"tokens": completion.token_ids}).json()["prompt"]
     assert text == completion.text
     assert post("tokenize", {"prompt": "a", "messages": QUESTION}).status_code == 400

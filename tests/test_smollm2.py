@@ -67,6 +67,27 @@ def test_chat_answer_is_sensible(llm):
     assert out.finish_reason in ("stop", "length")
 
 
+def test_chat_template_kwargs_are_the_templates_variables():
+    """vLLM's chat_template_kwargs reach the template (Qwen3's enable_thinking, here in a
+    template of our own); apply_chat_template's own arguments are refused."""
+    llm = LLM("smollm2-135m", max_model_len=64, progress=False)
+    llm.tokenizer.hf.chat_template = (
+        "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+        "{% if enable_thinking is defined and not enable_thinking %} /no_think{% endif %}"
+    )
+    params = SamplingParams(max_tokens=2, temperature=0)
+    plain = llm.chat(PROMPT, params)[0].prompt_token_ids
+    quiet = llm.chat(PROMPT, params, chat_template_kwargs={"enable_thinking": False})[0]
+    assert plain == llm.tokenizer.encode(PROMPT[0]["content"], False)
+    assert quiet.prompt_token_ids == llm.tokenizer.encode(PROMPT[0]["content"] + " /no_think",
+                                                          False)  # fmt: skip
+    taken = llm.chat(PROMPT, params, chat_template_kwargs={"tokenize": True})[0]
+    assert not taken.ok and "chat_template_kwargs cannot set 'tokenize'" in taken.error
+    with pytest.raises(ValueError, match="chat_template_kwargs must be a dict"):
+        llm.chat(PROMPT, params, chat_template_kwargs=["enable_thinking"])
+    assert not llm.engine.has_work()
+
+
 def test_stop_string_cuts_the_text(llm):
     full = llm.chat(PROMPT, SamplingParams(max_tokens=24, temperature=0))[0]
     assert "Paris" in full.text and full.stop_reason is None  # EOS or the length

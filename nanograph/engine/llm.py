@@ -112,6 +112,32 @@ class LLM:
         """``use_tqdm``: a progress bar of finished prompts and output tokens/s, on a terminal
         (and unless the engine was made with ``progress=False``)."""
         batch = [prompts] if is_single_prompt(prompts) else list(prompts)
+        return self._generate(batch, sampling_params, use_tqdm)
+
+    def chat(
+        self,
+        conversations: list[Message] | Sequence[list[Message]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> list[RequestOutput]:
+        """One conversation or a list of them. ``chat_template_kwargs``: variables for the
+        model's chat template (vLLM's; e.g. ``{"enable_thinking": False}`` for Qwen3)."""
+        if not isinstance(chat_template_kwargs, dict | None) or any(
+            not isinstance(k, str) for k in chat_template_kwargs or {}
+        ):
+            raise ValueError(
+                "chat_template_kwargs must be a dict of template variable names to values, "
+                f"got {chat_template_kwargs!r}"
+            )
+        if conversations and isinstance(conversations[0], dict):
+            conversations = [conversations]  # one conversation
+        return self._generate(list(conversations), sampling_params, use_tqdm, chat_template_kwargs)
+
+    def _generate(
+        self, batch: list, sampling_params: Any, use_tqdm: bool,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> list[RequestOutput]:  # fmt: skip
         params = SamplingParams() if sampling_params is None else sampling_params
         params_list = [params] * len(batch) if isinstance(params, SamplingParams) else list(params)
         if len(params_list) != len(batch):
@@ -124,7 +150,7 @@ class LLM:
         bar = counter_bar(len(batch), desc="Processed prompts", show=show, unit="prompt")
         try:
             for prompt, p in zip(batch, params_list):
-                groups.append(self._requests(prompt, p))
+                groups.append(self._requests(prompt, p, chat_template_kwargs))
             updater = None if bar is None else _BarUpdater(bar, groups)
             self.engine.run([r for group in groups for r in group], updater)
             if updater is not None:
@@ -139,7 +165,9 @@ class LLM:
                 bar.close()
         return [self._output(prompt, group) for prompt, group in zip(batch, groups)]
 
-    def _requests(self, prompt: Any, params: Any) -> list[Request]:
+    def _requests(
+        self, prompt: Any, params: Any, chat_template_kwargs: dict[str, Any] | None
+    ) -> list[Request]:
         """The engine's requests for one prompt, one per completion, or finished error
         requests for a bad one."""
         try:
@@ -147,22 +175,12 @@ class LLM:
                 raise ValueError(
                     f"sampling params must be a SamplingParams, got {type(params).__name__}"
                 )
-            ids = prompt_token_ids(self.engine.tokenizer, prompt)
+            ids = prompt_token_ids(self.engine.tokenizer, prompt, chat_template_kwargs)
         except ValueError as e:
             request = Request(-1, [], params)
             request.finish("error", str(e))
             return [request] * params.n if isinstance(params, SamplingParams) else [request]
         return [self.engine.add_request(ids, p) for p in params.choices()]
-
-    def chat(
-        self,
-        conversations: list[Message] | Sequence[list[Message]],
-        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-        use_tqdm: bool = True,
-    ) -> list[RequestOutput]:
-        if conversations and isinstance(conversations[0], dict):
-            conversations = [conversations]  # one conversation
-        return self.generate(list(conversations), sampling_params, use_tqdm)
 
     def _output(self, prompt: Any, group: list[Request]) -> RequestOutput:
         first = group[0]

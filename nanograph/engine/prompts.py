@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from nanograph.loader.tokenizer import ChatTemplateArgumentError
+
 if TYPE_CHECKING:
     from nanograph.loader.tokenizer import Tokenizer
 
@@ -46,9 +48,13 @@ def _is_prompt_dict(value: Any) -> bool:
     return isinstance(value, dict) and "role" not in value and any(k in value for k in _PROMPT_KEYS)
 
 
-def prompt_token_ids(tokenizer: Tokenizer | None, prompt: Any) -> list[int]:
+def prompt_token_ids(
+    tokenizer: Tokenizer | None, prompt: Any, chat_template_kwargs: dict[str, Any] | None = None
+) -> list[int]:
+    """``chat_template_kwargs``: variables for the chat template when the prompt is a
+    conversation (vLLM's, e.g. ``{"enable_thinking": False}`` for Qwen3)."""
     if isinstance(prompt, dict):
-        return prompt_token_ids(tokenizer, _unwrap(prompt))
+        return prompt_token_ids(tokenizer, _unwrap(prompt), chat_template_kwargs)
     if isinstance(prompt, list | tuple) and prompt and _plain_ints(prompt):
         return list(prompt)
     if isinstance(prompt, list | tuple) and prompt and all(_is_token(t) for t in prompt):
@@ -63,7 +69,7 @@ def prompt_token_ids(tokenizer: Tokenizer | None, prompt: Any) -> list[int]:
     if isinstance(prompt, list | tuple) and all(isinstance(m, dict) for m in prompt):
         for i, message in enumerate(prompt):
             _check_message(i, message)
-        return _render(_need(tokenizer), list(prompt))
+        return _render(_need(tokenizer), list(prompt), chat_template_kwargs or {})
     raise ValueError(
         "a prompt must be a non-empty string, a list of integer token ids or a list of "
         f"{{'role', 'content'}} messages, got {_describe(prompt)}"
@@ -169,13 +175,15 @@ def _encode(tokenizer: Tokenizer, text: str) -> list[int]:
     return ids
 
 
-def _render(tokenizer: Tokenizer, messages: list[Message]) -> list[int]:
+def _render(tokenizer: Tokenizer, messages: list[Message], kwargs: dict[str, Any]) -> list[int]:
     if not tokenizer.has_chat_template:
         raise ValueError(
             "this model's tokenizer has no chat template: send a plain string prompt instead"
         )
     try:
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, **kwargs)
+    except ChatTemplateArgumentError:
+        raise
     except Exception as e:  # jinja errors (a template's raise_exception), tokenizer errors
         raise ValueError(f"the chat template cannot render these messages: {e}") from None
     if not ids:

@@ -10,7 +10,11 @@ Invariants:
 - ``n`` choices (1-128, OpenAI's limit) are ``n`` engine requests of the same prompt; with a
   ``seed``, choice i samples with ``seed + i`` so seeded choices differ and each is
   reproducible (greedy choices are equal). A completions request may carry a list of prompts:
-  choice ``p * n + i`` is prompt p's i-th (at most 128 choices in all).
+  choice ``p * n + i`` is prompt p's i-th (at most 128 choices in all). The per-choice
+  parameters are ``SamplingParams.choices()``, as ``LLM.generate``'s.
+- ``chat_template_kwargs`` (vLLM's and SGLang's extension, chat and ``/tokenize``) are the
+  chat template's variables, e.g. Qwen3's ``enable_thinking``; naming an argument of
+  ``apply_chat_template`` itself is refused (param ``chat_template_kwargs``).
 - ``echo`` puts each prompt (as given, or its ids decoded) in front of its choices' text;
   with ``logprobs`` it would need the prompt's log-probabilities, which the engine does not
   compute: refused.
@@ -33,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from nanograph.engine.prompts import prompt_token_ids
 from nanograph.engine.sampling_params import MAX_CHOICES, MAX_LOGPROBS, SamplingParams
+from nanograph.loader.tokenizer import ChatTemplateArgumentError
 
 # OpenAI's legacy completions default; chat completions default to the rest of the context
 COMPLETION_DEFAULT_MAX_TOKENS = 16
@@ -122,6 +127,8 @@ class ChatRequest(_Request):
     function_call: str | dict[str, Any] | None = None
     modalities: list[str] | None = None
     audio: dict[str, Any] | None = None
+    # vLLM's and SGLang's extension: the chat template's variables (Qwen3's enable_thinking)
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 class CompletionRequest(_Request):
@@ -139,6 +146,7 @@ class TokenizeRequest(BaseModel):
     model: str | None = None
     prompt: str | list[int] | None = None
     messages: list[dict[str, Any]] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 class DetokenizeRequest(BaseModel):
@@ -165,8 +173,7 @@ def tokenize(tokenizer: Any, request: TokenizeRequest) -> list[int]:
     if (request.prompt is None) == (request.messages is None):
         raise ApiError(400, "give either prompt or messages", param="prompt")
     if request.messages is not None:
-        messages = [_flatten(i, m) for i, m in enumerate(request.messages)]
-        return _prompt_ids(tokenizer, messages, "messages")
+        return _chat_ids(tokenizer, request.messages, request.chat_template_kwargs)
     return _prompt_ids(tokenizer, request.prompt, "prompt")
 
 
@@ -269,9 +276,17 @@ def _refuse_beyond_text(request: ChatRequest) -> None:
 
 
 def chat_prompt_ids(tokenizer: Any, request: ChatRequest) -> list[int]:
-    return _prompt_ids(
-        tokenizer, [_flatten(i, m) for i, m in enumerate(request.messages)], "messages"
-    )
+    return _chat_ids(tokenizer, request.messages, request.chat_template_kwargs)
+
+
+def _chat_ids(tokenizer: Any, messages: list, template_kwargs: dict[str, Any] | None) -> list[int]:
+    conversation = [_flatten(i, m) for i, m in enumerate(messages)]
+    try:
+        return prompt_token_ids(tokenizer, conversation, template_kwargs)
+    except ChatTemplateArgumentError as e:
+        raise ApiError(400, str(e), param="chat_template_kwargs") from None
+    except ValueError as e:
+        raise ApiError(400, str(e), param="messages") from None
 
 
 def completion_prompts(tokenizer: Any, request: CompletionRequest) -> list[list[int]]:
