@@ -82,6 +82,7 @@ SAMPLING_FIELDS = {
     "stop": st.one_of(st.lists(any_text, max_size=2), any_value),
     "stop_token_ids": st.one_of(st.lists(st.integers(0, 50_000), max_size=2), any_value),
     "ignore_eos": st.one_of(st.booleans(), any_value),
+    "include_stop_str_in_output": st.one_of(st.booleans(), any_value),
     "logprobs": st.one_of(st.none(), st.integers(-1, 21), any_value),
     "n": st.one_of(st.integers(0, 3), any_value),
     "presence_penalty": st.one_of(st.floats(-2.5, 2.5), any_value),
@@ -134,6 +135,7 @@ def test_sampling_params_either_build_or_raise_value_error(kwargs):
     assert all(type(t) is int and t >= 0 for t in p.stop_token_ids)
     assert p.logprobs is None or (type(p.logprobs) is int and 0 <= p.logprobs <= 20)
     assert type(p.n) is int and 1 <= p.n <= 128
+    assert type(p.ignore_eos) is bool and type(p.include_stop_str_in_output) is bool
     assert -2 <= p.presence_penalty <= 2 and -2 <= p.frequency_penalty <= 2
     assert math.isfinite(p.repetition_penalty) and p.repetition_penalty > 0
     assert all(type(t) is int and t >= 0 and -100 <= b <= 100 for t, b in p.logit_bias)

@@ -281,6 +281,13 @@ def test_stop_strings_never_stream_out(client, reference):
     chunks = [c.delta.content or "" for c in streamed]
     assert "".join(chunks) == whole.message.content
     assert (streamed[-1].finish_reason, streamed[-1].stop_reason) == ("stop", stop)
+    # vLLM's include_stop_str_in_output: the text ends with the stop string, whole or streamed
+    kept = dict(kwargs, extra_body={"include_stop_str_in_output": True})
+    whole = client.chat.completions.create(**kept).choices[0]
+    assert whole.message.content == full[: full.index(stop) + len(stop)]
+    stream = client.chat.completions.create(stream=True, **kept)
+    streamed = [c.choices[0].delta.content or "" for c in stream if c.choices]
+    assert "".join(streamed) == whole.message.content
     assert all(stop not in chunk for chunk in chunks)
 
 
@@ -543,7 +550,7 @@ BAD = [  # (body or raw bytes, endpoint, status, param)
     ({"prompt": "hi", "min_tokens": 4}, "completions", 400, "min_tokens"),
     ({"prompt": "hi", "prompt_logprobs": 1}, "completions", 400, "prompt_logprobs"),
     (
-        {"prompt": "hi", "include_stop_str_in_output": True},
+        {"prompt": "hi", "include_stop_str_in_output": "yes"},
         "completions",
         400,
         "include_stop_str_in_output",

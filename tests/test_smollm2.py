@@ -94,6 +94,9 @@ def test_stop_string_cuts_the_text(llm):
     cut = llm.chat(PROMPT, SamplingParams(max_tokens=24, temperature=0, stop=["Paris"]))[0]
     assert cut.finish_reason == "stop" and cut.stop_reason == "Paris"
     assert cut.text == full.text[: full.text.index("Paris")]
+    kept = SamplingParams(max_tokens=24, temperature=0, stop=["Paris"],
+                          include_stop_str_in_output=True)  # fmt: skip
+    assert llm.chat(PROMPT, kept)[0].text == full.text[: full.text.index("Paris") + 5]
     # two stop strings met by one token: the text is cut at the earlier, which stop_reason names
     assert "of France" in full.text
     both = SamplingParams(max_tokens=24, temperature=0, stop=["France", "of France"])

@@ -54,6 +54,7 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()  # given as a dict or pairs
     logprobs: int | None = None
     n: int = 1
+    include_stop_str_in_output: bool = False  # vLLM's: the text ends with the stop string
 
     def __post_init__(self) -> None:
         set_ = lambda name, value: object.__setattr__(self, name, value)
@@ -66,8 +67,9 @@ class SamplingParams:
             set_("seed", _integer("seed", self.seed, low=SEED_RANGE[0], high=SEED_RANGE[1]))
         set_("stop_token_ids", _int_tuple("stop_token_ids", self.stop_token_ids))
         set_("stop", _stop_strings(self.stop))
-        if not isinstance(self.ignore_eos, bool):
-            raise ValueError(f"ignore_eos must be true or false, got {self.ignore_eos!r}")
+        for name in ("ignore_eos", "include_stop_str_in_output"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
         for name in ("presence_penalty", "frequency_penalty"):
             set_(name, _real(name, getattr(self, name), low=-2.0, high=2.0, hint="0 = off"))
         rep = _real("repetition_penalty", self.repetition_penalty, low=0.0, open_low=True,

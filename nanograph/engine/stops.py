@@ -2,9 +2,9 @@
 
 Invariant: ``accept`` is the one place a sampled token enters ``output_ids`` (plain and
 speculative steps alike), so every stop condition acts on it the same way. A stop token is not
-kept; a stop string cuts ``text`` before it; ``max_tokens`` and the context length end the
-request with ``"length"``. Stop strings are searched incrementally: each token decodes once, and
-only the new tail of the text is searched.
+kept; a stop string cuts ``text`` before it (after it with ``include_stop_str_in_output``);
+``max_tokens`` and the context length end the request with ``"length"``. Stop strings are
+searched incrementally: each token decodes once, and only the new tail of the text is searched.
 """
 
 from __future__ import annotations
@@ -50,6 +50,8 @@ class StopChecker:
             ]  # fmt: skip
             if hits:
                 cut, request.stop_reason = min(hits, key=lambda hit: hit[0])
+                if params.include_stop_str_in_output:
+                    cut += len(request.stop_reason)
                 request.text = request.text[:cut]
                 return "stop"
         if (

@@ -22,8 +22,8 @@ Invariants:
   suffix, constrained output (``response_format`` other than text; vLLM's ``guided_*`` and
   ``structured_outputs``, SGLang's ``regex`` / ``json_schema`` / ``ebnf``), tool and function
   calling (``tools`` / ``functions`` unless their choice is ``"none"``: then the model answers
-  in text without seeing them), audio, and vLLM's ``min_tokens``, ``prompt_logprobs`` and
-  ``include_stop_str_in_output``. Unknown fields outside these lists are still ignored.
+  in text without seeing them), audio, and vLLM's ``min_tokens`` and ``prompt_logprobs``.
+  Unknown fields outside these lists are still ignored.
 - Log-probabilities as OpenAI asks for them: chat's ``logprobs: true`` with ``top_logprobs``
   alternatives (0-20), completions' ``logprobs: N`` (0-20, OpenAI allows 5); both become
   ``SamplingParams.logprobs`` (the model's raw log-probabilities: ``engine/logprobs.py``).
@@ -232,7 +232,6 @@ def refuse_unsupported(request: _Request) -> None:
         ("suffix", bool(getattr(request, "suffix", None)), no),
         ("min_tokens", bool(request.min_tokens), no),
         ("prompt_logprobs", request.prompt_logprobs is not None, no),
-        ("include_stop_str_in_output", bool(request.include_stop_str_in_output), no),
         *((name, getattr(request, name) is not None, constrained) for name in _CONSTRAINTS),
     ]
     for name, asked, why in unsupported:
@@ -356,6 +355,7 @@ def sampling_params(request: _Request, prompt_len: int, max_model_len: int) -> S
         "stop": request.stop,
         "stop_token_ids": request.stop_token_ids,
         "ignore_eos": request.ignore_eos,
+        "include_stop_str_in_output": request.include_stop_str_in_output,
         "presence_penalty": request.presence_penalty,
         "frequency_penalty": request.frequency_penalty,
         "repetition_penalty": request.repetition_penalty,
