@@ -111,7 +111,9 @@ class Tokenizer:
                 "this model's tokenizer has no chat template: pass a plain text prompt or token "
                 "ids instead of chat messages"
             )
-        taken = sorted(set(template_kwargs) & _apply_chat_template_arguments(self.hf))
+        taken = template_kwargs and sorted(
+            set(template_kwargs) & _apply_chat_template_arguments(self.hf)
+        )
         if taken:
             raise ChatTemplateArgumentError(
                 f"chat_template_kwargs cannot set {', '.join(map(repr, taken))}: "
