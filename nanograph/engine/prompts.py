@@ -19,8 +19,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from nanograph.loader.tokenizer import ChatTemplateArgumentError
-
 if TYPE_CHECKING:
     from nanograph.loader.tokenizer import Tokenizer
 
@@ -180,10 +178,14 @@ def _render(tokenizer: Tokenizer, messages: list[Message], kwargs: dict[str, Any
         raise ValueError(
             "this model's tokenizer has no chat template: send a plain string prompt instead"
         )
+    taken = kwargs and tokenizer.chat_template_conflicts(kwargs)
+    if taken:
+        raise ValueError(
+            f"chat_template_kwargs cannot set {', '.join(map(repr, taken))}: arguments of "
+            "apply_chat_template itself; give the template's variables only"
+        )
     try:
         ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, **kwargs)
-    except ChatTemplateArgumentError:
-        raise
     except Exception as e:  # jinja errors (a template's raise_exception), tokenizer errors
         raise ValueError(f"the chat template cannot render these messages: {e}") from None
     if not ids:

@@ -105,24 +105,25 @@ class Tokenizer:
     ) -> str:
         """The chat template applied to ``messages`` as text; ``template_kwargs`` are the
         template's own variables (vLLM's ``chat_template_kwargs``, e.g. Qwen3's
-        ``enable_thinking``), never ``apply_chat_template``'s arguments."""
+        ``enable_thinking``): see ``chat_template_conflicts``."""
         if not self.has_chat_template:
             raise ModelLoadError(
                 "this model's tokenizer has no chat template: pass a plain text prompt or token "
                 "ids instead of chat messages"
             )
-        taken = template_kwargs and sorted(
-            set(template_kwargs) & _apply_chat_template_arguments(self.hf)
-        )
-        if taken:
-            raise ChatTemplateArgumentError(
-                f"chat_template_kwargs cannot set {', '.join(map(repr, taken))}: "
-                "apply_chat_template's own arguments; give the template's variables only"
-            )
         return self.hf.apply_chat_template(
             list(messages), tokenize=False, add_generation_prompt=add_generation_prompt,
             **template_kwargs,
         )  # fmt: skip
+
+    def chat_template_conflicts(self, names: Iterable[str]) -> list[str]:
+        """Those of ``names`` that are arguments of transformers' ``apply_chat_template``
+        itself (``tokenize``, ``tools``, ...), not template variables: sorted."""
+        import inspect
+
+        parameters = inspect.signature(self.hf.apply_chat_template).parameters.values()
+        own = {p.name for p in parameters if p.kind is not inspect.Parameter.VAR_KEYWORD}
+        return sorted(set(names) & own)
 
     def apply_chat_template(
         self,
@@ -134,18 +135,6 @@ class Tokenizer:
         ``add_generation_prompt`` is true."""
         return self.encode(self.render_chat(messages, add_generation_prompt, **template_kwargs),
                            False)  # fmt: skip
-
-
-class ChatTemplateArgumentError(ValueError):
-    """``chat_template_kwargs`` named an argument of ``apply_chat_template`` itself."""
-
-
-def _apply_chat_template_arguments(hf: PreTrainedTokenizerBase) -> set[str]:
-    """The named parameters of the installed transformers' ``apply_chat_template``."""
-    import inspect
-
-    parameters = inspect.signature(hf.apply_chat_template).parameters.values()
-    return {p.name for p in parameters if p.kind is not inspect.Parameter.VAR_KEYWORD}
 
 
 def _cache_dir(gguf: Path) -> Path | None:

@@ -37,7 +37,6 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from nanograph.engine.prompts import prompt_token_ids
 from nanograph.engine.sampling_params import MAX_CHOICES, MAX_LOGPROBS, SamplingParams
-from nanograph.loader.tokenizer import ChatTemplateArgumentError
 
 # OpenAI's legacy completions default; chat completions default to the rest of the context
 COMPLETION_DEFAULT_MAX_TOKENS = 16
@@ -282,10 +281,9 @@ def _chat_ids(tokenizer: Any, messages: list, template_kwargs: dict[str, Any] | 
     conversation = [_flatten(i, m) for i, m in enumerate(messages)]
     try:
         return prompt_token_ids(tokenizer, conversation, template_kwargs)
-    except ChatTemplateArgumentError as e:
-        raise ApiError(400, str(e), param="chat_template_kwargs") from None
     except ValueError as e:
-        raise ApiError(400, str(e), param="messages") from None
+        param = "chat_template_kwargs" if str(e).startswith("chat_template_kwargs") else "messages"
+        raise ApiError(400, str(e), param=param) from None
 
 
 def completion_prompts(tokenizer: Any, request: CompletionRequest) -> list[list[int]]:
