@@ -19,7 +19,13 @@ from typing import Any
 from nanograph.engine.config import ALIASES, EAGER_SWITCHES, EngineConfig, resolve_aliases
 from nanograph.engine.engine import Engine
 from nanograph.engine.logprobs import TokenLogprob
-from nanograph.engine.prompts import Message, Prompt, is_single_prompt, prompt_token_ids
+from nanograph.engine.prompts import (
+    Message,
+    Prompt,
+    is_single_prompt,
+    prompt_text,
+    prompt_token_ids,
+)
 from nanograph.engine.request import Request
 from nanograph.engine.sampling_params import SamplingParams
 from nanograph.progress import counter_bar
@@ -184,11 +190,9 @@ class LLM:
 
     def _output(self, prompt: Any, group: list[Request]) -> RequestOutput:
         first = group[0]
-        if isinstance(prompt, dict) and "prompt_token_ids" not in prompt:
-            prompt = prompt.get("prompt")
         return RequestOutput(
             request_id=str(first.request_id),
-            prompt=prompt if isinstance(prompt, str) else None,
+            prompt=prompt_text(prompt),
             prompt_token_ids=first.prompt_ids,
             outputs=[self._completion(i, r) for i, r in enumerate(group)],
             num_cached_tokens=first.num_cached_tokens,

@@ -74,6 +74,14 @@ def prompt_token_ids(
     )
 
 
+def prompt_text(prompt: Any) -> str | None:
+    """The text of a text prompt (a string, or a prompt dict whose ids do not win), else
+    None (token ids, a conversation): vLLM's ``RequestOutput.prompt``."""
+    if _is_prompt_dict(prompt) and "prompt_token_ids" not in prompt:
+        prompt = prompt["prompt"]
+    return prompt if isinstance(prompt, str) else None
+
+
 def _plain_ints(values: list | tuple) -> bool:
     """Whether every value is a Python int (not a bool, not another integer type): the usual
     token list, checked in one C-level pass (a per-token check cost ~0.1 ms per 1k tokens of
