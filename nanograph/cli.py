@@ -184,6 +184,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     params = SamplingParams(
         max_tokens=args.max_tokens,
+        min_tokens=args.min_tokens,
         temperature=args.temperature,
         top_k=args.top_k,
         top_p=args.top_p,
@@ -310,6 +311,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s = gen.add_argument_group("sampling")
     s.add_argument("--max-tokens", type=int, default=128, help="tokens to generate at most [128]")
+    s.add_argument("--min-tokens", type=int, default=0,
+                   help="no end token or stop string before this many tokens [0]")  # fmt: skip
     s.add_argument("--temperature", type=float, default=0.0, help="0 = greedy [0.0]")
     s.add_argument("--top-k", type=int, default=-1, help="-1 = off [-1]")
     s.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass [1.0]")

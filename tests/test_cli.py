@@ -67,6 +67,9 @@ def test_bad_flags_are_clear_errors(capsys, tiny_model_dir):
     assert main(["generate", "--prompt-ids", "1,2", "--model", str(tiny_model_dir("qwen3")),
                  "--repetition-penalty", "0"]) == 2  # fmt: skip
     assert "repetition_penalty must be a number > 0.0" in capsys.readouterr().err
+    assert main(["generate", "--prompt-ids", "1,2", "--model", str(tiny_model_dir("qwen3")),
+                 "--max-tokens", "4", "--min-tokens", "5"]) == 2  # fmt: skip
+    assert "min_tokens must be an integer in [0, 4]" in capsys.readouterr().err
     assert main(["generate", "--prompt-ids", "1,x", "--model", str(tiny_model_dir("qwen3"))]) == 2
     assert "comma-separated integers" in capsys.readouterr().err
 

@@ -74,6 +74,7 @@ any_prompt = st.one_of(
 )
 SAMPLING_FIELDS = {
     "max_tokens": st.one_of(st.integers(1, 6), any_value),
+    "min_tokens": st.one_of(st.integers(-1, 7), any_value),
     "temperature": st.one_of(st.sampled_from([0.0, 0.7, 1e-9, 1e30]), any_value),
     "top_k": st.one_of(st.integers(-1, 5), any_value),
     "top_p": st.one_of(st.floats(0.01, 1.0), any_value),
@@ -128,6 +129,7 @@ def test_sampling_params_either_build_or_raise_value_error(kwargs):
         assert str(e)
         return
     assert type(p.max_tokens) is int and p.max_tokens >= 1
+    assert type(p.min_tokens) is int and 0 <= p.min_tokens <= p.max_tokens
     assert type(p.temperature) is float and math.isfinite(p.temperature) and p.temperature >= 0
     assert 0 < p.top_p <= 1 and 0 <= p.min_p <= 1 and type(p.top_k) is int and p.top_k >= -1
     assert p.seed is None or type(p.seed) is int
@@ -167,6 +169,8 @@ def test_arbitrary_requests_never_poison_the_engine(fuzz_llm, alone, data):
                 assert out.error
             else:
                 assert out.finish_reason in ("stop", "length")
+                if out.finish_reason == "stop":  # nothing stops it before min_tokens
+                    assert len(out.token_ids) >= params.min_tokens, (params, out)
                 if params.logprobs is not None:  # one per token, cut with the tokens at a stop
                     assert len(out.logprobs) == len(out.token_ids)
                     assert all(len(lp.top) == params.logprobs for lp in out.logprobs)

@@ -1,10 +1,13 @@
-"""Presence, frequency and repetition penalties and logit_bias on a tiny random Qwen3: greedy
-tokens against a plain step-by-step reference (transformers logits, the definitions written
-out per token), each
-request of a mixed batch equal to itself alone, equal under the overlap schedule and without
-it, through preemption, and past the state buffer's first size."""
+"""Presence, frequency and repetition penalties, logit_bias and min_tokens on a tiny random
+Qwen3: greedy tokens against a plain step-by-step reference (transformers logits, the
+definitions written out per token), each request of a mixed batch equal to itself alone, equal
+under the overlap schedule and without it, through preemption, and past the state buffer's
+first size."""
 
 from __future__ import annotations
+
+import json
+import shutil
 
 import pytest
 import torch
@@ -20,9 +23,10 @@ def tiny(tiny_model_dir):
 
 def penalised_greedy(model, prompt: list[int], n: int, presence_penalty=0.0,
                      frequency_penalty=0.0, repetition_penalty=1.0,
-                     logit_bias=None) -> list[int]:  # fmt: skip
+                     logit_bias=None, min_tokens=0, ends=()) -> list[int]:  # fmt: skip
     """The definition, one token at a time (vLLM's order: repetition, then frequency and
-    presence on the output's counts, then the bias)."""
+    presence on the output's counts, then the bias, then ``ends`` (the tokens that end the
+    request) masked before ``min_tokens``)."""
     presence, frequency, repetition = presence_penalty, frequency_penalty, repetition_penalty
     out: list[int] = []
     for _ in range(n):
@@ -35,7 +39,12 @@ def penalised_greedy(model, prompt: list[int], n: int, presence_penalty=0.0,
             logits[token] -= frequency * out.count(token) + presence
         for token, bias in (logit_bias or {}).items():
             logits[token] += bias
-        out.append(int(logits.argmax()))
+        if len(out) < min_tokens:
+            logits[list(ends)] = -torch.inf
+        token = int(logits.argmax())
+        if token in ends:
+            break
+        out.append(token)
     return out
 
 
@@ -116,10 +125,54 @@ def test_a_large_bias_forces_its_token_and_a_bias_outside_the_vocabulary_fails_a
     assert_pages_back(llm)
 
 
+@pytest.fixture(scope="module")
+def tiny_with_eos(tiny, tmp_path_factory):
+    """The tiny model, its config naming token 200 EOS (the tiny model has none)."""
+    path = tmp_path_factory.mktemp("tiny-eos")
+    shutil.copytree(tiny, path, dirs_exist_ok=True)
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "eos_token_id": 200}))
+    return path
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_min_tokens_holds_off_eos_and_stop_tokens(tiny_with_eos, overlap):
+    """Biased towards an end token, a request still gives min_tokens tokens first (the token
+    in flight under the overlap schedule counts), then stops on it; ignore_eos leaves EOS
+    unmasked. In one batch, each equal to itself alone and to the definition."""
+    import transformers
+
+    tiny, eos = tiny_with_eos, 200
+    llm = make_llm(tiny, disable_overlap_schedule=not overlap)
+    assert llm.engine.stops.eos_token_ids == {eos}
+    greedy = dict(max_tokens=12, temperature=0.0)
+    params = [
+        SamplingParams(logit_bias={eos: 100}, min_tokens=5, **greedy),
+        SamplingParams(logit_bias={17: 100}, stop_token_ids=[17], min_tokens=3, temperature=0.8,
+                       seed=2, max_tokens=12),  # fmt: skip
+        SamplingParams(logit_bias={eos: 100}, ignore_eos=True, min_tokens=4, max_tokens=6),
+        SamplingParams(logit_bias={eos: 100}, **greedy),  # without min_tokens: no token at all
+        SamplingParams(min_tokens=12, ignore_eos=True, repetition_penalty=1.3, **greedy),
+    ]
+    outs = llm.generate(PROMPTS + PROMPTS[:1], params)
+    assert [o.finish_reason for o in outs] == ["stop", "stop", "length", "stop", "length"]
+    assert [len(o.token_ids) for o in outs] == [5, 3, 6, 0, 12]
+    assert (outs[0].stop_reason, outs[1].stop_reason) == (None, 17)
+    assert 17 not in outs[1].token_ids and outs[2].token_ids == [eos] * 6
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny).eval()
+    assert outs[0].token_ids == penalised_greedy(model, PROMPTS[0], 12, logit_bias={eos: 100},
+                                                 min_tokens=5, ends=(eos,))  # fmt: skip
+    alone = [llm.generate([p], s)[0].token_ids for p, s in zip(PROMPTS + PROMPTS[:1], params)]
+    assert [o.token_ids for o in outs] == alone
+    assert_pages_back(llm)
+
+
 def test_speculative_decoding_refuses_penalties(tiny):
     llm = make_llm(tiny, speculative_algorithm="ngram")
-    out = llm.generate([PROMPTS[0]], SamplingParams(max_tokens=4, presence_penalty=1.0))[0]
-    assert out.finish_reason == "error" and "speculative decoding" in out.error
+    for params in (SamplingParams(max_tokens=4, presence_penalty=1.0),
+                   SamplingParams(max_tokens=4, min_tokens=2)):  # fmt: skip
+        out = llm.generate([PROMPTS[0]], params)[0]
+        assert out.finish_reason == "error" and "speculative decoding" in out.error
 
 
 @pytest.mark.parametrize(
@@ -132,6 +185,9 @@ def test_speculative_decoding_refuses_penalties(tiny):
         (dict(logit_bias={3: 101}), "logit_bias[3] must be a number in [-100.0, 100.0]"),
         (dict(logit_bias={-3: 1}), "logit_bias token id must be an integer >= 0"),
         (dict(logit_bias="x"), "logit_bias must map token ids to numbers"),
+        (dict(min_tokens=5, max_tokens=4), "min_tokens must be an integer in [0, 4]"),
+        (dict(min_tokens=-1), "min_tokens must be an integer in [0, 128]"),
+        (dict(min_tokens=2.0), "min_tokens must be an integer"),
     ],
 )
 def test_bad_penalties_name_the_field(kwargs, message):

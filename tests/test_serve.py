@@ -130,7 +130,7 @@ def test_text_format_and_tools_not_to_call_answer_as_a_plain_request(server, ref
     body = {"model": "smollm2-135m", "messages": QUESTION, "max_tokens": 16, "temperature": 0,
             "response_format": {"type": "text"}, "tools": [TOOL], "tool_choice": "none",
             "functions": [TOOL["function"]], "function_call": "none", "modalities": ["text"],
-            "min_tokens": 0, "include_stop_str_in_output": None}  # fmt: skip
+            "include_stop_str_in_output": None}  # fmt: skip
     r = httpx.post(f"{server.base}/v1/chat/completions", json=body, headers=_auth(), timeout=60)
     assert r.status_code == 200, r.text
     assert r.json()["choices"][0]["message"]["content"] == reference["chat"].text
@@ -289,6 +289,21 @@ def test_stop_strings_never_stream_out(client, reference):
     streamed = [c.choices[0].delta.content or "" for c in stream if c.choices]
     assert "".join(streamed) == whole.message.content
     assert all(stop not in chunk for chunk in chunks)
+
+
+def test_min_tokens_goes_past_the_end_of_the_answer(client, reference):
+    """vLLM's min_tokens: the greedy answer (ended by EOS) goes on to min_tokens tokens, the
+    same text first; streamed as whole."""
+    expected = reference["chat"]
+    assert expected.finish_reason == "stop"
+    kwargs = dict(model="smollm2-135m", messages=QUESTION, max_tokens=24, temperature=0,
+                  extra_body={"min_tokens": len(expected.token_ids) + 3})  # fmt: skip
+    whole = client.chat.completions.create(**kwargs)
+    assert whole.usage.completion_tokens >= len(expected.token_ids) + 3
+    assert whole.choices[0].message.content.startswith(expected.text)
+    stream = client.chat.completions.create(stream=True, **kwargs)
+    streamed = [c.choices[0].delta.content or "" for c in stream if c.choices]
+    assert "".join(streamed) == whole.choices[0].message.content
 
 
 def test_seeded_sampling_is_reproducible(client):
@@ -547,7 +562,8 @@ BAD = [  # (body or raw bytes, endpoint, status, param)
         400,
         "audio",
     ),
-    ({"prompt": "hi", "min_tokens": 4}, "completions", 400, "min_tokens"),
+    ({"prompt": "hi", "min_tokens": 17}, "completions", 400, "min_tokens"),  # > max_tokens 16
+    ({"prompt": "hi", "min_tokens": -1}, "completions", 400, "min_tokens"),
     ({"prompt": "hi", "prompt_logprobs": 1}, "completions", 400, "prompt_logprobs"),
     (
         {"prompt": "hi", "include_stop_str_in_output": "yes"},

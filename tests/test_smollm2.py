@@ -104,6 +104,22 @@ def test_stop_string_cuts_the_text(llm):
     assert (cut.text, cut.stop_reason) == (full.text[: full.text.index("of France")], "of France")
 
 
+def test_min_tokens_goes_past_eos_and_holds_off_stop_strings(llm):
+    """vLLM's min_tokens: the greedy answer ends with EOS after n tokens; with min_tokens n + 3
+    it goes on past it (the first n tokens the same), and a stop string met before min_tokens
+    does not cut the text."""
+    full = llm.chat(PROMPT, SamplingParams(max_tokens=24, temperature=0))[0]
+    n = len(full.token_ids)
+    assert full.finish_reason == "stop" and n < 20  # ended by EOS
+    longer = llm.chat(PROMPT, SamplingParams(max_tokens=24, temperature=0, min_tokens=n + 3))[0]
+    assert longer.token_ids[:n] == full.token_ids and len(longer.token_ids) >= n + 3
+    assert longer.text.startswith(full.text)
+    # "of" comes early in the answer: held off past it, the text is cut at a later "of" or not
+    late = SamplingParams(max_tokens=24, temperature=0, min_tokens=n + 3, stop=["of"])
+    held = llm.chat(PROMPT, late)[0]
+    assert held.text.startswith(full.text) and held.token_ids[:n] == full.token_ids
+
+
 def test_seeded_sampling_is_reproducible(llm):
     params = SamplingParams(max_tokens=16, temperature=0.9, top_p=0.95, top_k=50, seed=11)
     first, second = (llm.chat(PROMPT, params)[0].text for _ in range(2))

@@ -169,11 +169,11 @@ class Engine:
             config.speculative_num_draft_tokens if config.speculative_algorithm else 0,
         )  # fmt: skip
         self.sampler = Sampler(self.device, seed=config.seed)
-        self.penalties = Penalties(self.device)
-        self.speculative = self._speculative_decoder()
         eos_token_ids = set(self.model_config.eos_token_ids)
         if self.tokenizer is not None:
             eos_token_ids |= set(self.tokenizer.eos_token_ids)
+        self.penalties = Penalties(self.device, eos_token_ids)
+        self.speculative = self._speculative_decoder()
         self.stops = StopChecker(eos_token_ids, self.tokenizer, self.max_model_len)
         self._ids = itertools.count()
         self._in_flight: _InFlight | None = None  # launched, its tokens not read yet
@@ -264,7 +264,8 @@ class Engine:
             request.params.logprobs is not None or request.params.adjusts_logits
         ):
             return (
-                "logprobs, penalties and logit_bias are not computed with speculative decoding: "
+                "logprobs, penalties, logit_bias and min_tokens are not computed with "
+                "speculative decoding: "
                 "leave them out, or serve this model without a speculative algorithm"
             )
         biased = next((t for t, _ in request.params.logit_bias if t >= vocab), None)

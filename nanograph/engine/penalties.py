@@ -1,13 +1,14 @@
 """Repetition, frequency and presence penalties (OpenAI's ``presence_penalty`` and
 ``frequency_penalty``, vLLM's and transformers' ``repetition_penalty``) and OpenAI's
-``logit_bias``, on the device.
+``logit_bias``, and vLLM's ``min_tokens``, on the device.
 
 What they do to a row's logits before sampling, in vLLM's order: a token seen in the prompt or
 the output so far is divided by ``repetition_penalty`` where its logit is positive and
 multiplied by it where negative; then ``frequency_penalty`` x (times the token was generated)
 and ``presence_penalty`` x (whether it was generated) are subtracted; then each biased token
-gets its bias added. Greedy rows take the argmax of the result; logprobs stay the model's raw
-ones.
+gets its bias added; last, while fewer than ``min_tokens`` tokens are out, the end tokens
+(EOS unless ``ignore_eos``, and ``stop_token_ids``) become -inf. Greedy rows take the argmax of
+the result; logprobs stay the model's raw ones.
 
 Invariants:
 - Only requests with a penalty have state: one row each of a ``[slots, vocab]`` count buffer
@@ -17,12 +18,15 @@ Invariants:
   under the overlap schedule are counted before the next step reads them: no host round trip.
 - A request keeps its row until it finishes (``release``): preemption and recompute do not
   resample its earlier tokens, so its counts stay right.
-- A bias needs no state: its (row, token, bias) triples are added in one accumulate.
+- A bias needs no state: its (row, token, bias) triples are added in one accumulate. Nor does
+  ``min_tokens``: the token being sampled is ``output_ids[len(output_ids)]`` (tokens in flight
+  hold places there), so the host knows which rows to mask without reading the device.
 - A step with no penalised or biased request does nothing here.
 """
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import torch
@@ -34,8 +38,9 @@ FIRST_SLOTS = 8
 
 
 class Penalties:
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, eos_token_ids: set[int]) -> None:
         self.device = device
+        self.eos_token_ids = tuple(sorted(eos_token_ids))
         self.counts: torch.Tensor | None = None  # [slots, vocab] float32: output token counts
         self.seen: torch.Tensor | None = None  # [slots, vocab] bool: prompt or output tokens
         self._slot: dict[int, int] = {}  # request id -> row
@@ -61,7 +66,19 @@ class Penalties:
             rows, tokens, values = zip(*bias)
             index = (torch.tensor(rows, device=out.device), torch.tensor(tokens, device=out.device))
             out.index_put_(index, torch.tensor(values, device=out.device), accumulate=True)
+        ends = [(i, token) for i, r in enumerate(requests)
+                if len(r.output_ids) < r.params.min_tokens
+                for token in self._end_tokens(r)]  # fmt: skip
+        if ends:
+            rows, tokens = zip(*ends)
+            index = (torch.tensor(rows, device=out.device), torch.tensor(tokens, device=out.device))
+            out.index_put_(index, torch.tensor(-math.inf, device=out.device))
         return out
+
+    def _end_tokens(self, request: Request) -> tuple[int, ...]:
+        """The tokens that would end ``request``: its stop tokens, and EOS unless ignored."""
+        params = request.params
+        return params.stop_token_ids + (() if params.ignore_eos else self.eos_token_ids)
 
     def _penalize(self, logits: torch.Tensor, requests: list[Request]) -> None:
         """Penalises, in place, the rows of ``logits`` whose requests have penalties."""

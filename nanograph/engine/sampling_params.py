@@ -32,7 +32,9 @@ class SamplingParams:
     whatever else shares its batch. ``presence_penalty`` and ``frequency_penalty`` (-2..2, 0 =
     off) and ``repetition_penalty`` (> 0, 1 = off) penalise tokens already generated (the
     repetition penalty also those of the prompt); ``logit_bias`` ({token id: -100..100}) is
-    added to those tokens' logits: ``engine/penalties.py``. ``logprobs``
+    added to those tokens' logits, and ``min_tokens`` (vLLM's) keeps EOS and
+    ``stop_token_ids`` from being sampled, and stop strings from matching, until that many
+    tokens are out: ``engine/penalties.py``. ``logprobs``
     (0..20) returns each output token's log-probability and that many of the most likely
     tokens at its position (None: none). ``n`` completions of the prompt (vLLM's and OpenAI's
     ``n``): ``LLM.generate`` and the server run one engine request per completion
@@ -40,6 +42,7 @@ class SamplingParams:
     """
 
     max_tokens: int = 128
+    min_tokens: int = 0  # vLLM's: no EOS, stop token or stop string before this many tokens
     temperature: float = 1.0
     top_k: int = -1
     top_p: float = 1.0
@@ -59,6 +62,8 @@ class SamplingParams:
     def __post_init__(self) -> None:
         set_ = lambda name, value: object.__setattr__(self, name, value)
         set_("max_tokens", _integer("max_tokens", self.max_tokens, low=1))
+        set_("min_tokens", _integer("min_tokens", self.min_tokens, 0, self.max_tokens,
+                                    "at most max_tokens"))  # fmt: skip
         set_("temperature", _real("temperature", self.temperature, low=0.0, hint="0 = greedy"))
         set_("top_k", _integer("top_k", self.top_k, low=-1, hint="-1 or 0 = disabled"))
         set_("top_p", _real("top_p", self.top_p, low=0.0, high=1.0, open_low=True))
@@ -105,8 +110,9 @@ class SamplingParams:
 
     @property
     def adjusts_logits(self) -> bool:
-        """Whether penalties or a logit bias change the logits it samples from."""
-        return self.penalized or bool(self.logit_bias)
+        """Whether penalties, a logit bias or ``min_tokens`` change the logits it samples
+        from."""
+        return self.penalized or bool(self.logit_bias) or self.min_tokens > 0
 
 
 def _integer(name: str, value: Any, low: int, high: int | None = None, hint: str = "") -> int:

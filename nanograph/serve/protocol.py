@@ -22,7 +22,7 @@ Invariants:
   suffix, constrained output (``response_format`` other than text; vLLM's ``guided_*`` and
   ``structured_outputs``, SGLang's ``regex`` / ``json_schema`` / ``ebnf``), tool and function
   calling (``tools`` / ``functions`` unless their choice is ``"none"``: then the model answers
-  in text without seeing them), audio, and vLLM's ``min_tokens`` and ``prompt_logprobs``.
+  in text without seeing them), audio, and vLLM's ``prompt_logprobs``.
   Unknown fields outside these lists are still ignored.
 - Log-probabilities as OpenAI asks for them: chat's ``logprobs: true`` with ``top_logprobs``
   alternatives (0-20), completions' ``logprobs: N`` (0-20, OpenAI allows 5); both become
@@ -229,7 +229,6 @@ def refuse_unsupported(request: _Request) -> None:
     unsupported = [
         ("best_of", (getattr(request, "best_of", None) or 1) != 1, no),
         ("suffix", bool(getattr(request, "suffix", None)), no),
-        ("min_tokens", bool(request.min_tokens), no),
         ("prompt_logprobs", request.prompt_logprobs is not None, no),
         *((name, getattr(request, name) is not None, constrained) for name in _CONSTRAINTS),
     ]
@@ -345,6 +344,7 @@ def sampling_params(request: _Request, prompt_len: int, max_model_len: int) -> S
         )
     given = {
         "max_tokens": max_tokens,
+        "min_tokens": request.min_tokens,
         "temperature": request.temperature,
         "top_p": request.top_p,
         "top_k": request.top_k,
