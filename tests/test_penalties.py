@@ -148,12 +148,12 @@ def test_min_tokens_holds_off_eos_and_stop_tokens(tiny_with_eos, overlap):
     greedy = dict(max_tokens=12, temperature=0.0)
     params = [
         SamplingParams(logit_bias={eos: 100}, min_tokens=5, **greedy),
-        SamplingParams(logit_bias={17: 100}, stop_token_ids=[17], min_tokens=3, temperature=0.8,
-                       seed=2, max_tokens=12),  # fmt: skip
+        SamplingParams(logit_bias={17: 100}, stop_token_ids=[17], min_tokens=3, max_tokens=12,
+                       temperature=0.8, seed=2),
         SamplingParams(logit_bias={eos: 100}, ignore_eos=True, min_tokens=4, max_tokens=6),
         SamplingParams(logit_bias={eos: 100}, **greedy),  # without min_tokens: no token at all
         SamplingParams(min_tokens=12, ignore_eos=True, repetition_penalty=1.3, **greedy),
-    ]
+    ]  # fmt: skip
     outs = llm.generate(PROMPTS + PROMPTS[:1], params)
     assert [o.finish_reason for o in outs] == ["stop", "stop", "length", "stop", "length"]
     assert [len(o.token_ids) for o in outs] == [5, 3, 6, 0, 12]
