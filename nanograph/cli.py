@@ -15,6 +15,7 @@ import time
 
 from nanograph import __version__
 from nanograph.loader.presets import PRESETS
+from nanograph.serve.tool_calls import TOOL_CALL_PARSERS
 
 ENGINE_HELP = {
     "model": f"preset name ({', '.join(PRESETS)}), a .gguf file or a Hugging Face folder",
@@ -363,6 +364,18 @@ def _add_serve(sub) -> None:
     s.add_argument(
         "--shutdown-timeout", type=float, default=10.0,
         help="on SIGINT/SIGTERM, seconds in-flight requests get to finish before abort [10]",
+    )  # fmt: skip
+    s.add_argument(
+        "--tool-call-parser", choices=TOOL_CALL_PARSERS,
+        help="read tool calls out of chat answers in this format, so requests may offer the "
+        "model tools (tool_choice auto): hermes is the <tool_call>{json}</tool_call> blocks "
+        "of Qwen2.5, Qwen3 and Hermes models; qwen25 and qwen3 are other names for it "
+        "(SGLang's). Unset: requests with tools get a 400 unless tool_choice is none",
+    )  # fmt: skip
+    s.add_argument(
+        "--enable-auto-tool-choice", action="store_true",
+        help="vLLM's switch, accepted for compatibility: --tool-call-parser alone turns tool "
+        "calling on; this flag changes nothing but needs --tool-call-parser, as in vLLM",
     )  # fmt: skip
     s.add_argument(
         "--engine-process", action=argparse.BooleanOptionalAction, default=True,

@@ -74,6 +74,46 @@ def test_bad_flags_are_clear_errors(capsys, tiny_model_dir):
     assert "comma-separated integers" in capsys.readouterr().err
 
 
+def test_serve_tool_call_flags(capsys):
+    """--tool-call-parser takes vLLM's name (hermes) and SGLang's (qwen25, qwen3) for the one
+    format; vLLM's --enable-auto-tool-choice is accepted, and refused without a parser (as
+    vLLM refuses it) before any model loads."""
+    import pytest
+
+    parse = build_parser().parse_args
+    for name in ("hermes", "qwen25", "qwen3"):
+        args = parse(["serve", "--tool-call-parser", name, "--enable-auto-tool-choice"])
+        assert (args.tool_call_parser, args.enable_auto_tool_choice) == (name, True)
+    args = parse(["serve"])
+    assert (args.tool_call_parser, args.enable_auto_tool_choice) == (None, False)
+    with pytest.raises(SystemExit):
+        parse(["serve", "--tool-call-parser", "mistral"])
+    capsys.readouterr()
+    assert main(["serve", "--enable-auto-tool-choice", "--model", "no-such-model"]) == 2
+    assert "--enable-auto-tool-choice needs --tool-call-parser" in capsys.readouterr().err
+
+
+def test_serve_hands_the_tool_call_parser_to_the_app(monkeypatch):
+    from types import SimpleNamespace
+
+    import pytest
+
+    import nanograph.serve.app
+    import nanograph.serve.server
+
+    class Built(Exception):
+        pass
+
+    def build_app(front, name, api_key, shutdown_timeout, tool_call_parser):
+        raise Built(tool_call_parser)
+
+    monkeypatch.setattr(nanograph.serve.app, "build_app", build_app)
+    monkeypatch.setattr(nanograph.serve.server, "_front",
+                        lambda config, args: SimpleNamespace(close=lambda: None))  # fmt: skip
+    with pytest.raises(Built, match="qwen25"):
+        main(["--debug", "serve", "--tool-call-parser", "qwen25"])
+
+
 def test_generate_token_ids_on_a_model_without_tokenizer(capsys, tiny_model_dir):
     code = main(["generate", "--model", str(tiny_model_dir("qwen3")), "--prompt-ids", "1,2,3",
                  "--max-tokens", "5", "--ignore-eos"])  # fmt: skip

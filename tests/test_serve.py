@@ -549,6 +549,17 @@ BAD = [  # (body or raw bytes, endpoint, status, param)
         "tools",
     ),
     ({"messages": QUESTION, "tool_choice": "required"}, "chat/completions", 400, "tool_choice"),
+    (
+        {
+            "messages": QUESTION,
+            "tools": [TOOL],
+            "tool_choice": {"type": "function", "function": {"name": "weather"}},
+        },
+        "chat/completions",
+        400,
+        "tool_choice",
+    ),
+    ({"messages": QUESTION, "tools": [{"name": "weather"}]}, "chat/completions", 400, "tools"),
     ({"messages": QUESTION, "functions": [TOOL["function"]]}, "chat/completions", 400, "functions"),
     (
         {"messages": QUESTION, "modalities": ["text", "audio"]},

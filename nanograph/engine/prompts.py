@@ -22,7 +22,7 @@ import numpy as np
 if TYPE_CHECKING:
     from nanograph.loader.tokenizer import Tokenizer
 
-Message = dict[str, str]
+Message = dict[str, Any]
 Prompt = str | list[int] | list[Message] | dict[str, Any]
 # vLLM's prompt dicts: the text, or the token ids (which win where both are given, as in vLLM)
 _PROMPT_KEYS = ("prompt", "prompt_token_ids")
@@ -47,12 +47,16 @@ def _is_prompt_dict(value: Any) -> bool:
 
 
 def prompt_token_ids(
-    tokenizer: Tokenizer | None, prompt: Any, chat_template_kwargs: dict[str, Any] | None = None
+    tokenizer: Tokenizer | None,
+    prompt: Any,
+    chat_template_kwargs: dict[str, Any] | None = None,
+    tools: list[dict[str, Any]] | None = None,
 ) -> list[int]:
     """``chat_template_kwargs``: variables for the chat template when the prompt is a
-    conversation (vLLM's, e.g. ``{"enable_thinking": False}`` for Qwen3)."""
+    conversation (vLLM's, e.g. ``{"enable_thinking": False}`` for Qwen3); ``tools``: the
+    template's tool definitions (OpenAI's ``tools``), None for none."""
     if isinstance(prompt, dict):
-        return prompt_token_ids(tokenizer, _unwrap(prompt), chat_template_kwargs)
+        return prompt_token_ids(tokenizer, _unwrap(prompt), chat_template_kwargs, tools)
     if isinstance(prompt, list | tuple) and prompt and _plain_ints(prompt):
         return list(prompt)
     if isinstance(prompt, list | tuple) and prompt and all(_is_token(t) for t in prompt):
@@ -67,7 +71,7 @@ def prompt_token_ids(
     if isinstance(prompt, list | tuple) and all(isinstance(m, dict) for m in prompt):
         for i, message in enumerate(prompt):
             _check_message(i, message)
-        return _render(_need(tokenizer), list(prompt), chat_template_kwargs or {})
+        return _render(_need(tokenizer), list(prompt), chat_template_kwargs or {}, tools)
     raise ValueError(
         "a prompt must be a non-empty string, a list of integer token ids or a list of "
         f"{{'role', 'content'}} messages, got {_describe(prompt)}"
@@ -181,7 +185,9 @@ def _encode(tokenizer: Tokenizer, text: str) -> list[int]:
     return ids
 
 
-def _render(tokenizer: Tokenizer, messages: list[Message], kwargs: dict[str, Any]) -> list[int]:
+def _render(
+    tokenizer: Tokenizer, messages: list[Message], kwargs: dict[str, Any], tools: list | None
+) -> list[int]:
     if not tokenizer.has_chat_template:
         raise ValueError(
             "this model's tokenizer has no chat template: send a plain string prompt instead"
@@ -193,7 +199,9 @@ def _render(tokenizer: Tokenizer, messages: list[Message], kwargs: dict[str, Any
             "apply_chat_template itself; give the template's variables only"
         )
     try:
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, **kwargs)
+        ids = tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tools=tools, **kwargs
+        )
     except Exception as e:  # jinja errors (a template's raise_exception), tokenizer errors
         raise ValueError(f"the chat template cannot render these messages: {e}") from None
     if not ids:

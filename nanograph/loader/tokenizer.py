@@ -101,10 +101,12 @@ class Tokenizer:
         self,
         messages: Sequence[dict[str, Any]],
         add_generation_prompt: bool = True,
+        tools: Sequence[dict[str, Any]] | None = None,
         **template_kwargs: Any,
     ) -> str:
-        """The chat template applied to ``messages`` as text; ``template_kwargs`` are the
-        template's own variables (vLLM's ``chat_template_kwargs``, e.g. Qwen3's
+        """The chat template applied to ``messages`` as text; ``tools``: OpenAI-style tool
+        definitions for templates that render them (others ignore them); ``template_kwargs``
+        are the template's own variables (vLLM's ``chat_template_kwargs``, e.g. Qwen3's
         ``enable_thinking``): see ``chat_template_conflicts``."""
         if not self.has_chat_template:
             raise ModelLoadError(
@@ -112,8 +114,8 @@ class Tokenizer:
                 "ids instead of chat messages"
             )
         return self.hf.apply_chat_template(
-            list(messages), tokenize=False, add_generation_prompt=add_generation_prompt,
-            **template_kwargs,
+            list(messages), tools=None if tools is None else list(tools), tokenize=False,
+            add_generation_prompt=add_generation_prompt, **template_kwargs,
         )  # fmt: skip
 
     def chat_template_conflicts(self, names: Iterable[str]) -> list[str]:
@@ -129,12 +131,13 @@ class Tokenizer:
         self,
         messages: Sequence[dict[str, Any]],
         add_generation_prompt: bool = True,
+        tools: Sequence[dict[str, Any]] | None = None,
         **template_kwargs: Any,
     ) -> list[int]:
         """Token ids of the rendered chat, ending with the assistant header when
         ``add_generation_prompt`` is true."""
-        return self.encode(self.render_chat(messages, add_generation_prompt, **template_kwargs),
-                           False)  # fmt: skip
+        text = self.render_chat(messages, add_generation_prompt, tools, **template_kwargs)
+        return self.encode(text, False)
 
 
 def _cache_dir(gguf: Path) -> Path | None:

@@ -10,6 +10,9 @@ Invariants:
   is computed) is aborted at once: its KV pages go back to the pool.
 - An exception while serving one request fails that request (500, or an error event inside a
   stream that already started) and nothing else.
+- A chat request that offers tools reads each choice's text through its own
+  ``ToolCallParser``, streamed or whole alike: a whole message's content and tool calls are
+  what its stream's deltas add up to.
 """
 
 from __future__ import annotations
@@ -40,14 +43,22 @@ from nanograph.serve.logprobs import LogprobFormat
 from nanograph.serve.metrics import ServerMetrics
 from nanograph.serve.protocol import ApiError, ChatRequest, CompletionRequest
 from nanograph.serve.text import TextStream
+from nanograph.serve.tool_calls import TOOL_CALL_PARSERS, ToolCall, ToolCallParser, openai_tool_call
 
 logger = logging.getLogger("nanograph")
 RETRY_AFTER_S = 1  # what a 503 (queue full) tells the client to wait
 
 
 def build_app(
-    front: Front, model_name: str, api_key: str | None = None, shutdown_timeout: float = 10
-) -> FastAPI:
+    front: Front, model_name: str, api_key: str | None = None, shutdown_timeout: float = 10,
+    tool_call_parser: str | None = None,
+) -> FastAPI:  # fmt: skip
+    """``tool_call_parser``: the format tool calls are read in (``TOOL_CALL_PARSERS``); None
+    refuses requests that offer the model tools."""
+    if tool_call_parser is not None and tool_call_parser not in TOOL_CALL_PARSERS:
+        raise ValueError(
+            f"unknown tool-call parser {tool_call_parser!r}: one of {', '.join(TOOL_CALL_PARSERS)}"
+        )
     metrics = ServerMetrics(front)
 
     @contextlib.asynccontextmanager
@@ -133,7 +144,7 @@ def build_app(
     async def _complete(http: Request, kind: type) -> Response:
         request = protocol.parse(kind, await _json_body(http))
         _check_model(request.model, model_name)
-        protocol.refuse_unsupported(request)
+        protocol.refuse_unsupported(request, tool_call_parser)
         chat = kind is ChatRequest
         prompts = (
             [protocol.chat_prompt_ids(front.tokenizer, request)] if chat
@@ -222,18 +233,40 @@ async def _until_disconnect(http: Request, work, abandon) -> Response:
 
 
 class _Choice:
-    """One choice of an answer: its request's stream, text and logprobs so far."""
+    """One choice of an answer: its request's stream, text, tool calls and logprobs so far."""
 
-    def __init__(self, index: int, front: Front, stream: RequestStream, chat: bool) -> None:
+    def __init__(
+        self, index: int, front: Front, stream: RequestStream, chat: bool, tools: bool
+    ) -> None:
         self.index, self.stream = index, stream
         self.text = TextStream(front.tokenizer, stream.params.stop)
+        self.tool_calls = ToolCallParser() if tools else None
         count = stream.params.logprobs
         self.logprobs = None if count is None else LogprobFormat(front.tokenizer, chat, count)
         self.unsent: tuple[list[int], list] = ([], [])  # tokens no chunk carried yet
         self.completion_tokens = 0
         self.cached_tokens = 0
+        self.calls_sent = 0  # tool calls streamed: the next one's index
         self.finished = False
         self.last = stream.arrival  # when its last tokens came (inter-token latency)
+
+    def advance(self, update: Update) -> tuple[str, tuple[ToolCall, ...]]:
+        """The text (content, with tool calls) that may be sent now that ``update`` came."""
+        if update.finished:
+            text = self.text.final(update.token_ids, update.text)
+        else:
+            text = self.text.feed(update.token_ids)
+        if self.tool_calls is None:
+            return text, ()
+        parsed = self.tool_calls.feed(text)
+        if update.finished:
+            parsed += self.tool_calls.finish()
+        return parsed.content, parsed.calls
+
+    def finish_reason(self, update: Update) -> str:
+        """The engine's, or "tool_calls" when the model stopped after calling tools."""
+        called = self.tool_calls is not None and self.tool_calls.calls
+        return "tool_calls" if called and update.finish_reason == "stop" else update.finish_reason
 
     def take_unsent(self) -> dict | None:
         """The logprobs object of the tokens no chunk carried yet (None without logprobs)."""
@@ -253,7 +286,8 @@ class _Answer:
         metrics: ServerMetrics, echoed: list[str] | None = None,
     ) -> None:  # fmt: skip
         self.front, self.request, self.chat = front, request, chat
-        self.choices = [_Choice(i, front, stream, chat) for i, stream in enumerate(streams)]
+        tools = chat and protocol.uses_tools(request)
+        self.choices = [_Choice(i, front, s, chat, tools) for i, s in enumerate(streams)]
         # completions' echo: each prompt's text in front of its choices' text
         self.echoed = [echoed[i // request.n] for i in range(len(streams))] if echoed else None
         self.firsts = self.choices[:: request.n]  # the first choice of each prompt
@@ -326,31 +360,33 @@ class _Answer:
         )
 
     async def _whole_choice(self, choice: _Choice) -> dict:
-        text, tokens, last = [], [], None
+        text, calls, tokens, last = [], [], [], None
         async for update in choice.stream.updates():
             self._observe(choice, update)
             tokens += update.token_ids
+            delta, new_calls = choice.advance(update)
+            text.append(delta)
+            calls += new_calls
             if update.finished:
                 last = update
-                text.append(choice.text.final(update.token_ids, update.text))
-            else:
-                text.append(choice.text.feed(update.token_ids))
         if last.finish_reason not in ("stop", "length"):
             raise self._failure(last)
         content = "".join(text)
         if self.echoed is not None:
             content = self.echoed[choice.index] + content
         body = {
-            "index": choice.index, "finish_reason": last.finish_reason,
+            "index": choice.index, "finish_reason": choice.finish_reason(last),
             "stop_reason": last.stop_reason, "logprobs": choice.take_unsent(),
         }  # fmt: skip
         if self.request.return_token_ids:
             body["token_ids"] = tokens
-        body.update(
-            {"message": {"role": "assistant", "content": content}}
-            if self.chat
-            else {"text": content}
-        )
+        if not self.chat:
+            body["text"] = content
+        elif calls:  # the calls alone: no content (vLLM's null)
+            body["message"] = {"role": "assistant", "content": content or None,
+                               "tool_calls": [openai_tool_call(c) for c in calls]}  # fmt: skip
+        else:
+            body["message"] = {"role": "assistant", "content": content}
         return body
 
     def _chunk(
@@ -361,6 +397,7 @@ class _Answer:
         stop_reason: int | str | None = None,
         role: bool = False,
         token_ids: list[int] | None = None,
+        calls: tuple[ToolCall, ...] = (),
     ) -> str:
         body: dict[str, Any] = {
             "index": choice.index, "finish_reason": finish_reason,
@@ -371,9 +408,15 @@ class _Answer:
         if self.request.return_token_ids and token_ids is not None:
             body["token_ids"] = token_ids
         if self.chat:
-            body["delta"] = {} if delta is None else {"content": delta}
+            body["delta"] = {} if delta is None or (calls and not delta) else {"content": delta}
             if role:
                 body["delta"]["role"] = "assistant"
+            if calls:
+                first = choice.calls_sent
+                choice.calls_sent += len(calls)
+                body["delta"]["tool_calls"] = [
+                    openai_tool_call(c, first + i) for i, c in enumerate(calls)
+                ]
         else:
             body["text"] = delta or ""
         return self._event([body])
@@ -429,18 +472,22 @@ class _Answer:
                 async for choice, update in updates:
                     self._observe(choice, update)
                     if not update.finished:
-                        delta = choice.text.feed(update.token_ids)
+                        delta, calls = choice.advance(update)
                         # one chunk per token step when there is no text to wait for
-                        if delta or front.tokenizer is None or self.request.return_token_ids:
-                            yield self._chunk(choice, delta, token_ids=update.token_ids)
+                        every_step = front.tokenizer is None or self.request.return_token_ids
+                        if delta or calls or every_step:
+                            tokens = update.token_ids
+                            yield self._chunk(choice, delta, token_ids=tokens, calls=calls)
                         continue
                     if update.finish_reason not in ("stop", "length"):
                         yield f"data: {json.dumps(self._failure(update).body())}\n\n"
                         break
-                    delta = choice.text.final(update.token_ids, update.text)
-                    if delta or update.token_ids:
-                        yield self._chunk(choice, delta, token_ids=update.token_ids)
-                    yield self._chunk(choice, None, update.finish_reason, update.stop_reason)
+                    delta, calls = choice.advance(update)
+                    if delta or calls or update.token_ids:
+                        yield self._chunk(choice, delta, token_ids=update.token_ids, calls=calls)
+                    yield self._chunk(
+                        choice, None, choice.finish_reason(update), update.stop_reason
+                    )
                 else:
                     if self.include_usage:
                         yield self._event([], self.usage())

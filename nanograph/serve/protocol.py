@@ -20,10 +20,18 @@ Invariants:
   compute: refused.
 - Options the engine cannot honour are refused with 400 rather than silently ignored: best_of,
   suffix, constrained output (``response_format`` other than text; vLLM's ``guided_*`` and
-  ``structured_outputs``, SGLang's ``regex`` / ``json_schema`` / ``ebnf``), tool and function
-  calling (``tools`` / ``functions`` unless their choice is ``"none"``: then the model answers
-  in text without seeing them), audio, and vLLM's ``prompt_logprobs``.
+  ``structured_outputs``, SGLang's ``regex`` / ``json_schema`` / ``ebnf``; and so
+  ``tool_choice`` ``"required"`` or a named function), OpenAI's deprecated ``functions`` /
+  ``function_call`` (unless ``"none"``), audio, and vLLM's ``prompt_logprobs``.
   Unknown fields outside these lists are still ignored.
+- Tools (``tools`` with ``tool_choice`` absent or ``"auto"``) need the server's
+  ``--tool-call-parser`` (else 400, param ``tools``): they go to the chat template and the
+  answer is parsed for calls (``tool_calls.py``). With ``tool_choice: "none"`` the model does
+  not see them and answers in text. ``tools`` must be a list of ``{"type": "function",
+  "function": {"name": str, ...}}`` (also on ``/tokenize``).
+- Messages reach the template as the model's templates expect them: text parts joined,
+  an assistant's ``tool_calls`` arguments (JSON text on the wire) parsed into objects, its
+  ``content: null`` as ``""``. Bad JSON there is a 400 naming the message.
 - Log-probabilities as OpenAI asks for them: chat's ``logprobs: true`` with ``top_logprobs``
   alternatives (0-20), completions' ``logprobs: N`` (0-20, OpenAI allows 5); both become
   ``SamplingParams.logprobs`` (the model's raw log-probabilities: ``engine/logprobs.py``).
@@ -31,6 +39,7 @@ Invariants:
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -146,6 +155,7 @@ class TokenizeRequest(BaseModel):
     prompt: str | list[int] | None = None
     messages: list[dict[str, Any]] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[Any] | None = None  # vLLM's: for the chat template
 
 
 class DetokenizeRequest(BaseModel):
@@ -172,7 +182,10 @@ def tokenize(tokenizer: Any, request: TokenizeRequest) -> list[int]:
     if (request.prompt is None) == (request.messages is None):
         raise ApiError(400, "give either prompt or messages", param="prompt")
     if request.messages is not None:
-        return _chat_ids(tokenizer, request.messages, request.chat_template_kwargs)
+        _check_tools(request.tools)
+        return _chat_ids(
+            tokenizer, request.messages, request.chat_template_kwargs, request.tools or None
+        )
     return _prompt_ids(tokenizer, request.prompt, "prompt")
 
 
@@ -200,7 +213,8 @@ def parse(model: type[BaseModel], body: Any) -> Any:
         raise ApiError(400, where + first["msg"], param=param) from None
 
 
-def refuse_unsupported(request: _Request) -> None:
+def refuse_unsupported(request: _Request, tool_call_parser: str | None = None) -> None:
+    """``tool_call_parser``: the server's ``--tool-call-parser`` (None: tools are refused)."""
     if getattr(request, "echo", False) and getattr(request, "logprobs", None) is not None:
         raise ApiError(
             400,
@@ -244,7 +258,7 @@ def refuse_unsupported(request: _Request) -> None:
             param="response_format",
         )
     if isinstance(request, ChatRequest):
-        _refuse_beyond_text(request)
+        _refuse_beyond_text(request, tool_call_parser)
 
 
 # vLLM's constrained-output fields, then SGLang's
@@ -252,19 +266,36 @@ _CONSTRAINTS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar"
                 "structured_outputs", "regex", "json_schema", "ebnf")  # fmt: skip
 
 
-def _refuse_beyond_text(request: ChatRequest) -> None:
-    """Chat's answers other than text: tool calls (never parsed out of the output; with the
-    choice "none" the model must answer in text, which it does without seeing the
-    definitions) and audio."""
-    for tools, choice in (("tools", "tool_choice"), ("functions", "function_call")):
-        given, chosen = getattr(request, tools), getattr(request, choice)
-        if chosen != "none" and (given or chosen is not None):
-            raise ApiError(
-                400,
-                f"tool calling is not supported by this server: leave {tools} out, or set "
-                f'{choice} to "none" for an answer in text',
-                param=tools if given else choice,
-            )
+def _refuse_beyond_text(request: ChatRequest, tool_call_parser: str | None) -> None:
+    """Chat's answers other than text and tool calls: the deprecated functions (unless their
+    choice is "none"), tool choices that need constrained decoding, tools without a parser to
+    read the calls, and audio."""
+    if request.function_call != "none" and (request.functions or request.function_call):
+        raise ApiError(
+            400,
+            "functions and function_call (OpenAI's deprecated form) are not supported: send "
+            'tools instead, or set function_call to "none" for an answer in text',
+            param="functions" if request.functions else "function_call",
+        )
+    _check_tools(request.tools)
+    choice = request.tool_choice
+    if isinstance(choice, dict) or choice == "required":
+        raise ApiError(
+            400,
+            'tool_choice "required" or a named function needs constrained decoding, which this '
+            'server does not do: ask for "auto" (the model decides) or "none"',
+            param="tool_choice",
+        )
+    if choice not in (None, "auto", "none"):
+        raise ApiError(400, f'tool_choice must be "auto" or "none", got {choice!r}',
+                       param="tool_choice")  # fmt: skip
+    if uses_tools(request) and tool_call_parser is None:
+        raise ApiError(
+            400,
+            "tool calling needs a tool-call parser: start the server with --tool-call-parser "
+            'hermes (the Hermes/Qwen format), or set tool_choice to "none" for an answer in text',
+            param="tools",
+        )
     if request.audio is not None or any(m != "text" for m in request.modalities or ()):
         raise ApiError(
             400, "this server answers in text only: leave audio and modalities out",
@@ -272,14 +303,42 @@ def _refuse_beyond_text(request: ChatRequest) -> None:
         )  # fmt: skip
 
 
+def uses_tools(request: ChatRequest) -> bool:
+    """Whether the model sees the request's tools and its answer is read for tool calls."""
+    return bool(request.tools) and request.tool_choice in (None, "auto")
+
+
+def _check_tools(tools: list | None) -> None:
+    for i, tool in enumerate(tools or ()):
+        function = tool.get("function") if isinstance(tool, dict) else None
+        name = function.get("name") if isinstance(function, dict) else None
+        ok = isinstance(tool, dict) and tool.get("type") == "function"
+        ok = ok and isinstance(name, str) and bool(name)
+        if not ok or not isinstance(function.get("parameters", {}), dict):
+            raise ApiError(
+                400,
+                f'tools[{i}] must be {{"type": "function", "function": {{"name": str, '
+                f'"parameters": object, ...}}}}, got {_short(tool)}',
+                param="tools",
+            )
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=False, default=repr)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def chat_prompt_ids(tokenizer: Any, request: ChatRequest) -> list[int]:
-    return _chat_ids(tokenizer, request.messages, request.chat_template_kwargs)
+    tools = request.tools if uses_tools(request) else None
+    return _chat_ids(tokenizer, request.messages, request.chat_template_kwargs, tools)
 
 
-def _chat_ids(tokenizer: Any, messages: list, template_kwargs: dict[str, Any] | None) -> list[int]:
-    conversation = [_flatten(i, m) for i, m in enumerate(messages)]
+def _chat_ids(
+    tokenizer: Any, messages: list, template_kwargs: dict[str, Any] | None, tools: list | None
+) -> list[int]:
+    conversation = [_template_message(i, m) for i, m in enumerate(messages)]
     try:
-        return prompt_token_ids(tokenizer, conversation, template_kwargs)
+        return prompt_token_ids(tokenizer, conversation, template_kwargs, tools)
     except ValueError as e:
         param = "chat_template_kwargs" if str(e).startswith("chat_template_kwargs") else "messages"
         raise ApiError(400, str(e), param=param) from None
@@ -304,6 +363,41 @@ def _prompt_ids(tokenizer: Any, prompt: Any, param: str) -> list[int]:
         return prompt_token_ids(tokenizer, prompt)
     except ValueError as e:
         raise ApiError(400, str(e), param=param) from None
+
+
+def _template_message(i: int, message: dict[str, Any]) -> dict[str, Any]:
+    """A message as chat templates take it: content parts joined into text, and an assistant's
+    tool calls with their arguments as objects (their content may be null)."""
+    message = _flatten(i, message)
+    calls = message.get("tool_calls")
+    if message.get("role") != "assistant" or calls is None:
+        return message
+    if not isinstance(calls, list):
+        raise ApiError(400, f"messages[{i}].tool_calls must be a list",
+                       param=f"messages[{i}].tool_calls")  # fmt: skip
+    content = message.get("content")
+    return {**message, "content": "" if content is None else content,
+            "tool_calls": [_template_call(i, j, c) for j, c in enumerate(calls)]}  # fmt: skip
+
+
+def _template_call(i: int, j: int, call: Any) -> dict[str, Any]:
+    """OpenAI's ``{"id", "type", "function": {"name", "arguments": JSON text}}`` with the
+    arguments parsed: Qwen's templates write them with ``tojson`` (vLLM parses them too)."""
+    where = f"messages[{i}].tool_calls[{j}]"
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        raise ApiError(400, f'{where} needs a "function" with a "name" string',
+                       param=f"messages[{i}].tool_calls")  # fmt: skip
+    arguments = function.get("arguments", "{}")
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except (ValueError, RecursionError) as e:
+            raise ApiError(
+                400, f"{where}.function.arguments is not valid JSON: {e}",
+                param=f"messages[{i}].tool_calls",
+            ) from None  # fmt: skip
+    return {**call, "function": {**function, "arguments": arguments}}
 
 
 def _flatten(i: int, message: dict[str, Any]) -> dict[str, Any]:

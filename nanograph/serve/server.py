@@ -31,6 +31,10 @@ def run(args: argparse.Namespace) -> int:
         return 2
     from nanograph.cli import engine_config_from
 
+    if args.enable_auto_tool_choice and args.tool_call_parser is None:  # as vLLM refuses it
+        print("error: --enable-auto-tool-choice needs --tool-call-parser (hermes)",
+              file=sys.stderr)  # fmt: skip
+        return 2
     try:
         engine_config = engine_config_from(args)
         front = _front(engine_config, args)
@@ -38,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     name = args.served_model_name or engine_config.model
-    app = build_app(front, name, args.api_key, args.shutdown_timeout)
+    app = build_app(front, name, args.api_key, args.shutdown_timeout, args.tool_call_parser)
     config = uvicorn.Config(
         app,
         host=args.host,

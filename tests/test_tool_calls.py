@@ -1,0 +1,435 @@
+"""Tool calling: the Hermes-format parser alone (any split of the text gives the same answer),
+then the chat server over real HTTP with a scripted front (the answer's text is given, token by
+token through a byte-level tokenizer whose chat template prints the tools and the calls of past
+turns), read with the official ``openai`` client, streamed and whole; and the refusals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import json
+import threading
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nanograph.serve.tool_calls import END, START, ToolCall, ToolCallParser
+
+WEATHER = '{"name": "weather", "arguments": {"city": "Paris"}}'
+TIME = '{"name": "time", "arguments": {"zone": "CET", "exact": true}}'
+
+
+def block(body: str) -> str:
+    return f"{START}\n{body}\n{END}"
+
+
+def parse(*pieces: str) -> tuple[str | None, list[ToolCall]]:
+    """Content (None for calls alone, as the server answers) and calls of the text fed in
+    ``pieces``."""
+    parser = ToolCallParser()
+    content, calls = "", []
+    for piece in pieces:
+        parsed = parser.feed(piece)
+        content, calls = content + parsed.content, calls + list(parsed.calls)
+    rest = parser.finish()
+    content, calls = content + rest.content, calls + list(rest.calls)
+    assert calls == parser.calls
+    return (content or None) if calls else content, calls
+
+
+def test_plain_text_is_content():
+    assert parse("The capital of France is Paris.") == ("The capital of France is Paris.", [])
+    assert parse("a < b and <tool> is not a call") == ("a < b and <tool> is not a call", [])
+    assert parse("") == ("", [])
+    assert parse("  \n") == ("  \n", [])  # no call: the text as it is
+
+
+def test_one_call():
+    assert parse(block(WEATHER)) == (None, [ToolCall("weather", '{"city": "Paris"}')])
+
+
+def test_two_calls_and_whitespace_between():
+    content, calls = parse(block(WEATHER) + "\n" + block(TIME) + "\n")
+    assert content is None
+    assert [c.name for c in calls] == ["weather", "time"]
+    assert json.loads(calls[1].arguments) == {"zone": "CET", "exact": True}
+
+
+def test_text_around_calls_is_content():
+    content, calls = parse("Let me check.\n" + block(WEATHER) + "\nDone.")
+    assert content == "Let me check.\n\nDone." and [c.name for c in calls] == ["weather"]
+
+
+def test_a_block_that_is_no_call_stays_text():
+    for body in ('{"name": "weather", "arguments": ', '{"arguments": {}}', '{"name": ""}',
+                 '["weather"]', "weather(city=Paris)", '{"name": 3}', '{"name": "x", '
+                 '"arguments": NaN}', "[" * 100_000):  # fmt: skip
+        text = "Sure. " + block(body)
+        assert parse(text) == (text, []), body
+    # a bad block beside a good one: the good one is a call, the bad one text
+    weather = ToolCall("weather", '{"city": "Paris"}')
+    assert parse(block("nope") + block(WEATHER)) == (block("nope"), [weather])
+
+
+def test_other_argument_forms():
+    assert parse(block('{"name": "now"}'))[1] == [ToolCall("now", "{}")]
+    assert parse(block('{"name": "w", "parameters": {"a": 1}}'))[1] == [ToolCall("w", '{"a": 1}')]
+    # arguments already JSON text are passed on as they are
+    assert parse(block('{"name": "w", "arguments": "{\\"a\\": 1}"}'))[1] == [
+        ToolCall("w", '{"a": 1}')
+    ]
+    assert parse(block('{"name": "w", "arguments": {"s": "é"}}'))[1] == [
+        ToolCall("w", '{"s": "é"}')
+    ]
+
+
+def test_an_unfinished_block_at_the_end_is_content():
+    """A length cut inside a block: the text as the model wrote it, no call (vLLM's choice);
+    the calls before it stay calls."""
+    cut = START + '\n{"name": "weather", "argu'
+    assert parse("Looking. " + cut) == ("Looking. " + cut, [])
+    assert parse(block(WEATHER) + cut) == (cut, [ToolCall("weather", '{"city": "Paris"}')])
+    assert parse("ends with <tool_c") == ("ends with <tool_c", [])
+
+
+def test_held_back_text_is_what_may_start_a_block():
+    parser = ToolCallParser()
+    assert parser.feed("Hi <tool").content == "Hi "  # may start a block: held back
+    assert parser.feed("s>").content == "<tools>"  # it did not
+    assert parser.feed(START + WEATHER).content == ""  # an open block: held back
+    assert parser.feed(END + " bye").calls == (ToolCall("weather", '{"city": "Paris"}'),)
+    assert parser.finish().content == ""
+
+
+TEXTS = [
+    "Let me check.\n" + block(WEATHER) + "\n" + block(TIME) + "\nDone <tool",
+    "\n\n" + block(WEATHER) + "\n",
+    "<tool_call><tool_call>" + WEATHER + END + "x" + END,
+    "<<tool_call>" + TIME + "</tool_call" + END + block("bad") + "é" + block(WEATHER),
+    "  " + START + " " + END + START,
+]
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_every_split_gives_the_same_answer(text):
+    whole = parse(text)
+    assert parse(*text) == whole  # one character at a time
+    for i in range(len(text) + 1):
+        assert parse(text[:i], text[i:]) == whole, i
+
+
+FRAGMENTS = [START, END, WEATHER, TIME, "<", "tool", "_call>", "</", "\n", " ", "Hi", "{", "é"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(FRAGMENTS), max_size=12), st.data())
+def test_any_split_of_any_text_gives_the_same_answer(fragments, data):
+    text = "".join(fragments)
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(text)), max_size=8)))
+    pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+    content, calls = parse(*pieces)
+    assert (content, calls) == parse(text)
+    if not calls:  # no call: the text, unchanged
+        assert content == text
+    else:  # each call took one of the JSON bodies; the others are still in the content
+        bodies = lambda t: t.count(WEATHER) + t.count(TIME)  # noqa: E731
+        assert bodies(content or "") == bodies(text) - len(calls)
+
+
+# --- the server, over HTTP, with a scripted front ---------------------------------------------
+
+fastapi = pytest.importorskip("fastapi")
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+import uvicorn  # noqa: E402
+from serving import free_port, health, wait_until  # noqa: E402
+
+from nanograph.engine.front import Front, FrontStats, Update  # noqa: E402
+from nanograph.serve.app import build_app  # noqa: E402
+
+TOOL = {"type": "function", "function": {"name": "weather", "description": "the weather now",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}  # fmt: skip
+QUESTION = [{"role": "user", "content": "Weather in Paris?"}]
+# prints the tools and, for past calls, their arguments as the template sees them (tojson: an
+# object prints as one, a string would print quoted)
+TEMPLATE = (
+    "{% if tools %}[tools {{ tools | tojson }}]{% endif %}"
+    "{% for m in messages %}<{{ m.role }}>{{ m.content }}"
+    "{% for c in m.tool_calls or [] %}<call {{ c.function.name }} "
+    "{{ c.function.arguments | tojson }}>{% endfor %}{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}"
+)
+
+
+def byte_tokenizer():
+    """A tokenizer of one token per byte (so a ``<tool_call>`` arrives in 11 steps), with
+    ``TEMPLATE`` as its chat template."""
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from nanograph.loader.tokenizer import Tokenizer
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    backend = Backend(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    backend.decoder = decoders.ByteLevel()
+    hf = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|end|>")
+    hf.chat_template = TEMPLATE
+    return Tokenizer(hf)
+
+
+class ScriptedFront(Front):
+    """A front whose requests answer the texts of ``script`` (one per request, in order of
+    submission), a token every few milliseconds, ending with ``finish_reason``."""
+
+    def __init__(self, tokenizer) -> None:
+        super().__init__(max_queue=64, stats=FrontStats())
+        self.tokenizer, self.max_model_len = tokenizer, 4096
+        self.script: collections.deque[tuple[str, str]] = collections.deque()
+        self.prompts: list[list[int]] = []
+        self._running = False
+
+    def answer(self, *texts: str, finish_reason: str = "stop") -> None:
+        self.script.extend((text, finish_reason) for text in texts)
+
+    @property
+    def running(self) -> bool:
+        return self._running
+
+    def start(self) -> None:
+        super().start()
+        self._running = True
+
+    def stop(self, timeout: float) -> None:
+        self._running = False
+
+    def close(self) -> None:
+        self._running = False
+
+    def _send(self, command: tuple) -> None:
+        if command[0] == "add":
+            _, key, prompt, _params = command
+            self.prompts.append(prompt)
+            text, reason = self.script.popleft()
+            self._loop.create_task(self._play(key, text, reason))
+
+    async def _play(self, key: int, text: str, reason: str) -> None:
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        self._deliver([(key, Update([]))])  # admitted
+        for i, token in enumerate(ids):
+            await asyncio.sleep(0.001)
+            last = i == len(ids) - 1
+            update = Update([token], last, reason if last else None)
+            self._deliver([(key, update)])
+
+
+@contextlib.contextmanager
+def serving(front: Front, parser: str | None):
+    port = free_port()
+    app = build_app(front, "scripted", tool_call_parser=parser)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    base = f"http://127.0.0.1:{port}"
+    wait_until(lambda: health(base), 30, "the in-process server")
+    try:
+        yield base
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return byte_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def hermes(tokenizer):
+    """A server started with --tool-call-parser hermes, and its scripted front."""
+    front = ScriptedFront(tokenizer)
+    with serving(front, "hermes") as base:
+        yield base, front
+
+
+@pytest.fixture(scope="module")
+def no_parser(tokenizer):
+    front = ScriptedFront(tokenizer)
+    with serving(front, None) as base:
+        yield base, front
+
+
+def client(base: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=30)
+
+
+def ask(base: str, **kwargs):
+    return client(base).chat.completions.create(
+        model="scripted", messages=kwargs.pop("messages", QUESTION), **kwargs
+    )
+
+
+def streamed(base: str, **kwargs) -> dict[int, dict]:
+    """Each choice's streamed answer put together: content, tool calls, finish reason."""
+    choices: dict[int, dict] = {}
+    for chunk in ask(base, stream=True, **kwargs):
+        for c in chunk.choices:
+            got = choices.setdefault(c.index, {"content": "", "tool_calls": [], "finish": None})
+            got["content"] += c.delta.content or ""
+            for call in c.delta.tool_calls or []:
+                assert call.index == len(got["tool_calls"])  # whole calls, in order
+                got["tool_calls"].append(call)
+            got["finish"] = c.finish_reason or got["finish"]
+    return choices
+
+
+ANSWER = "Let me look.\n" + block(WEATHER) + "\n" + block(TIME)
+
+
+def test_whole_answer_has_tool_calls(hermes):
+    base, front = hermes
+    front.answer(ANSWER)
+    choice = ask(base, tools=[TOOL]).choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content == "Let me look.\n\n"
+    first, second = choice.message.tool_calls
+    assert first.type == "function" and first.id.startswith("call_") and first.id != second.id
+    assert first.function.name == "weather" and json.loads(first.function.arguments) == {
+        "city": "Paris"
+    }
+    assert second.function.name == "time"
+
+
+def test_streamed_answer_equals_the_whole(hermes):
+    base, front = hermes
+    for text in (ANSWER, block(WEATHER), "No tools needed: " + START[:-1]):
+        front.answer(text, text)
+        whole = ask(base, tools=[TOOL], tool_choice="auto").choices[0]
+        got = streamed(base, tools=[TOOL], tool_choice="auto")[0]
+        assert got["content"] == (whole.message.content or "")
+        assert [(c.function.name, c.function.arguments) for c in got["tool_calls"]] == [
+            (c.function.name, c.function.arguments) for c in whole.message.tool_calls or []
+        ]
+        assert got["finish"] == whole.finish_reason
+        assert all(c.id.startswith("call_") and c.type == "function" for c in got["tool_calls"])
+    assert whole.finish_reason == "stop" and whole.message.content == text  # the last: no call
+
+
+def test_each_choice_parses_on_its_own(hermes):
+    base, front = hermes
+    plain = "It is sunny."
+    front.answer(block(WEATHER), plain)
+    whole = ask(base, tools=[TOOL], n=2).choices
+    assert [c.finish_reason for c in whole] == ["tool_calls", "stop"]
+    assert whole[0].message.content is None and whole[1].message.content == plain
+    assert whole[1].message.tool_calls is None
+    front.answer(block(WEATHER), plain)
+    got = streamed(base, tools=[TOOL], n=2)
+    assert [got[i]["finish"] for i in (0, 1)] == ["tool_calls", "stop"]
+    assert [len(got[i]["tool_calls"]) for i in (0, 1)] == [1, 0]
+    assert got[1]["content"] == plain
+
+
+def test_a_length_cut_is_no_tool_call_finish(hermes):
+    """A call cut by max_tokens stays text; a call finished before the cut is a call, but the
+    finish reason stays "length"."""
+    base, front = hermes
+    cut = block(WEATHER)[:-3]
+    front.answer(cut, block(WEATHER) + cut, finish_reason="length")
+    first, second = ask(base, tools=[TOOL], n=2).choices
+    assert (first.finish_reason, first.message.content, first.message.tool_calls) == (
+        "length", cut, None
+    )  # fmt: skip
+    assert second.finish_reason == "length" and second.message.content == cut
+    assert [c.function.name for c in second.message.tool_calls] == ["weather"]
+
+
+def test_tool_choice_none_answers_text_without_the_tools(hermes):
+    base, front = hermes
+    front.answer(block(WEATHER), block(WEATHER))
+    plain = ask(base).usage.prompt_tokens
+    none = ask(base, tools=[TOOL], tool_choice="none")
+    assert none.choices[0].message.content == block(WEATHER)  # not read for calls
+    assert none.choices[0].finish_reason == "stop" and none.usage.prompt_tokens == plain
+
+
+def test_the_chat_template_gets_the_tools(hermes, tokenizer):
+    base, front = hermes
+    post = lambda body: httpx.post(f"{base}/tokenize", json=body, timeout=30).json()  # noqa: E731
+    without = post({"messages": QUESTION})["tokens"]
+    with_tools = post({"messages": QUESTION, "tools": [TOOL]})["tokens"]
+    assert tokenizer.decode(with_tools) == f"[tools {json.dumps([TOOL])}]" + tokenizer.decode(
+        without
+    )
+    front.answer("Sunny.")
+    assert ask(base, tools=[TOOL]).usage.prompt_tokens == len(with_tools)
+    assert front.prompts[-1] == with_tools
+
+
+def test_past_tool_calls_render_with_their_arguments_as_objects(hermes, tokenizer):
+    """An assistant turn with tool_calls (arguments as JSON text, content null) and the tool's
+    answer render through the template; the arguments reach it as an object."""
+    base, front = hermes
+    history = QUESTION + [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function",
+             "function": {"name": "weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1",
+         "content": [{"type": "text", "text": "sunny"}, {"type": "text", "text": "20 C"}]},
+    ]  # fmt: skip
+    r = httpx.post(f"{base}/tokenize", json={"messages": history}, timeout=30)
+    assert tokenizer.decode(r.json()["tokens"]) == (
+        '<user>Weather in Paris?<assistant><call weather {"city": "Paris"}>'
+        "<tool>sunny\n20 C<assistant>"
+    )
+    front.answer("It is sunny in Paris.")
+    answer = ask(base, messages=history, tools=[TOOL]).choices[0]
+    assert answer.message.content == "It is sunny in Paris." and answer.finish_reason == "stop"
+
+
+BAD_CALL = {"id": "c", "type": "function", "function": {"name": "weather", "arguments": "{city"}}
+BAD_ARGUMENTS = QUESTION + [{"role": "assistant", "content": None, "tool_calls": [BAD_CALL]}]
+
+REFUSED = [  # (server, body, param, words in the message)
+    ("no_parser", {"tools": [TOOL]}, "tools", "--tool-call-parser hermes"),
+    ("no_parser", {"tools": [TOOL], "tool_choice": "auto"}, "tools", "--tool-call-parser"),
+    ("hermes", {"tools": [{"name": "weather"}]}, "tools", "tools[0]"),
+    ("hermes", {"tools": [TOOL, {"type": "function", "function": {}}]}, "tools", "tools[1]"),
+    ("hermes", {"tools": [{"type": "code", "function": TOOL["function"]}]}, "tools", "tools[0]"),
+    ("hermes", {"tools": [{"type": "function", "function": {"name": "w", "parameters": 3}}]},
+     "tools", "parameters"),
+    ("hermes", {"tools": [TOOL], "tool_choice": "required"}, "tool_choice", "constrained"),
+    ("hermes", {"tools": [TOOL], "tool_choice": {"type": "function", "function": TOOL["function"]}},
+     "tool_choice", "constrained"),
+    ("hermes", {"tools": [TOOL], "tool_choice": "sometimes"}, "tool_choice", "auto"),
+    ("hermes", {"functions": [TOOL["function"]]}, "functions", "tools instead"),
+    ("hermes", {"messages": BAD_ARGUMENTS}, "messages[1].tool_calls", "not valid JSON"),
+    ("hermes", {"messages": QUESTION + [{"role": "assistant", "tool_calls": [{"id": "c"}]}]},
+     "messages[1].tool_calls", "name"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("server,body,param,words", REFUSED)
+def test_refusals_name_their_param(request, server, body, param, words):
+    base, front = request.getfixturevalue(server)
+    body = {"messages": QUESTION, **body}
+    r = httpx.post(f"{base}/v1/chat/completions", json=body, timeout=30)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == param and words in error["message"], error
+
+
+def test_tools_with_choice_none_or_no_tools_need_no_parser(no_parser):
+    base, front = no_parser
+    front.answer("Hi.", "Hi.")
+    assert ask(base, tools=[TOOL], tool_choice="none").choices[0].message.content == "Hi."
+    assert ask(base, tool_choice="auto").choices[0].message.content == "Hi."
+
+
+def test_an_unknown_parser_is_refused_at_build(tokenizer):
+    with pytest.raises(ValueError, match="hermes"):
+        build_app(ScriptedFront(tokenizer), "scripted", tool_call_parser="mistral")
