@@ -369,8 +369,8 @@ def _add_serve(sub) -> None:
         "--tool-call-parser", choices=TOOL_CALL_PARSERS,
         help="read tool calls out of chat answers in this format, so requests may offer the "
         "model tools (tool_choice auto): hermes is the <tool_call>{json}</tool_call> blocks "
-        "of Qwen2.5, Qwen3 and Hermes models; qwen25 and qwen3 are other names for it "
-        "(SGLang's). Unset: requests with tools get a 400 unless tool_choice is none",
+        "of Qwen2.5, Qwen3 and Hermes models; qwen25 and qwen (SGLang's names) and qwen3 are "
+        "other names for it. Unset: requests with tools get a 400 unless tool_choice is none",
     )  # fmt: skip
     s.add_argument(
         "--enable-auto-tool-choice", action="store_true",

@@ -75,13 +75,13 @@ def test_bad_flags_are_clear_errors(capsys, tiny_model_dir):
 
 
 def test_serve_tool_call_flags(capsys):
-    """--tool-call-parser takes vLLM's name (hermes) and SGLang's (qwen25, qwen3) for the one
-    format; vLLM's --enable-auto-tool-choice is accepted, and refused without a parser (as
+    """--tool-call-parser takes vLLM's name (hermes), SGLang's (qwen25, qwen) and qwen3 for the
+    one format; vLLM's --enable-auto-tool-choice is accepted, and refused without a parser (as
     vLLM refuses it) before any model loads."""
     import pytest
 
     parse = build_parser().parse_args
-    for name in ("hermes", "qwen25", "qwen3"):
+    for name in ("hermes", "qwen25", "qwen", "qwen3"):
         args = parse(["serve", "--tool-call-parser", name, "--enable-auto-tool-choice"])
         assert (args.tool_call_parser, args.enable_auto_tool_choice) == (name, True)
     args = parse(["serve"])

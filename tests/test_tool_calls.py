@@ -192,6 +192,7 @@ class ScriptedFront(Front):
         self.script: collections.deque[tuple[str, str]] = collections.deque()
         self.prompts: list[list[int]] = []
         self._running = False
+        self._playing: set[asyncio.Task] = set()
 
     def answer(self, *texts: str, finish_reason: str = "stop") -> None:
         self.script.extend((text, finish_reason) for text in texts)
@@ -215,7 +216,9 @@ class ScriptedFront(Front):
             _, key, prompt, _params = command
             self.prompts.append(prompt)
             text, reason = self.script.popleft()
-            self._loop.create_task(self._play(key, text, reason))
+            task = self._loop.create_task(self._play(key, text, reason))
+            self._playing.add(task)  # held: the loop keeps only weak references to tasks
+            task.add_done_callback(self._playing.discard)
 
     async def _play(self, key: int, text: str, reason: str) -> None:
         ids = self.tokenizer.encode(text, add_special_tokens=False)

@@ -23,8 +23,9 @@ import json
 import uuid
 from dataclasses import dataclass
 
-# --tool-call-parser values, all this one format: vLLM's name, then SGLang's (Qwen3 answers in it)
-TOOL_CALL_PARSERS = ("hermes", "qwen25", "qwen3")
+# --tool-call-parser values, all this one format: vLLM's name, SGLang's two, and qwen3 for Qwen3
+# (which answers in it; SGLang's qwen3_coder is another, XML format, not read here)
+TOOL_CALL_PARSERS = ("hermes", "qwen25", "qwen", "qwen3")
 START, END = "<tool_call>", "</tool_call>"
 
 
