@@ -40,6 +40,8 @@ import itertools
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
+from typing import NamedTuple
 
 import torch
 
@@ -68,20 +70,31 @@ from nanograph.spec.proposal import Drafter
 logger = logging.getLogger("nanograph")
 
 
-class _InFlight:
-    """A launched step: its sampled tokens (and packed logprob rows, when a request asked) on
-    the device, and host copies on their way."""
+class _Launch(NamedTuple):
+    """What a forward and its sampling put on the device: the sampled tokens, their packed
+    logprob rows (``engine/logprobs.py``) when a sampled request asked, and the packed rows of
+    the prompt tokens scored (``prompt_logprobs``): ``scored[i] = (request, count)`` owns the
+    next ``count`` of them, in order."""
 
-    def __init__(
-        self, requests: list[Request], indices: list[int], tokens: torch.Tensor,
-        logprob_rows: torch.Tensor | None = None,
-    ) -> None:  # fmt: skip
+    tokens: torch.Tensor
+    rows: torch.Tensor | None = None
+    scored: tuple[tuple[Request, int], ...] = ()
+    score_rows: torch.Tensor | None = None
+
+
+class _InFlight:
+    """A launched step: its sampled tokens (and packed logprob rows, when a request asked or a
+    prompt is scored) on the device, and host copies on their way."""
+
+    def __init__(self, requests: list[Request], indices: list[int], launch: _Launch) -> None:
         self.requests = requests  # row i of tokens belongs to requests[i] ...
         self.indices = indices  # ... at output_ids[indices[i]]
-        self.tokens = tokens
+        self.tokens = tokens = launch.tokens
+        self.scored = launch.scored
         self.ready: torch.cuda.Event | None = None
+        logprob_rows, score_rows = launch.rows, launch.score_rows
         if not tokens.is_cuda:
-            self.host, self.host_rows = tokens, logprob_rows
+            self.host, self.host_rows, self.host_scores = tokens, logprob_rows, score_rows
             return
         # The copies to the host run on a stream of their own, after this step's sampling: on
         # the step's stream a copy engine's work costs a launch gap of several us before and
@@ -92,18 +105,45 @@ class _InFlight:
         with torch.cuda.stream(stream):
             self.host = _to_host(tokens)
             self.host_rows = None if logprob_rows is None else _to_host(logprob_rows)
+            self.host_scores = None if score_rows is None else _to_host(score_rows)
             self.ready = torch.cuda.Event()  # reading waits for this step's copies only
             self.ready.record(stream)
-        for values in (tokens, logprob_rows):
+        for values in (tokens, logprob_rows, score_rows):
             if values is not None:  # the allocator reuses them only after the copy
                 values.record_stream(stream)
 
-    def read(self) -> tuple[list[int], list[list[float]] | None]:
-        """The tokens, and the packed logprob rows (``engine/logprobs.py``) or None."""
+    def read(self) -> tuple[list[int], list[list[float]] | None, list[list[float]]]:
+        """The tokens, the packed logprob rows (``engine/logprobs.py``) or None, and the
+        packed rows of the scored prompt tokens."""
         if self.ready is not None:
             self.ready.synchronize()
         rows = None if self.host_rows is None else self.host_rows.tolist()
-        return self.host.tolist(), rows
+        scores = [] if self.host_scores is None else self.host_scores.tolist()
+        return self.host.tolist(), rows, scores
+
+
+def _prompt_scores(
+    requests: list[Request], num_new: list[int]
+) -> tuple[list[int], list[int], tuple[tuple[Request, int], ...]]:
+    """The rows of a forward of ``requests`` (``num_new`` tokens each) whose logits score a
+    prompt token (``prompt_logprobs``): row of position p scores prompt token p + 1, each once
+    (a recompute after preemption does not score again). Returns the rows, the tokens they
+    score, and (request, count) per scoring request."""
+    rows: list[int] = []
+    targets: list[int] = []
+    scored = []
+    start = 0
+    for request, n in zip(requests, num_new):
+        if request.scores_prompt:
+            first = max(request.num_computed, request.num_prompt_scored)
+            last = min(request.num_computed + n, len(request.prompt_ids) - 1)
+            if first < last:
+                offset = start - request.num_computed  # the row of position p: offset + p
+                rows += range(offset + first, offset + last)
+                targets += request.prompt_ids[first + 1 : last + 1]
+                scored.append((request, last - first))
+        start += n
+    return rows, targets, tuple(scored)
 
 
 def _to_host(values: torch.Tensor) -> torch.Tensor:
@@ -260,12 +300,14 @@ class Engine:
                 f"the prompt has {n} tokens but the context length is {self.max_model_len}: "
                 "shorten the prompt (one token must remain for the answer)"
             )
+        params = request.params
         if self.speculative is not None and (
-            request.params.logprobs is not None or request.params.adjusts_logits
-        ):
+            params.logprobs is not None or params.prompt_logprobs is not None
+            or params.adjusts_logits
+        ):  # fmt: skip
             return (
-                "logprobs, penalties, logit_bias and min_tokens are not computed with "
-                "speculative decoding: "
+                "logprobs, prompt_logprobs, penalties, logit_bias and min_tokens are not "
+                "computed with speculative decoding: "
                 "leave them out, or serve this model without a speculative algorithm"
             )
         biased = next((t for t, _ in request.params.logit_bias if t >= vocab), None)
@@ -346,19 +388,21 @@ class Engine:
         failed: list[Request] = []
         samples = [n == r.num_pending for r, n in zip(requests, num_new)]
         try:
-            tokens, rows = self._forward_and_sample(requests, num_new, samples)
+            launch = self._forward_and_sample(requests, num_new, samples)
         except Exception as e:  # nothing of this step was applied to its requests yet
-            kept, tokens, rows, errored = self._retry_alone(requests, num_new, samples, e)
+            kept, launch, errored = self._retry_alone(requests, num_new, samples, e)
             failed = errored
-            if not kept:
+            if launch is None:
                 return failed, None
             requests, num_new, samples = (
                 [requests[i] for i in kept], [num_new[i] for i in kept], [samples[i] for i in kept]
             )  # fmt: skip
         for request, n in zip(requests, num_new):
             request.num_computed += n
+        for request, count in launch.scored:
+            request.num_prompt_scored += count
         sampled = [r for r, s in zip(requests, samples) if s]
-        launched = _InFlight(sampled, [len(r.output_ids) for r in sampled], tokens, rows)
+        launched = _InFlight(sampled, [len(r.output_ids) for r in sampled], launch)
         for row, request in enumerate(sampled):
             request.output_ids.append(UNRESOLVED)
             request.future = TokenInFlight(launched, row)
@@ -406,9 +450,9 @@ class Engine:
 
     def _forward_and_sample(
         self, requests: list[Request], num_new: list[int], samples: list[bool]
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Launches the forward of ``requests`` and the sampling of their sampled rows;
-        returns the tokens, and their packed logprob rows where a sampled request asked."""
+    ) -> _Launch:
+        """Launches the forward of ``requests``, the sampling of their sampled rows and the
+        scoring of their prompt rows (``prompt_logprobs``)."""
         in_flight = self._in_flight
         # a request whose last new token is still on the device takes it from the step in flight
         future = [
@@ -424,52 +468,67 @@ class Engine:
             samples,
             future,
         )
+        score_rows, targets, scored = _prompt_scores(requests, num_new)
+        if score_rows:  # their logits come after the sampled rows'
+            batch = replace(batch, sample_rows=batch.sample_rows + score_rows)
         in_flight_tokens = in_flight.tokens if in_flight else None
         logits = run_step(self.tp, self.runner.forward, batch, in_flight_tokens)
         sampled = [r for r, s in zip(requests, samples) if s]
+        logits, prompt_logits = logits[: len(sampled)], logits[len(sampled) :]
         params = [r.params for r in sampled]
         penalized = self.penalties.apply(logits, sampled)
         tokens = self.sampler(penalized, [r.request_id for r in sampled], params)
         self.penalties.record(tokens, sampled)
-        if all(p.logprobs is None for p in params):
-            return tokens, None
-        return tokens, logprobs.packed(logits, tokens)  # the raw logits: engine/logprobs.py
+        rows = None  # the raw logits' (engine/logprobs.py)
+        if any(p.logprobs is not None for p in params):
+            rows = logprobs.packed(logits, tokens)
+        if not scored:
+            return _Launch(tokens, rows)
+        targets = torch.tensor(targets, device=prompt_logits.device)
+        return _Launch(tokens, rows, scored, logprobs.packed(prompt_logits, targets))
 
     def _retry_alone(
         self, requests: list[Request], num_new: list[int], samples: list[bool], error: Exception
-    ) -> tuple[list[int], torch.Tensor | None, torch.Tensor | None, list[Request]]:
+    ) -> tuple[list[int], _Launch | None, list[Request]]:
         """A step's forward or sampling raised: each of its requests runs again alone, so one
-        bad request fails and the others go on. Returns the indices that ran, their sampled
-        tokens and logprob rows in order (as ``_forward_and_sample``), and the requests that
-        failed (aborted with the error)."""
+        bad request fails and the others go on. Returns the indices that ran, what they
+        launched together (as ``_forward_and_sample``; None when none ran), and the requests
+        that failed (aborted with the error)."""
         logger.warning("a step of %d requests raised %r: running each alone", len(requests), error)
-        kept, tokens, rows, failed = [], [], [], []
+        kept, launches, failed = [], [], []
         for i, request in enumerate(requests):
             try:
                 if len(requests) == 1:
                     raise error  # it already ran alone
-                token, row = self._forward_and_sample([request], [num_new[i]], [samples[i]])
+                launches.append(self._forward_and_sample([request], [num_new[i]], [samples[i]]))
             except Exception as e:
                 logger.error("request %d failed: %r", request.request_id, e, exc_info=e)
                 self.abort(request, "error", f"internal error while computing it: {e!r}")
                 failed.append(request)
             else:
                 kept.append(i)
-                tokens.append(token)
-                rows.append(row)
-        if not tokens:
-            return kept, None, None, failed
-        packed = None
-        if any(r is not None for r in rows):  # rows of requests that did not ask: zeros
-            packed = torch.cat([
-                torch.zeros(len(t), logprobs.WIDTH, device=t.device) if r is None else r
-                for t, r in zip(tokens, rows)
+        if not launches:
+            return kept, None, failed
+        rows = None
+        if any(x.rows is not None for x in launches):  # rows of requests that did not ask: 0
+            rows = torch.cat([
+                torch.zeros(len(x.tokens), logprobs.WIDTH, device=x.tokens.device)
+                if x.rows is None else x.rows for x in launches
             ])  # fmt: skip
-        return kept, torch.cat(tokens), packed, failed
+        scores = [x.score_rows for x in launches if x.score_rows is not None]
+        return kept, _Launch(
+            torch.cat([x.tokens for x in launches]), rows,
+            tuple(s for x in launches for s in x.scored), torch.cat(scores) if scores else None,
+        ), failed  # fmt: skip
 
     def _resolve(self, step: _InFlight) -> list[Request]:
         """Reads a launched step's tokens into its requests; returns those that finished."""
-        tokens, rows = step.read()
+        tokens, rows, scores = step.read()
+        at = 0
+        for request, count in step.scored:  # before its sampled token, which may finish it
+            k = request.params.prompt_logprobs
+            request.prompt_logprobs += [logprobs.unpack(row, k) for row in scores[at : at + count]]
+            at += count
         finished = []
         now = time.perf_counter()
         for row, (request, index, token) in enumerate(zip(step.requests, step.indices, tokens)):

@@ -67,6 +67,9 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
     finished: bool = True  # every completion ended (generate returns finished outputs)
+    # with SamplingParams.prompt_logprobs: one per prompt token, None for the first (vLLM's);
+    # None when not asked for or the request failed before its prompt was scored
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
     text = property(lambda self: self.outputs[0].text)
     token_ids = property(lambda self: self.outputs[0].token_ids)
@@ -196,6 +199,7 @@ class LLM:
             prompt_token_ids=first.prompt_ids,
             outputs=[self._completion(i, r) for i, r in enumerate(group)],
             num_cached_tokens=first.num_cached_tokens,
+            prompt_logprobs=_prompt_logprobs(first),
         )
 
     def _completion(self, index: int, r: Request) -> CompletionOutput:
@@ -225,6 +229,15 @@ class LLM:
             decode_tokens_per_s=decode_rate,
             num_preemptions=r.num_preemptions,
         )
+
+
+def _prompt_logprobs(request: Request) -> list[TokenLogprob | None] | None:
+    """vLLM's ``prompt_logprobs``: None for the first token, then each token's scores."""
+    if getattr(request.params, "prompt_logprobs", None) is None:
+        return None
+    if len(request.prompt_logprobs) != max(0, len(request.prompt_ids) - 1):
+        return None  # it failed before its prompt was scored
+    return [None, *request.prompt_logprobs]
 
 
 class _BarUpdater:

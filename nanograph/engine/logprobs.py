@@ -12,6 +12,9 @@ Invariants:
   2**24). A fixed width lets rows of different steps and of rows run alone concatenate.
 - The host reads the rows with the step's tokens (after the same event); a request keeps one
   ``TokenLogprob`` per output token, in order, cut with its tokens.
+- Prompt tokens (vLLM's ``prompt_logprobs``) are scored the same way, from the logits of the
+  rows before them, in the forwards that compute them (``Engine._forward_and_sample``): their
+  packed rows travel beside the sampled ones.
 """
 
 from __future__ import annotations

@@ -70,6 +70,16 @@ class Request:
     num_cached_tokens: int = 0  # prompt tokens taken from the prefix cache at admission
     # one per resolved output token when params.logprobs is set (engine/logprobs.py)
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    # with params.prompt_logprobs: one per prompt token after the first, read in order; the
+    # first num_prompt_scored of them are launched (read or in flight)
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
+    num_prompt_scored: int = 0
+
+    @property
+    def scores_prompt(self) -> bool:
+        """Whether prompt tokens remain to be scored (``prompt_logprobs``)."""
+        return (self.params.prompt_logprobs is not None
+                and self.num_prompt_scored < len(self.prompt_ids) - 1)  # fmt: skip
 
     @property
     def token_ids(self) -> list[int]:

@@ -36,9 +36,10 @@ class SamplingParams:
     ``stop_token_ids`` from being sampled, and stop strings from matching, until that many
     tokens are out: ``engine/penalties.py``. ``logprobs``
     (0..20) returns each output token's log-probability and that many of the most likely
-    tokens at its position (None: none). ``n`` completions of the prompt (vLLM's and OpenAI's
-    ``n``): ``LLM.generate`` and the server run one engine request per completion
-    (``choices``), each with ``n == 1``.
+    tokens at its position (None: none); ``prompt_logprobs`` (vLLM's, 0..20) the same for
+    each prompt token after the first (``engine/logprobs.py``). ``n`` completions of the
+    prompt (vLLM's and OpenAI's ``n``): ``LLM.generate`` and the server run one engine request
+    per completion (``choices``), each with ``n == 1``.
     """
 
     max_tokens: int = 128
@@ -56,6 +57,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     logit_bias: tuple[tuple[int, float], ...] = ()  # given as a dict or pairs
     logprobs: int | None = None
+    prompt_logprobs: int | None = None  # vLLM's: the prompt tokens' log-probabilities
     n: int = 1
     include_stop_str_in_output: bool = False  # vLLM's: the text ends with the stop string
 
@@ -81,23 +83,26 @@ class SamplingParams:
                     hint="1 = off")  # fmt: skip
         set_("repetition_penalty", rep)
         set_("logit_bias", _logit_bias(self.logit_bias))
-        if self.logprobs is not None:
-            hint = "the most likely alternatives returned per token"
-            set_("logprobs", _integer("logprobs", self.logprobs, 0, MAX_LOGPROBS, hint))
+        hint = "the most likely alternatives returned per token"
+        for name in ("logprobs", "prompt_logprobs"):
+            if getattr(self, name) is not None:
+                set_(name, _integer(name, getattr(self, name), 0, MAX_LOGPROBS, hint))
         set_("n", _integer("n", self.n, 1, MAX_CHOICES, "completions per prompt"))
 
     def choices(self) -> list[SamplingParams]:
         """One engine request's parameters per completion, each with ``n == 1``: completion i
         of a seeded request samples with ``seed + i`` (wrapped into the seed range), so the
-        completions differ and each is reproducible."""
+        completions differ and each is reproducible. Only the first scores the prompt
+        (``prompt_logprobs``: the prompt's, not a completion's)."""
         if self.n == 1:
             return [self]
         one = replace(self, n=1)
-        if self.seed is None:
-            return [one] * self.n
-        low, high = SEED_RANGE
-        return [replace(one, seed=low + (self.seed - low + i) % (high - low + 1))
-                for i in range(self.n)]  # fmt: skip
+        seeds = [self.seed] * self.n
+        if self.seed is not None:
+            low, high = SEED_RANGE
+            seeds = [low + (self.seed - low + i) % (high - low + 1) for i in range(self.n)]
+        return [replace(one, seed=seed, prompt_logprobs=self.prompt_logprobs if i == 0 else None)
+                for i, seed in enumerate(seeds)]  # fmt: skip
 
     @property
     def greedy(self) -> bool:

@@ -23,6 +23,10 @@ With speculative decoding (``num_draft_tokens`` = k > 0), a running request that
 pending token) also gets room for up to k draft tokens to verify: ``num_drafts[i]`` of them,
 counted in the token budget and in its pages, never past its ``max_tokens`` or the context
 (``draft_limit``), so a request's pages never exceed what ``fits_alone`` checked.
+
+A request that still scores its prompt (``prompt_logprobs``) takes no cached prefix (its
+tokens' logits must be computed, as vLLM does) and at most ``SCORED_CHUNK`` tokens a step: the
+logits of every row it scores are materialised, rows x vocabulary floats.
 """
 
 from __future__ import annotations
@@ -33,6 +37,10 @@ from dataclasses import dataclass
 from nanograph.engine.kv_cache import KVCache
 from nanograph.engine.prefix_cache import PrefixCache
 from nanograph.engine.request import Request, Status
+
+# prompt tokens a step scores for one request: 512 x a 152k vocabulary is 311 MB of float32
+# logits (twice that with their log-softmax), beside the memory plan's activations
+SCORED_CHUNK = 512
 
 
 @dataclass(frozen=True)
@@ -149,7 +157,7 @@ class Scheduler:
                 continue  # preempted by an earlier request of this loop
             if request.done_sampling(self.max_model_len):
                 continue  # its last token is still in flight: it finishes when that is read
-            n = min(request.num_pending, budget)
+            n = self._chunk(request, budget)
             drafts = min(self.draft_limit(request), budget - n) if request.num_pending == 1 else 0
             while not self._grow(request, request.num_computed + n + drafts):
                 # the most recently admitted request not yet given tokens this step
@@ -170,19 +178,20 @@ class Scheduler:
             request = self.waiting[0]
             if request.done_sampling(self.max_model_len):
                 break  # preempted with its last token in flight: it finishes when that is read
-            queried = self.cache.acquire(request) if self.cache is not None else 0
-            if self.cache is not None and self._next_page_in_progress(request):
+            cached = self.cache is not None and not request.scores_prompt
+            queried = self.cache.acquire(request) if cached else 0
+            if cached and self._next_page_in_progress(request):
                 self.release(request, keep=False)  # the match is taken again next step
                 request.num_computed = 0
                 deferred.append(self.waiting.popleft())
                 continue
-            n = min(request.num_pending, budget)
+            n = self._chunk(request, budget)
             if not self._grow(request, request.num_computed + n):
-                if self.cache is not None:  # undo the match: a waiting request holds no pages
+                if cached:  # undo the match: a waiting request holds no pages
                     self.release(request, keep=False)
                     request.num_computed = 0
                 break  # wait for running requests to free pages
-            if self.cache is not None:
+            if cached:
                 self.cache.count(queried, request.num_computed)
                 if not request.num_preemptions:
                     request.num_cached_tokens = request.num_computed
@@ -195,6 +204,12 @@ class Scheduler:
             budget -= n
         self.waiting.extendleft(reversed(deferred))
         return ScheduledStep(chosen, num_new, num_drafts)
+
+    @staticmethod
+    def _chunk(request: Request, budget: int) -> int:
+        """The tokens ``request`` computes this step, of ``budget`` left."""
+        n = min(request.num_pending, budget)
+        return min(n, SCORED_CHUNK) if request.scores_prompt else n
 
     def _next_page_in_progress(self, request: Request) -> bool:
         """Whether a running request is prefilling the very page of prompt this one would
