@@ -2,7 +2,7 @@
 top alternatives equal the log-softmax of transformers' logits at the position before it, in a
 mixed batch, however the prompt is computed: in chunks (and in chunks capped for scoring), under
 the overlap schedule or not, past a cached prefix (which a scoring request does not take),
-through preemption (scored once), with n completions (the prompt's, scored once)."""
+through preemption (scored once), with n completions."""
 
 from __future__ import annotations
 
@@ -41,6 +41,7 @@ def assert_scores(out, prompt, logits, k):
     for i, score in enumerate(out.prompt_logprobs[1:], start=1):
         row = logits[i - 1]
         assert score.logprob == pytest.approx(row[prompt[i]].item(), abs=1e-4), i
+        assert score.rank == 1 + int((row > row[prompt[i]] + 1e-6).sum())
         top = row.topk(k)
         assert [t for t, _ in score.top] == top.indices.tolist()
         assert [v for _, v in score.top] == pytest.approx(top.values.tolist(), abs=1e-4)
@@ -94,10 +95,9 @@ def test_preempted_requests_score_their_prompt_once(tiny):
     assert_pages_back(llm)
 
 
-def test_n_completions_score_the_prompt_once(tiny, expected):
+def test_n_completions_give_the_prompts_scores(tiny, expected):
     llm = make_llm(tiny)
     params = SamplingParams(max_tokens=3, temperature=1.0, seed=4, n=3, prompt_logprobs=1)
-    assert [p.prompt_logprobs for p in params.choices()] == [1, None, None]
     out = llm.generate([PROMPTS[1]], params)[0]
     assert_scores(out, PROMPTS[1], expected[1], 1)
     assert_pages_back(llm)

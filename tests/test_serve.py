@@ -403,6 +403,51 @@ def test_echo_puts_each_prompt_before_its_choices(server, reference):
         assert joined == whole
 
 
+@pytest.fixture(scope="module")
+def scored():
+    """The completion prompt scored offline (prompt_logprobs 3), one greedy token after it."""
+    llm = LLM("smollm2-135m", max_model_len=MAX_LEN, progress=False)
+    params = SamplingParams(max_tokens=1, temperature=0, logprobs=3, prompt_logprobs=3)
+    return llm.generate(COMPLETION_PROMPT, params)[0]
+
+
+def test_echo_with_logprobs_scores_the_prompt_as_lm_eval_reads_it(server, scored):
+    """What lm-evaluation-harness sends for loglikelihoods (token ids, echo, logprobs 1,
+    max_tokens 1): the logprobs object covers the prompt (the first token's entries null) and
+    the answer, equal to the offline scores; streamed as whole; vLLM's prompt_logprobs too."""
+    ids, n = scored.prompt_token_ids, len(scored.prompt_token_ids)
+    body = {"prompt": [ids], "max_tokens": 1, "temperature": 0, "echo": True, "logprobs": 1,
+            "prompt_logprobs": 2}  # fmt: skip
+
+    def post(stream: bool) -> httpx.Response:
+        return httpx.post(f"{server.base}/v1/completions", json={**body, "stream": stream},
+                          headers=_auth(), timeout=60)  # fmt: skip
+
+    choice = post(False).json()["choices"][0]
+    lp = choice["logprobs"]
+    assert len(lp["tokens"]) == len(lp["token_logprobs"]) == n + 1
+    assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    want = [s.logprob for s in scored.prompt_logprobs[1:]] + [scored.logprobs[0].logprob]
+    assert lp["token_logprobs"][1:] == pytest.approx(want, abs=1e-4)
+    assert all(len(top) == 1 for top in lp["top_logprobs"][1:])
+    assert lp["text_offset"] == sorted(lp["text_offset"]) and lp["text_offset"][0] == 0
+    assert choice["text"].endswith(scored.text)
+    # vLLM's prompt_logprobs: the token and its two alternatives, ranked
+    listed = choice["prompt_logprobs"]
+    assert len(listed) == n and listed[0] is None
+    for token, entry, want in zip(ids[1:], listed[1:], scored.prompt_logprobs[1:]):
+        mine = entry[str(token)]
+        assert mine["logprob"] == pytest.approx(want.logprob, abs=1e-4)
+        assert mine["rank"] == want.rank and isinstance(mine["decoded_token"], str)
+        assert {int(t) for t in entry} == {token, *(t for t, _ in want.top[:2])}
+    chunks = [json.loads(line[6:])["choices"][0] for line in post(True).text.splitlines()
+              if line.startswith("data: {")]  # fmt: skip
+    assert "".join(c["text"] for c in chunks) == choice["text"]
+    streamed = [x for c in chunks if c["logprobs"] for x in c["logprobs"]["token_logprobs"]]
+    assert streamed == lp["token_logprobs"]
+    assert [c["prompt_logprobs"] for c in chunks if "prompt_logprobs" in c] == [listed]
+
+
 def test_eight_concurrent_requests_equal_each_alone(any_server):
     server, client = any_server, _openai(any_server)
     prompts = [f"Count from {i} to {i + 5}:" for i in range(8)]
@@ -502,7 +547,6 @@ BAD = [  # (body or raw bytes, endpoint, status, param)
     ),
     ({"messages": QUESTION, "logprobs": 2}, "chat/completions", 400, "logprobs"),
     ({"prompt": "hi", "logprobs": 21}, "completions", 400, "logprobs"),
-    ({"prompt": "hi", "echo": True, "logprobs": 1}, "completions", 400, "echo"),
     ({"prompt": "hi", "presence_penalty": 2.5}, "completions", 400, "presence_penalty"),
     ({"prompt": "hi", "repetition_penalty": 0}, "completions", 400, "repetition_penalty"),
     ({"prompt": "hi", "logit_bias": {"five": 1.0}}, "completions", 400, "logit_bias"),
@@ -575,7 +619,8 @@ BAD = [  # (body or raw bytes, endpoint, status, param)
     ),
     ({"prompt": "hi", "min_tokens": 17}, "completions", 400, "min_tokens"),  # > max_tokens 16
     ({"prompt": "hi", "min_tokens": -1}, "completions", 400, "min_tokens"),
-    ({"prompt": "hi", "prompt_logprobs": 1}, "completions", 400, "prompt_logprobs"),
+    ({"prompt": "hi", "prompt_logprobs": 21}, "completions", 400, "prompt_logprobs"),
+    ({"messages": QUESTION, "prompt_logprobs": -1}, "chat/completions", 400, "prompt_logprobs"),
     (
         {"prompt": "hi", "include_stop_str_in_output": "yes"},
         "completions",

@@ -96,8 +96,9 @@ class RequestStream:
                     None if later.logprobs is None else (update.logprobs or []) + later.logprobs
                 )
                 update = replace(
-                    later, token_ids=update.token_ids + later.token_ids, logprobs=logprobs
-                )
+                    later, token_ids=update.token_ids + later.token_ids, logprobs=logprobs,
+                    prompt_logprobs=update.prompt_logprobs or later.prompt_logprobs,
+                )  # fmt: skip
             yield update
             if update.finished:
                 return

@@ -7,9 +7,10 @@ own belief, the same whatever sampling settings a request uses. Greedy tokens ar
 Invariants:
 - A step computes them only when one of its sampled requests asks (``SamplingParams.logprobs``
   not None); otherwise sampling is exactly as without this module.
-- One packed float32 row per sampled row: the chosen token's log-probability, then the
-  ``MAX_LOGPROBS`` largest log-probabilities, then their token ids (exact in float32 below
-  2**24). A fixed width lets rows of different steps and of rows run alone concatenate.
+- One packed float32 row per sampled row: the chosen token's log-probability and its rank
+  (1 + the tokens more likely), then the ``MAX_LOGPROBS`` largest log-probabilities, then
+  their token ids (exact in float32 below 2**24). A fixed width lets rows of different steps
+  and of rows run alone concatenate.
 - The host reads the rows with the step's tokens (after the same event); a request keeps one
   ``TokenLogprob`` per output token, in order, cut with its tokens.
 - Prompt tokens (vLLM's ``prompt_logprobs``) are scored the same way, from the logits of the
@@ -25,12 +26,14 @@ import torch
 
 from nanograph.engine.sampling_params import MAX_LOGPROBS
 
-WIDTH = 1 + 2 * MAX_LOGPROBS
+WIDTH = 2 + 2 * MAX_LOGPROBS
+_TOP = 2  # where the top log-probabilities start in a packed row; their ids at _TOP + MAX
 
 
 class TokenLogprob(NamedTuple):
-    logprob: float  # of the output token
+    logprob: float  # of the token
     top: tuple[tuple[int, float], ...]  # (token id, log-probability), most likely first
+    rank: int = 1  # the token's among the vocabulary: 1 + the tokens more likely (vLLM's)
 
 
 def packed(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -41,12 +44,14 @@ def packed(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     out = torch.zeros(values.shape[0], WIDTH, dtype=torch.float32, device=values.device)
     k = top.values.shape[-1]
     out[:, :1] = chosen
-    out[:, 1 : 1 + k] = top.values
-    out[:, 1 + MAX_LOGPROBS : 1 + MAX_LOGPROBS + k] = top.indices.float()
+    out[:, 1:2] = 1 + (values > chosen).sum(-1, keepdim=True)
+    out[:, _TOP : _TOP + k] = top.values
+    out[:, _TOP + MAX_LOGPROBS : _TOP + MAX_LOGPROBS + k] = top.indices.float()
     return out
 
 
 def unpack(row: list[float], count: int) -> TokenLogprob:
-    """A packed row's output token and its ``count`` most likely alternatives."""
-    ids = row[1 + MAX_LOGPROBS : 1 + MAX_LOGPROBS + count]
-    return TokenLogprob(row[0], tuple(zip(map(int, ids), row[1 : 1 + count])))
+    """A packed row's token and its ``count`` most likely alternatives."""
+    ids = row[_TOP + MAX_LOGPROBS : _TOP + MAX_LOGPROBS + count]
+    top = tuple(zip(map(int, ids), row[_TOP : _TOP + count]))
+    return TokenLogprob(row[0], top, int(row[1]))

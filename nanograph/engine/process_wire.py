@@ -75,11 +75,12 @@ class Reader:
 
 def to_wire(key: Hashable, update: Update) -> tuple:
     """``(key, token_ids)`` for a plain token update (nearly all of them), else every field."""
-    if not update.finished and not update.rejected and update.logprobs is None:
+    if (not update.finished and not update.rejected and update.logprobs is None
+            and update.prompt_logprobs is None):  # fmt: skip
         return key, update.token_ids
     return (key, update.token_ids, update.finished, update.finish_reason, update.error,
             update.text, update.rejected, update.cached_tokens, update.logprobs,
-            update.stop_reason)  # fmt: skip
+            update.stop_reason, update.prompt_logprobs)  # fmt: skip
 
 
 def from_wire(item: tuple) -> tuple[Hashable, Update]:

@@ -92,17 +92,15 @@ class SamplingParams:
     def choices(self) -> list[SamplingParams]:
         """One engine request's parameters per completion, each with ``n == 1``: completion i
         of a seeded request samples with ``seed + i`` (wrapped into the seed range), so the
-        completions differ and each is reproducible. Only the first scores the prompt
-        (``prompt_logprobs``: the prompt's, not a completion's)."""
+        completions differ and each is reproducible."""
         if self.n == 1:
             return [self]
         one = replace(self, n=1)
-        seeds = [self.seed] * self.n
-        if self.seed is not None:
-            low, high = SEED_RANGE
-            seeds = [low + (self.seed - low + i) % (high - low + 1) for i in range(self.n)]
-        return [replace(one, seed=seed, prompt_logprobs=self.prompt_logprobs if i == 0 else None)
-                for i, seed in enumerate(seeds)]  # fmt: skip
+        if self.seed is None:
+            return [one] * self.n
+        low, high = SEED_RANGE
+        return [replace(one, seed=low + (self.seed - low + i) % (high - low + 1))
+                for i in range(self.n)]  # fmt: skip
 
     @property
     def greedy(self) -> bool:

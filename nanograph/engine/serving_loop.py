@@ -69,6 +69,9 @@ class Update:
     # one (log-probability, top alternatives) per token of token_ids when the request asked
     logprobs: list[TokenLogprob] | None = None
     stop_reason: int | str | None = None  # on the last update: the stop token id or string
+    # the prompt's scores (SamplingParams.prompt_logprobs), one per prompt token after the
+    # first, on the first update once all are read (before or with the first token)
+    prompt_logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass(frozen=True)
@@ -101,11 +104,20 @@ Commands = Callable[[bool], list[tuple]]
 
 
 class _Live:
-    __slots__ = ("request", "published")
+    __slots__ = ("request", "published", "scores_due")
 
     def __init__(self, request: Request) -> None:
         self.request = request
         self.published = 0  # output tokens published so far
+        self.scores_due = request.params.prompt_logprobs is not None  # not published yet
+
+    def take_scores(self) -> list[TokenLogprob] | None:
+        """The prompt's scores, once, when all are read."""
+        request = self.request
+        if not self.scores_due or len(request.prompt_logprobs) < len(request.prompt_ids) - 1:
+            return None
+        self.scores_due = False
+        return list(request.prompt_logprobs)
 
 
 class ServingLoop:
@@ -196,10 +208,12 @@ class ServingLoop:
                 text = request.text if request.params.stop else None
                 update = Update(new, True, request.finish_reason, request.error, text,
                                 cached_tokens=request.num_cached_tokens, logprobs=logprobs,
-                                stop_reason=request.stop_reason)  # fmt: skip
+                                stop_reason=request.stop_reason,
+                                prompt_logprobs=live.take_scores())  # fmt: skip
                 ready.append((key, update))
             elif new:
-                ready.append((key, Update(new, logprobs=logprobs)))
+                scores = live.take_scores()
+                ready.append((key, Update(new, logprobs=logprobs, prompt_logprobs=scores)))
         return ready
 
     def snapshot(self) -> FrontStats:

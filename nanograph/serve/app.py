@@ -39,7 +39,7 @@ from nanograph.engine.front import (
     Update,
 )
 from nanograph.serve import protocol
-from nanograph.serve.logprobs import LogprobFormat
+from nanograph.serve.logprobs import LogprobFormat, merge
 from nanograph.serve.metrics import ServerMetrics
 from nanograph.serve.protocol import ApiError, ChatRequest, CompletionRequest
 from nanograph.serve.text import TextStream
@@ -243,6 +243,8 @@ class _Choice:
         self.tool_calls = ToolCallParser() if tools else None
         count = stream.params.logprobs
         self.logprobs = None if count is None else LogprobFormat(front.tokenizer, chat, count)
+        self.prompt_scores = None  # the engine's scores of the prompt, when it sends them
+        self.prompt_due = True  # its prompt chunk (stream) is not sent yet
         self.unsent: tuple[list[int], list] = ([], [])  # tokens no chunk carried yet
         self.completion_tokens = 0
         self.cached_tokens = 0
@@ -313,6 +315,8 @@ class _Answer:
                     self.metrics.itl.observe((now - choice.last) / n)
             choice.last = now
         choice.completion_tokens += n
+        if update.prompt_logprobs is not None:
+            choice.prompt_scores = update.prompt_logprobs
         if choice.logprobs is not None:  # only logprobs objects need the tokens kept
             choice.unsent[0].extend(update.token_ids)
             choice.unsent[1].extend(update.logprobs or [])
@@ -374,9 +378,12 @@ class _Answer:
         content = "".join(text)
         if self.echoed is not None:
             content = self.echoed[choice.index] + content
+        prompt = self._prompt_parts(choice)  # before the answer's logprobs: its offsets first
         body = {
             "index": choice.index, "finish_reason": choice.finish_reason(last),
-            "stop_reason": last.stop_reason, "logprobs": choice.take_unsent(),
+            "stop_reason": last.stop_reason,
+            "logprobs": merge(prompt.pop("logprobs", None), choice.take_unsent()),
+            **prompt,
         }  # fmt: skip
         if self.request.return_token_ids:
             body["token_ids"] = tokens
@@ -388,6 +395,37 @@ class _Answer:
         else:
             body["message"] = {"role": "assistant", "content": content}
         return body
+
+    def _prompt_parts(self, choice: _Choice) -> dict:
+        """What a choice says of its prompt: with completions' echo and logprobs, the echoed
+        prompt's logprobs object (``logprobs``); with vLLM's ``prompt_logprobs``, its list."""
+        scores, parts = choice.prompt_scores, {}
+        if scores is None:
+            return parts
+        ids = choice.stream.prompt_ids
+        if self.echoed is not None and choice.logprobs is not None:
+            parts["logprobs"] = choice.logprobs.echoed(ids, scores)
+        count = self.request.prompt_logprobs
+        if count is not None:
+            listed = LogprobFormat(self.front.tokenizer, self.chat, count)
+            parts["prompt_logprobs"] = listed.prompt_list(ids, scores)
+        return parts
+
+    def _prompt_chunk(self, choice: _Choice) -> str | None:
+        """A streamed choice's first chunk after its first update: the echoed prompt, its
+        logprobs and vLLM's ``prompt_logprobs``, where asked (None: nothing to send)."""
+        choice.prompt_due = False
+        echo = None if self.echoed is None else self.echoed[choice.index]
+        parts = self._prompt_parts(choice)
+        if echo is None and not parts:
+            return None
+        body: dict[str, Any] = {"index": choice.index, "finish_reason": None,
+                                "logprobs": parts.pop("logprobs", None), **parts}  # fmt: skip
+        if self.chat:
+            body["delta"] = {}
+        else:
+            body["text"] = echo or ""
+        return self._event([body])
 
     def _chunk(
         self,
@@ -466,11 +504,12 @@ class _Answer:
             for choice in self.choices:
                 if self.chat:
                     yield self._chunk(choice, "", role=True)
-                elif self.echoed is not None:
-                    yield self._chunk(choice, self.echoed[choice.index])
             async with contextlib.aclosing(self._merged()) as updates:
                 async for choice, update in updates:
                     self._observe(choice, update)
+                    # the echo waits for the prompt's scores, which come with the first update
+                    if choice.prompt_due and (chunk := self._prompt_chunk(choice)) is not None:
+                        yield chunk
                     if not update.finished:
                         delta, calls = choice.advance(update)
                         # one chunk per token step when there is no text to wait for

@@ -16,14 +16,16 @@ Invariants:
   chat template's variables, e.g. Qwen3's ``enable_thinking``; naming an argument of
   ``apply_chat_template`` itself is refused (param ``chat_template_kwargs``).
 - ``echo`` puts each prompt (as given, or its ids decoded) in front of its choices' text;
-  with ``logprobs`` it would need the prompt's log-probabilities, which the engine does not
-  compute: refused.
+  with ``logprobs`` the logprobs object starts with the prompt's tokens (the first one's
+  log-probability and alternatives null, as OpenAI's), scored by the engine
+  (``SamplingParams.prompt_logprobs``): what lm-evaluation-harness reads for loglikelihoods.
+  vLLM's ``prompt_logprobs: k`` gives each choice vLLM's ``prompt_logprobs`` list.
 - Options the engine cannot honour are refused with 400 rather than silently ignored: best_of,
   suffix, constrained output (``response_format`` other than text; vLLM's ``guided_*`` and
   ``structured_outputs``, SGLang's ``regex`` / ``json_schema`` / ``ebnf``; and so
   ``tool_choice`` ``"required"`` or a named function), OpenAI's deprecated ``functions`` /
-  ``function_call`` (unless ``"none"``), audio, and vLLM's ``prompt_logprobs``.
-  Unknown fields outside these lists are still ignored.
+  ``function_call`` (unless ``"none"``), and audio. Unknown fields outside these lists are
+  still ignored.
 - Tools (``tools`` with ``tool_choice`` absent or ``"auto"``) need the server's
   ``--tool-call-parser`` (else 400, param ``tools``): they go to the chat template and the
   answer is parsed for calls (``tool_calls.py``). With ``tool_choice: "none"`` the model does
@@ -215,13 +217,6 @@ def parse(model: type[BaseModel], body: Any) -> Any:
 
 def refuse_unsupported(request: _Request, tool_call_parser: str | None = None) -> None:
     """``tool_call_parser``: the server's ``--tool-call-parser`` (None: tools are refused)."""
-    if getattr(request, "echo", False) and getattr(request, "logprobs", None) is not None:
-        raise ApiError(
-            400,
-            "echo with logprobs needs the prompt's log-probabilities, which this server does "
-            "not compute: ask for echo or logprobs, not both",
-            param="echo",
-        )
     if not 1 <= request.n <= MAX_CHOICES:
         raise ApiError(
             400, f"n must be an integer in [1, {MAX_CHOICES}], got {request.n}", param="n"
@@ -243,7 +238,6 @@ def refuse_unsupported(request: _Request, tool_call_parser: str | None = None) -
     unsupported = [
         ("best_of", (getattr(request, "best_of", None) or 1) != 1, no),
         ("suffix", bool(getattr(request, "suffix", None)), no),
-        ("prompt_logprobs", request.prompt_logprobs is not None, no),
         *((name, getattr(request, name) is not None, constrained) for name in _CONSTRAINTS),
     ]
     for name, asked, why in unsupported:
@@ -453,6 +447,7 @@ def sampling_params(request: _Request, prompt_len: int, max_model_len: int) -> S
         "repetition_penalty": request.repetition_penalty,
         "logit_bias": _logit_bias(request),
         "logprobs": _logprobs(request),
+        "prompt_logprobs": _prompt_logprobs(request),
         "n": request.n,
     }
     try:
@@ -472,6 +467,15 @@ def _logprobs(request: _Request) -> int | None:
     if isinstance(request, ChatRequest):
         return (request.top_logprobs or 0) if request.logprobs else None
     return request.logprobs  # completions: the count itself
+
+
+def _prompt_logprobs(request: _Request) -> int | None:
+    """The alternatives per prompt token the engine scores: vLLM's ``prompt_logprobs``, and
+    completions' ``echo`` with ``logprobs`` (the echoed prompt's)."""
+    asked = request.prompt_logprobs
+    if getattr(request, "echo", False) and request.logprobs is not None:
+        return max(asked or 0, request.logprobs)
+    return asked
 
 
 def _logit_bias(request: _Request) -> dict[int, float] | None:
