@@ -58,3 +58,36 @@ def test_graph_logprobs_and_penalties_equal_eager_and_float64(small_qwen3):
             values = [v for _, v in lp.top]
             assert values == pytest.approx([v for _, v in lp_eager.top], abs=1e-4)
             assert values == pytest.approx(expected[i].topk(p.logprobs).values.tolist(), abs=2e-3)
+
+
+def test_graph_prompt_logprobs_equal_eager_and_float64(small_qwen3):
+    """Prompt scores read from the hidden rows of captured prefill graphs (chunked, scored in
+    capped chunks) equal eager's and a float64 transformers forward's."""
+    import transformers
+
+    from nanograph import LLM, SamplingParams
+
+    path = small_qwen3("logprobs", layers=2, hidden=256)
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, 4096, (n,), generator=g).tolist() for n in (700, 33, 2)]
+    params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True, prompt_logprobs=5)
+    common = dict(dtype="float32", progress=False, max_num_seqs=8, chunked_prefill_size=256)
+    graphs = LLM(path, cuda_graph_capture="startup", cuda_graph_max_bs=8, **common)
+    got = graphs.generate(prompts, params)
+    replays = graphs.engine.runner.forward_counts()
+    graphs.close()
+    eager = LLM(path, decode_cuda_graph="none", prefill_cuda_graph="none", **common)
+    want = eager.generate(prompts, params)
+    eager.close()
+    assert replays["prefill"]["graph"] > 0, replays
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path).double().cuda().eval()
+    for prompt, out, ref in zip(prompts, got, want):
+        assert out.token_ids == ref.token_ids and len(out.prompt_logprobs) == len(prompt)
+        with torch.no_grad():
+            logits = hf(torch.tensor([prompt], device="cuda")).logits[0]
+        expected = torch.log_softmax(logits, -1).cpu()
+        for i, (lp, lp_eager) in enumerate(zip(out.prompt_logprobs[1:], ref.prompt_logprobs[1:])):
+            assert lp.logprob == pytest.approx(lp_eager.logprob, abs=1e-4)
+            assert lp.logprob == pytest.approx(expected[i, prompt[i + 1]].item(), abs=2e-3)
+            values = [v for _, v in lp.top]
+            assert values == pytest.approx(expected[i].topk(5).values.tolist(), abs=2e-3)
