@@ -85,6 +85,7 @@ SAMPLING_FIELDS = {
     "ignore_eos": st.one_of(st.booleans(), any_value),
     "include_stop_str_in_output": st.one_of(st.booleans(), any_value),
     "logprobs": st.one_of(st.none(), st.integers(-1, 21), any_value),
+    "prompt_logprobs": st.one_of(st.none(), st.integers(-1, 21), any_value),
     "n": st.one_of(st.integers(0, 3), any_value),
     "presence_penalty": st.one_of(st.floats(-2.5, 2.5), any_value),
     "frequency_penalty": st.one_of(st.floats(-2.5, 2.5), any_value),
@@ -135,7 +136,8 @@ def test_sampling_params_either_build_or_raise_value_error(kwargs):
     assert p.seed is None or type(p.seed) is int
     assert all(isinstance(s, str) and s for s in p.stop)
     assert all(type(t) is int and t >= 0 for t in p.stop_token_ids)
-    assert p.logprobs is None or (type(p.logprobs) is int and 0 <= p.logprobs <= 20)
+    for count in (p.logprobs, p.prompt_logprobs):
+        assert count is None or (type(count) is int and 0 <= count <= 20)
     assert type(p.n) is int and 1 <= p.n <= 128
     assert type(p.ignore_eos) is bool and type(p.include_stop_str_in_output) is bool
     assert -2 <= p.presence_penalty <= 2 and -2 <= p.frequency_penalty <= 2
@@ -162,6 +164,12 @@ def test_arbitrary_requests_never_poison_the_engine(fuzz_llm, alone, data):
     for (prompt, params, is_valid), request_out in zip(batch, outs):
         n = params.n if isinstance(params, SamplingParams) else 1
         assert [c.index for c in request_out.outputs] == list(range(n))
+        scores = request_out.prompt_logprobs
+        if not is_valid and request_out.outputs[0].ok and params.prompt_logprobs is not None:
+            assert len(scores) == len(request_out.prompt_token_ids) and scores[0] is None
+            assert all(len(s.top) == params.prompt_logprobs for s in scores[1:])
+        elif is_valid or not isinstance(params, SamplingParams) or params.prompt_logprobs is None:
+            assert scores is None
         for out in request_out.outputs:  # each of the prompt's n completions
             if is_valid:
                 assert out.ok and out.token_ids == alone[prompt], (prompt, out)
