@@ -212,7 +212,8 @@ class Engine:
         eos_token_ids = set(self.model_config.eos_token_ids)
         if self.tokenizer is not None:
             eos_token_ids |= set(self.tokenizer.eos_token_ids)
-        self.penalties = Penalties(self.device, eos_token_ids)
+        vocab = self.model_config.vocab_size  # an EOS id past the logits cannot be masked
+        self.penalties = Penalties(self.device, {t for t in eos_token_ids if t < vocab})
         self.speculative = self._speculative_decoder()
         self.stops = StopChecker(eos_token_ids, self.tokenizer, self.max_model_len)
         self._ids = itertools.count()
