@@ -113,3 +113,24 @@ def test_bad_prompt_logprobs_are_refused(tiny):
     out = llm.generate([PROMPTS[1]], SamplingParams(max_tokens=2, prompt_logprobs=1))[0]
     assert out.finish_reason == "error" and "prompt_logprobs" in out.error
     assert out.prompt_logprobs is None
+
+
+def test_a_failing_request_leaves_the_others_scores_whole(tiny, expected):
+    """A forward that raises runs each request alone (``_retry_alone``): the culprit fails and
+    the others' scores, launched in the retry, are those of a clean run."""
+    llm = make_llm(tiny)
+    forward, poison = llm.engine.runner.forward, [255, 0, 255, 0]
+
+    def faulty(batch, in_flight=None, path=None):
+        ids = list(batch.input_ids)
+        if any(ids[i : i + 4] == poison for i in range(len(ids) - 3)):
+            raise RuntimeError("injected fault")
+        return forward(batch, in_flight, path)
+
+    llm.engine.runner.forward = faulty
+    params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True, prompt_logprobs=2)
+    outs = llm.generate([PROMPTS[0], [1, *poison, 2], PROMPTS[3]], params)
+    assert outs[1].finish_reason == "error" and outs[1].prompt_logprobs is None
+    assert_scores(outs[0], PROMPTS[0], expected[0], 2)
+    assert_scores(outs[2], PROMPTS[3], expected[3], 2)
+    assert_pages_back(llm)
