@@ -1,18 +1,27 @@
-"""Helpers for the server tests: free ports, a server subprocess, polling /health, and engines
-with injected faults (module-level, so that a process front can build them in its child)."""
+"""Helpers for the server tests: free ports, a server subprocess, polling /health, engines
+with injected faults (module-level, so that a process front can build them in its child), and
+an in-process server over a scripted front (answers given as text, token by token through a
+byte-level tokenizer)."""
 
 from __future__ import annotations
 
+import asyncio
+import collections
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 import httpx
+
+from nanograph.engine.front import Front, FrontStats, Update
+from nanograph.engine.logprobs import TokenLogprob
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -130,3 +139,105 @@ def faulty_engine(config):
 def dead_engine(config):
     """A child that dies at start-up without a word (as a crash or the OOM killer would)."""
     os._exit(3)
+
+
+# prints the tools and, for past calls, their arguments as the template sees them (tojson: an
+# object prints as one, a string would print quoted)
+TEMPLATE = (
+    "{% if tools %}[tools {{ tools | tojson }}]{% endif %}"
+    "{% for m in messages %}<{{ m.role }}>{{ m.content }}"
+    "{% for c in m.tool_calls or [] %}<call {{ c.function.name }} "
+    "{{ c.function.arguments | tojson }}>{% endfor %}{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}"
+)
+
+
+def byte_tokenizer():
+    """A tokenizer of one token per byte (so a ``<tool_call>`` arrives in 11 steps), with
+    ``TEMPLATE`` as its chat template."""
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from nanograph.loader.tokenizer import Tokenizer
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    backend = Backend(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    backend.decoder = decoders.ByteLevel()
+    hf = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|end|>")
+    hf.chat_template = TEMPLATE
+    return Tokenizer(hf)
+
+
+class ScriptedFront(Front):
+    """A front whose requests answer the texts of ``script`` (one per request, in order of
+    submission), a token every few milliseconds, ending with ``finish_reason``; a request that
+    asks for logprobs gets each token's as -1 (no alternatives)."""
+
+    def __init__(self, tokenizer) -> None:
+        super().__init__(max_queue=64, stats=FrontStats())
+        self.tokenizer, self.max_model_len = tokenizer, 4096
+        self.script: collections.deque[tuple[str, str]] = collections.deque()
+        self.prompts: list[list[int]] = []
+        self._running = False
+        self._playing: set[asyncio.Task] = set()
+
+    def answer(self, *texts: str, finish_reason: str = "stop") -> None:
+        self.script.extend((text, finish_reason) for text in texts)
+
+    @property
+    def running(self) -> bool:
+        return self._running
+
+    def start(self) -> None:
+        super().start()
+        self._running = True
+
+    def stop(self, timeout: float) -> None:
+        self._running = False
+
+    def close(self) -> None:
+        self._running = False
+
+    def _send(self, command: tuple) -> None:
+        if command[0] == "add":
+            _, key, prompt, params = command
+            self.prompts.append(prompt)
+            text, reason = self.script.popleft()
+            scored = params.logprobs is not None
+            task = self._loop.create_task(self._play(key, text, reason, scored))
+            self._playing.add(task)  # held: the loop keeps only weak references to tasks
+            task.add_done_callback(self._playing.discard)
+
+    async def _play(self, key: int, text: str, reason: str, scored: bool) -> None:
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        self._deliver([(key, Update([]))])  # admitted
+        for i, token in enumerate(ids):
+            await asyncio.sleep(0.001)
+            last = i == len(ids) - 1
+            logprobs = [TokenLogprob(-1.0, ())] if scored else None
+            update = Update([token], last, reason if last else None, logprobs=logprobs)
+            self._deliver([(key, update)])
+
+
+@contextlib.contextmanager
+def in_process(front: Front, **options):
+    """``build_app(front, "scripted", **options)`` served by uvicorn in a thread of this
+    process; yields its base URL."""
+    import uvicorn
+
+    from nanograph.serve.app import build_app
+
+    port = free_port()
+    app = build_app(front, "scripted", **options)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    base = f"http://127.0.0.1:{port}"
+    wait_until(lambda: health(base), 30, "the in-process server")
+    try:
+        yield base
+    finally:
+        server.should_exit = True
+        thread.join(30)

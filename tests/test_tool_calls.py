@@ -6,11 +6,7 @@ turns), read with the official ``openai`` client, streamed and whole; and the re
 
 from __future__ import annotations
 
-import asyncio
-import collections
-import contextlib
 import json
-import threading
 
 import pytest
 from hypothesis import given, settings
@@ -144,106 +140,13 @@ def test_any_split_of_any_text_gives_the_same_answer(fragments, data):
 fastapi = pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
-import uvicorn  # noqa: E402
-from serving import free_port, health, wait_until  # noqa: E402
+from serving import ScriptedFront, byte_tokenizer, in_process  # noqa: E402
 
-from nanograph.engine.front import Front, FrontStats, Update  # noqa: E402
 from nanograph.serve.app import build_app  # noqa: E402
 
 TOOL = {"type": "function", "function": {"name": "weather", "description": "the weather now",
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}  # fmt: skip
 QUESTION = [{"role": "user", "content": "Weather in Paris?"}]
-# prints the tools and, for past calls, their arguments as the template sees them (tojson: an
-# object prints as one, a string would print quoted)
-TEMPLATE = (
-    "{% if tools %}[tools {{ tools | tojson }}]{% endif %}"
-    "{% for m in messages %}<{{ m.role }}>{{ m.content }}"
-    "{% for c in m.tool_calls or [] %}<call {{ c.function.name }} "
-    "{{ c.function.arguments | tojson }}>{% endfor %}{% endfor %}"
-    "{% if add_generation_prompt %}<assistant>{% endif %}"
-)
-
-
-def byte_tokenizer():
-    """A tokenizer of one token per byte (so a ``<tool_call>`` arrives in 11 steps), with
-    ``TEMPLATE`` as its chat template."""
-    from tokenizers import Tokenizer as Backend
-    from tokenizers import decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    from nanograph.loader.tokenizer import Tokenizer
-
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    backend = Backend(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    backend.decoder = decoders.ByteLevel()
-    hf = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|end|>")
-    hf.chat_template = TEMPLATE
-    return Tokenizer(hf)
-
-
-class ScriptedFront(Front):
-    """A front whose requests answer the texts of ``script`` (one per request, in order of
-    submission), a token every few milliseconds, ending with ``finish_reason``."""
-
-    def __init__(self, tokenizer) -> None:
-        super().__init__(max_queue=64, stats=FrontStats())
-        self.tokenizer, self.max_model_len = tokenizer, 4096
-        self.script: collections.deque[tuple[str, str]] = collections.deque()
-        self.prompts: list[list[int]] = []
-        self._running = False
-        self._playing: set[asyncio.Task] = set()
-
-    def answer(self, *texts: str, finish_reason: str = "stop") -> None:
-        self.script.extend((text, finish_reason) for text in texts)
-
-    @property
-    def running(self) -> bool:
-        return self._running
-
-    def start(self) -> None:
-        super().start()
-        self._running = True
-
-    def stop(self, timeout: float) -> None:
-        self._running = False
-
-    def close(self) -> None:
-        self._running = False
-
-    def _send(self, command: tuple) -> None:
-        if command[0] == "add":
-            _, key, prompt, _params = command
-            self.prompts.append(prompt)
-            text, reason = self.script.popleft()
-            task = self._loop.create_task(self._play(key, text, reason))
-            self._playing.add(task)  # held: the loop keeps only weak references to tasks
-            task.add_done_callback(self._playing.discard)
-
-    async def _play(self, key: int, text: str, reason: str) -> None:
-        ids = self.tokenizer.encode(text, add_special_tokens=False)
-        self._deliver([(key, Update([]))])  # admitted
-        for i, token in enumerate(ids):
-            await asyncio.sleep(0.001)
-            last = i == len(ids) - 1
-            update = Update([token], last, reason if last else None)
-            self._deliver([(key, update)])
-
-
-@contextlib.contextmanager
-def serving(front: Front, parser: str | None):
-    port = free_port()
-    app = build_app(front, "scripted", tool_call_parser=parser)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    base = f"http://127.0.0.1:{port}"
-    wait_until(lambda: health(base), 30, "the in-process server")
-    try:
-        yield base
-    finally:
-        server.should_exit = True
-        thread.join(30)
 
 
 @pytest.fixture(scope="module")
@@ -255,14 +158,14 @@ def tokenizer():
 def hermes(tokenizer):
     """A server started with --tool-call-parser hermes, and its scripted front."""
     front = ScriptedFront(tokenizer)
-    with serving(front, "hermes") as base:
+    with in_process(front, tool_call_parser="hermes") as base:
         yield base, front
 
 
 @pytest.fixture(scope="module")
 def no_parser(tokenizer):
     front = ScriptedFront(tokenizer)
-    with serving(front, None) as base:
+    with in_process(front) as base:
         yield base, front
 
 
