@@ -15,6 +15,7 @@ import time
 
 from nanograph import __version__
 from nanograph.loader.presets import PRESETS
+from nanograph.serve.reasoning import REASONING_PARSERS
 from nanograph.serve.tool_calls import TOOL_CALL_PARSERS
 
 ENGINE_HELP = {
@@ -376,6 +377,14 @@ def _add_serve(sub) -> None:
         "--enable-auto-tool-choice", action="store_true",
         help="vLLM's switch, accepted for compatibility: --tool-call-parser alone turns tool "
         "calling on; this flag changes nothing but needs --tool-call-parser, as in vLLM",
+    )  # fmt: skip
+    s.add_argument(
+        "--reasoning-parser", choices=REASONING_PARSERS,
+        help="split chat answers' thinking (<think>...</think>) into message.reasoning_content "
+        "(streamed: delta.reasoning_content), as vLLM and SGLang do: qwen3 for Qwen3 (a block "
+        "the answer opens; none, as with enable_thinking false: all content), deepseek-r1 for "
+        "templates that open <think> in the prompt (DeepSeek-R1, QwQ, Qwen3-Thinking-2507: "
+        "reasoning until </think>). Unset: the thinking stays in the content",
     )  # fmt: skip
     s.add_argument(
         "--engine-process", action=argparse.BooleanOptionalAction, default=True,

@@ -93,7 +93,19 @@ def test_serve_tool_call_flags(capsys):
     assert "--enable-auto-tool-choice needs --tool-call-parser" in capsys.readouterr().err
 
 
-def test_serve_hands_the_tool_call_parser_to_the_app(monkeypatch):
+def test_serve_reasoning_parser_flag():
+    """--reasoning-parser takes vLLM's and SGLang's names of the two rules; unset by default."""
+    import pytest
+
+    parse = build_parser().parse_args
+    for name in ("qwen3", "deepseek-r1", "deepseek_r1", "qwen3-thinking"):
+        assert parse(["serve", "--reasoning-parser", name]).reasoning_parser == name
+    assert parse(["serve"]).reasoning_parser is None
+    with pytest.raises(SystemExit):
+        parse(["serve", "--reasoning-parser", "granite"])
+
+
+def test_serve_hands_the_parsers_to_the_app(monkeypatch):
     from types import SimpleNamespace
 
     import pytest
@@ -104,14 +116,16 @@ def test_serve_hands_the_tool_call_parser_to_the_app(monkeypatch):
     class Built(Exception):
         pass
 
-    def build_app(front, name, api_key, shutdown_timeout, tool_call_parser):
-        raise Built(tool_call_parser)
+    def build_app(front, name, api_key, shutdown_timeout, tool_call_parser, reasoning_parser):
+        raise Built(f"{tool_call_parser} {reasoning_parser}")
 
     monkeypatch.setattr(nanograph.serve.app, "build_app", build_app)
     monkeypatch.setattr(nanograph.serve.server, "_front",
                         lambda config, args: SimpleNamespace(close=lambda: None))  # fmt: skip
-    with pytest.raises(Built, match="qwen25"):
+    with pytest.raises(Built, match="^qwen25 None$"):
         main(["--debug", "serve", "--tool-call-parser", "qwen25"])
+    with pytest.raises(Built, match="^None deepseek-r1$"):
+        main(["--debug", "serve", "--reasoning-parser", "deepseek-r1"])
 
 
 def test_generate_token_ids_on_a_model_without_tokenizer(capsys, tiny_model_dir):

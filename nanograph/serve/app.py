@@ -13,6 +13,12 @@ Invariants:
 - A chat request that offers tools reads each choice's text through its own
   ``ToolCallParser``, streamed or whole alike: a whole message's content and tool calls are
   what its stream's deltas add up to.
+- With a ``--reasoning-parser``, each chat choice's text first goes through its own
+  ``ReasoningParser`` (``reasoning.py``): the reasoning is ``message.reasoning_content``
+  (null when none; streamed as ``delta.reasoning_content``) and only the content goes on to
+  the tool-call parser, so a ``<tool_call>`` written while thinking is no call. Streamed
+  reasoning and content deltas add up to the whole message's. Without the flag no message or
+  chunk has the key; completions are never parsed; usage and logprobs count every token.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -42,6 +49,7 @@ from nanograph.serve import protocol
 from nanograph.serve.logprobs import LogprobFormat, merge
 from nanograph.serve.metrics import ServerMetrics
 from nanograph.serve.protocol import ApiError, ChatRequest, CompletionRequest
+from nanograph.serve.reasoning import REASONING_PARSERS, ReasoningParser
 from nanograph.serve.text import TextStream
 from nanograph.serve.tool_calls import TOOL_CALL_PARSERS, ToolCall, ToolCallParser, openai_tool_call
 
@@ -51,13 +59,19 @@ RETRY_AFTER_S = 1  # what a 503 (queue full) tells the client to wait
 
 def build_app(
     front: Front, model_name: str, api_key: str | None = None, shutdown_timeout: float = 10,
-    tool_call_parser: str | None = None,
+    tool_call_parser: str | None = None, reasoning_parser: str | None = None,
 ) -> FastAPI:  # fmt: skip
     """``tool_call_parser``: the format tool calls are read in (``TOOL_CALL_PARSERS``); None
-    refuses requests that offer the model tools."""
+    refuses requests that offer the model tools. ``reasoning_parser``: how chat answers'
+    reasoning is split from their content (``REASONING_PARSERS``); None leaves it in the
+    content."""
     if tool_call_parser is not None and tool_call_parser not in TOOL_CALL_PARSERS:
         raise ValueError(
             f"unknown tool-call parser {tool_call_parser!r}: one of {', '.join(TOOL_CALL_PARSERS)}"
+        )
+    if reasoning_parser is not None and reasoning_parser not in REASONING_PARSERS:
+        raise ValueError(
+            f"unknown reasoning parser {reasoning_parser!r}: one of {', '.join(REASONING_PARSERS)}"
         )
     metrics = ServerMetrics(front)
 
@@ -182,7 +196,8 @@ def build_app(
         echoed = None
         if not chat and request.echo:
             echoed = protocol.echoed_prompts(front.tokenizer, request)
-        answer = _Answer(front, streams, request, chat, model_name, metrics, echoed)
+        reasoning = reasoning_parser if chat else None  # completions are not parsed (vLLM's)
+        answer = _Answer(front, streams, request, chat, model_name, metrics, echoed, reasoning)
         if request.stream:
             return StreamingResponse(answer.events(), media_type="text/event-stream")
         return await _until_disconnect(http, answer.whole(), answer.abandon)
@@ -232,14 +247,26 @@ async def _until_disconnect(http: Request, work, abandon) -> Response:
     return task.result()
 
 
+@dataclass(frozen=True)
+class _Delta:
+    """What a choice may send after an update: reasoning, content and completed tool calls."""
+
+    reasoning: str
+    content: str
+    calls: tuple[ToolCall, ...] = ()
+
+
 class _Choice:
-    """One choice of an answer: its request's stream, text, tool calls and logprobs so far."""
+    """One choice of an answer: its request's stream, text, reasoning, tool calls and logprobs
+    so far."""
 
     def __init__(
-        self, index: int, front: Front, stream: RequestStream, chat: bool, tools: bool
-    ) -> None:
+        self, index: int, front: Front, stream: RequestStream, chat: bool, tools: bool,
+        reasoning_parser: str | None = None,
+    ) -> None:  # fmt: skip
         self.index, self.stream = index, stream
         self.text = TextStream(front.tokenizer, stream.params.stop)
+        self.reasoning = None if reasoning_parser is None else ReasoningParser(reasoning_parser)
         self.tool_calls = ToolCallParser() if tools else None
         count = stream.params.logprobs
         self.logprobs = None if count is None else LogprobFormat(front.tokenizer, chat, count)
@@ -252,18 +279,25 @@ class _Choice:
         self.finished = False
         self.last = stream.arrival  # when its last tokens came (inter-token latency)
 
-    def advance(self, update: Update) -> tuple[str, tuple[ToolCall, ...]]:
-        """The text (content, with tool calls) that may be sent now that ``update`` came."""
+    def advance(self, update: Update) -> _Delta:
+        """What may be sent now that ``update`` came: the text's reasoning split off first,
+        then the content read for tool calls."""
         if update.finished:
             text = self.text.final(update.token_ids, update.text)
         else:
             text = self.text.feed(update.token_ids)
+        reasoning = ""
+        if self.reasoning is not None:
+            split = self.reasoning.feed(text)
+            if update.finished:
+                split += self.reasoning.finish()
+            reasoning, text = split.reasoning, split.content
         if self.tool_calls is None:
-            return text, ()
+            return _Delta(reasoning, text)
         parsed = self.tool_calls.feed(text)
         if update.finished:
             parsed += self.tool_calls.finish()
-        return parsed.content, parsed.calls
+        return _Delta(reasoning, parsed.content, parsed.calls)
 
     def finish_reason(self, update: Update) -> str:
         """The engine's, or "tool_calls" when the model stopped after calling tools."""
@@ -286,10 +320,13 @@ class _Answer:
     def __init__(
         self, front: Front, streams: list[RequestStream], request: Any, chat: bool, model: str,
         metrics: ServerMetrics, echoed: list[str] | None = None,
+        reasoning_parser: str | None = None,
     ) -> None:  # fmt: skip
         self.front, self.request, self.chat = front, request, chat
+        self.reasoning_parser = reasoning_parser
         tools = chat and protocol.uses_tools(request)
-        self.choices = [_Choice(i, front, s, chat, tools) for i, s in enumerate(streams)]
+        self.choices = [_Choice(i, front, s, chat, tools, reasoning_parser)
+                        for i, s in enumerate(streams)]  # fmt: skip
         # completions' echo: each prompt's text in front of its choices' text
         self.echoed = [echoed[i // request.n] for i in range(len(streams))] if echoed else None
         self.firsts = self.choices[:: request.n]  # the first choice of each prompt
@@ -364,13 +401,14 @@ class _Answer:
         )
 
     async def _whole_choice(self, choice: _Choice) -> dict:
-        text, calls, tokens, last = [], [], [], None
+        reasoning, text, calls, tokens, last = [], [], [], [], None
         async for update in choice.stream.updates():
             self._observe(choice, update)
             tokens += update.token_ids
-            delta, new_calls = choice.advance(update)
-            text.append(delta)
-            calls += new_calls
+            delta = choice.advance(update)
+            reasoning.append(delta.reasoning)
+            text.append(delta.content)
+            calls += delta.calls
             if update.finished:
                 last = update
         if last.finish_reason not in ("stop", "length"):
@@ -389,11 +427,17 @@ class _Answer:
             body["token_ids"] = tokens
         if not self.chat:
             body["text"] = content
-        elif calls:  # the calls alone: no content (vLLM's null)
-            body["message"] = {"role": "assistant", "content": content or None,
-                               "tool_calls": [openai_tool_call(c) for c in calls]}  # fmt: skip
-        else:
-            body["message"] = {"role": "assistant", "content": content}
+            return body
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if self.reasoning_parser is not None:
+            thought = "".join(reasoning) or None
+            message["reasoning_content"] = thought
+            if thought is not None:  # all reasoning: no content (vLLM's null)
+                message["content"] = content or None
+        if calls:  # the calls alone: no content (vLLM's null)
+            message["content"] = content or None
+            message["tool_calls"] = [openai_tool_call(c) for c in calls]
+        body["message"] = message
         return body
 
     def _prompt_parts(self, choice: _Choice) -> dict:
@@ -436,6 +480,7 @@ class _Answer:
         role: bool = False,
         token_ids: list[int] | None = None,
         calls: tuple[ToolCall, ...] = (),
+        reasoning: str = "",
     ) -> str:
         body: dict[str, Any] = {
             "index": choice.index, "finish_reason": finish_reason,
@@ -446,7 +491,10 @@ class _Answer:
         if self.request.return_token_ids and token_ids is not None:
             body["token_ids"] = token_ids
         if self.chat:
-            body["delta"] = {} if delta is None or (calls and not delta) else {"content": delta}
+            no_content = delta is None or ((calls or reasoning) and not delta)
+            body["delta"] = {} if no_content else {"content": delta}
+            if reasoning:
+                body["delta"]["reasoning_content"] = reasoning
             if role:
                 body["delta"]["role"] = "assistant"
             if calls:
@@ -458,6 +506,10 @@ class _Answer:
         else:
             body["text"] = delta or ""
         return self._event([body])
+
+    def _delta_chunk(self, choice: _Choice, delta: _Delta, token_ids: list[int]) -> str:
+        return self._chunk(choice, delta.content, token_ids=token_ids, calls=delta.calls,
+                           reasoning=delta.reasoning)  # fmt: skip
 
     def _event(self, choices: list, usage: dict | None = None) -> str:
         """One server-sent event: the chunk object, its constant head encoded once per answer
@@ -511,19 +563,18 @@ class _Answer:
                     if choice.prompt_due and (chunk := self._prompt_chunk(choice)) is not None:
                         yield chunk
                     if not update.finished:
-                        delta, calls = choice.advance(update)
+                        delta = choice.advance(update)
                         # one chunk per token step when there is no text to wait for
                         every_step = front.tokenizer is None or self.request.return_token_ids
-                        if delta or calls or every_step:
-                            tokens = update.token_ids
-                            yield self._chunk(choice, delta, token_ids=tokens, calls=calls)
+                        if delta.reasoning or delta.content or delta.calls or every_step:
+                            yield self._delta_chunk(choice, delta, update.token_ids)
                         continue
                     if update.finish_reason not in ("stop", "length"):
                         yield f"data: {json.dumps(self._failure(update).body())}\n\n"
                         break
-                    delta, calls = choice.advance(update)
-                    if delta or calls or update.token_ids:
-                        yield self._chunk(choice, delta, token_ids=update.token_ids, calls=calls)
+                    delta = choice.advance(update)
+                    if delta.reasoning or delta.content or delta.calls or update.token_ids:
+                        yield self._delta_chunk(choice, delta, update.token_ids)
                     yield self._chunk(
                         choice, None, choice.finish_reason(update), update.stop_reason
                     )

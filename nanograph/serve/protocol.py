@@ -13,7 +13,8 @@ Invariants:
   choice ``p * n + i`` is prompt p's i-th (at most 128 choices in all). The per-choice
   parameters are ``SamplingParams.choices()``, as ``LLM.generate``'s.
 - ``chat_template_kwargs`` (vLLM's and SGLang's extension, chat and ``/tokenize``) are the
-  chat template's variables, e.g. Qwen3's ``enable_thinking``; naming an argument of
+  chat template's variables, e.g. Qwen3's ``enable_thinking`` (its answer then opens no think
+  block, so ``--reasoning-parser qwen3`` reads it as all content); naming an argument of
   ``apply_chat_template`` itself is refused (param ``chat_template_kwargs``).
 - ``echo`` puts each prompt (as given, or its ids decoded) in front of its choices' text;
   with ``logprobs`` the logprobs object starts with the prompt's tokens (the first one's

@@ -42,7 +42,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     name = args.served_model_name or engine_config.model
-    app = build_app(front, name, args.api_key, args.shutdown_timeout, args.tool_call_parser)
+    app = build_app(front, name, args.api_key, args.shutdown_timeout, args.tool_call_parser,
+                    args.reasoning_parser)  # fmt: skip
     config = uvicorn.Config(
         app,
         host=args.host,
