@@ -91,3 +91,27 @@ def test_text_prompts_are_echoed_in_prompt():
     assert [o.prompt for o in outs] == [text, text, None, None]
     assert outs[0].token_ids == outs[1].token_ids
     assert outs[0].outputs[0].text == outs[0].text and outs[0].text
+
+
+def test_offline_chat_renders_the_tools(tiny_model_dir, tmp_path):
+    """``LLM.chat(tools=...)`` (vLLM's): the tools reach the chat template; bad ones fail the
+    conversation with the server's message."""
+    import json
+    import shutil
+
+    from serving import byte_tokenizer
+
+    path = tmp_path / "model"
+    shutil.copytree(tiny_model_dir("qwen3"), path)
+    byte_tokenizer().hf.save_pretrained(path)
+    llm = LLM(str(path), progress=False)
+    tool = {"type": "function", "function": {"name": "weather", "parameters": {}}}
+    chat = [{"role": "user", "content": "Rain?"}]
+    params = SamplingParams(max_tokens=1, temperature=0.0)
+    out, plain = llm.chat([chat, chat], params, tools=[tool])[0], llm.chat(chat, params)[0]
+    assert llm.tokenizer.decode(out.prompt_token_ids) == (
+        f"[tools {json.dumps([tool])}]" + llm.tokenizer.decode(plain.prompt_token_ids)
+    )
+    bad = llm.chat(chat, params, tools=[{"type": "function"}])[0]
+    assert bad.finish_reason == "error" and bad.error.startswith("tools[0] must be")
+    assert not llm.engine.has_work()

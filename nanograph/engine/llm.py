@@ -129,9 +129,12 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
         chat_template_kwargs: dict[str, Any] | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> list[RequestOutput]:
         """One conversation or a list of them. ``chat_template_kwargs``: variables for the
-        model's chat template (vLLM's; e.g. ``{"enable_thinking": False}`` for Qwen3)."""
+        model's chat template (vLLM's; e.g. ``{"enable_thinking": False}`` for Qwen3);
+        ``tools``: OpenAI's tool definitions, for templates that render them (vLLM's). The
+        answer is text: a model's tool calls are in it, as the model writes them."""
         if not isinstance(chat_template_kwargs, dict | None) or any(
             not isinstance(k, str) for k in chat_template_kwargs or {}
         ):
@@ -141,12 +144,14 @@ class LLM:
             )
         if conversations and isinstance(conversations[0], dict):
             conversations = [conversations]  # one conversation
-        return self._generate(list(conversations), sampling_params, use_tqdm, chat_template_kwargs)
+        template = {"chat_template_kwargs": chat_template_kwargs, "tools": tools}
+        return self._generate(list(conversations), sampling_params, use_tqdm, template)
 
     def _generate(
         self, batch: list, sampling_params: Any, use_tqdm: bool,
-        chat_template_kwargs: dict[str, Any] | None = None,
+        template: dict[str, Any] | None = None,
     ) -> list[RequestOutput]:  # fmt: skip
+        """``template``: ``prompt_token_ids``' chat template options (``chat`` gives them)."""
         params = SamplingParams() if sampling_params is None else sampling_params
         params_list = [params] * len(batch) if isinstance(params, SamplingParams) else list(params)
         if len(params_list) != len(batch):
@@ -159,7 +164,7 @@ class LLM:
         bar = counter_bar(len(batch), desc="Processed prompts", show=show, unit="prompt")
         try:
             for prompt, p in zip(batch, params_list):
-                groups.append(self._requests(prompt, p, chat_template_kwargs))
+                groups.append(self._requests(prompt, p, template or {}))
             updater = None if bar is None else _BarUpdater(bar, groups)
             self.engine.run([r for group in groups for r in group], updater)
             if updater is not None:
@@ -174,9 +179,7 @@ class LLM:
                 bar.close()
         return [self._output(prompt, group) for prompt, group in zip(batch, groups)]
 
-    def _requests(
-        self, prompt: Any, params: Any, chat_template_kwargs: dict[str, Any] | None
-    ) -> list[Request]:
+    def _requests(self, prompt: Any, params: Any, template: dict[str, Any]) -> list[Request]:
         """The engine's requests for one prompt, one per completion, or finished error
         requests for a bad one."""
         try:
@@ -184,7 +187,7 @@ class LLM:
                 raise ValueError(
                     f"sampling params must be a SamplingParams, got {type(params).__name__}"
                 )
-            ids = prompt_token_ids(self.engine.tokenizer, prompt, chat_template_kwargs)
+            ids = prompt_token_ids(self.engine.tokenizer, prompt, **template)
         except ValueError as e:
             request = Request(-1, [], params)
             request.finish("error", str(e))

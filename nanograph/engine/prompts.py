@@ -14,6 +14,7 @@ Whether the ids are inside the vocabulary and fit the context is the engine's ch
 
 from __future__ import annotations
 
+import json
 import operator
 from typing import TYPE_CHECKING, Any
 
@@ -71,6 +72,7 @@ def prompt_token_ids(
     if isinstance(prompt, list | tuple) and all(isinstance(m, dict) for m in prompt):
         for i, message in enumerate(prompt):
             _check_message(i, message)
+        check_tools(tools)
         return _render(_need(tokenizer), list(prompt), chat_template_kwargs or {}, tools)
     raise ValueError(
         "a prompt must be a non-empty string, a list of integer token ids or a list of "
@@ -183,6 +185,30 @@ def _encode(tokenizer: Tokenizer, text: str) -> list[int]:
     if not ids:
         raise ValueError("the prompt encodes to no tokens: give some text")
     return ids
+
+
+def check_tools(tools: Any) -> None:
+    """OpenAI's ``tools``: a list of ``{"type": "function", "function": {"name": str, ...}}``
+    (``parameters``, where given, an object); None for none."""
+    if tools is None:
+        return
+    if not isinstance(tools, list | tuple):
+        raise ValueError(f"tools must be a list of function tools, got {_short(tools)}")
+    for i, tool in enumerate(tools):
+        function = tool.get("function") if isinstance(tool, dict) else None
+        name = function.get("name") if isinstance(function, dict) else None
+        ok = isinstance(tool, dict) and tool.get("type") == "function"
+        ok = ok and isinstance(name, str) and bool(name)
+        if not ok or not isinstance(function.get("parameters", {}), dict):
+            raise ValueError(
+                f'tools[{i}] must be {{"type": "function", "function": {{"name": str, '
+                f'"parameters": object, ...}}}}, got {_short(tool)}'
+            )
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=False, default=repr)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _render(

@@ -47,7 +47,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from nanograph.engine.prompts import prompt_token_ids
+from nanograph.engine.prompts import check_tools, prompt_token_ids
 from nanograph.engine.sampling_params import MAX_CHOICES, MAX_LOGPROBS, SamplingParams
 
 # OpenAI's legacy completions default; chat completions default to the rest of the context
@@ -304,23 +304,10 @@ def uses_tools(request: ChatRequest) -> bool:
 
 
 def _check_tools(tools: list | None) -> None:
-    for i, tool in enumerate(tools or ()):
-        function = tool.get("function") if isinstance(tool, dict) else None
-        name = function.get("name") if isinstance(function, dict) else None
-        ok = isinstance(tool, dict) and tool.get("type") == "function"
-        ok = ok and isinstance(name, str) and bool(name)
-        if not ok or not isinstance(function.get("parameters", {}), dict):
-            raise ApiError(
-                400,
-                f'tools[{i}] must be {{"type": "function", "function": {{"name": str, '
-                f'"parameters": object, ...}}}}, got {_short(tool)}',
-                param="tools",
-            )
-
-
-def _short(value: Any) -> str:
-    text = json.dumps(value, ensure_ascii=False, default=repr)
-    return text if len(text) <= 80 else text[:77] + "..."
+    try:
+        check_tools(tools)
+    except ValueError as e:
+        raise ApiError(400, str(e), param="tools") from None
 
 
 def chat_prompt_ids(tokenizer: Any, request: ChatRequest) -> list[int]:
