@@ -54,18 +54,23 @@ def test_tp2_equals_tp1_with_chunking_and_preemption(tiny_model_dir, arch):
 
 
 def assert_tp2_equals_tp1_with_logprobs(path, batch) -> None:
-    """Greedy tokens and each step's top-5 log-probabilities of TP=2 equal TP=1's: a tiny
-    random MoE often repeats one token, so tokens alone can miss a wrong shard."""
-    params = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True, logprobs=5)
+    """Greedy tokens, each step's top-5 log-probabilities and the prompts' scores (their
+    rows' logits gathered beside the sampled ones) of TP=2 equal TP=1's: a tiny random MoE
+    often repeats one token, so tokens alone can miss a wrong shard."""
+    params = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True, logprobs=5,
+                            prompt_logprobs=3)  # fmt: skip
     runs = []
     for tp in (1, 2):
         with make_llm(path, distributed_timeout_s=TIMEOUT, tensor_parallel_size=tp) as llm:
             outs = llm.generate(batch, params)
             runs.append(([o.token_ids for o in outs],
                          torch.tensor([[[lp for _, lp in step.top] for step in o.logprobs]
-                                       for o in outs])))  # fmt: skip
+                                       for o in outs]),
+                         torch.tensor([s.logprob for o in outs
+                                       for s in o.prompt_logprobs[1:]])))  # fmt: skip
     assert runs[0][0] == runs[1][0]
     torch.testing.assert_close(runs[0][1], runs[1][1], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(runs[0][2], runs[1][2], atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("arch", ["qwen3_moe", "gpt_oss"])
