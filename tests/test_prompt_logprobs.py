@@ -67,6 +67,7 @@ def test_prompt_logprobs_equal_transformers_in_a_chunked_mixed_batch(tiny, expec
     plain = llm.generate(PROMPTS, SamplingParams(**greedy))
     assert [o.token_ids for o in outs] == [o.token_ids for o in plain]
     assert len(outs[1].logprobs) == 4
+    assert not llm.engine._scoring  # finished requests are forgotten
     assert_pages_back(llm)
 
 

@@ -218,6 +218,7 @@ class Engine:
         self.stops = StopChecker(eos_token_ids, self.tokenizer, self.max_model_len)
         self._ids = itertools.count()
         self._in_flight: _InFlight | None = None  # launched, its tokens not read yet
+        self._scoring: set[int] = set()  # live requests with prompt_logprobs
         self.load_seconds = time.perf_counter() - start
         # every rank's memory report, for rank 0's start-up table (rank 0's own: memory_report)
         self.rank_memory = self.tp.all_gather_objects(self.memory)
@@ -285,6 +286,8 @@ class Engine:
         else:
             self.scheduler.add(request)
             self.penalties.admit(request)
+            if request.params.prompt_logprobs is not None:
+                self._scoring.add(request.request_id)
         return request
 
     def _validate(self, request: Request) -> str | None:
@@ -348,6 +351,7 @@ class Engine:
         if self.speculative is not None:
             self.speculative.release(request.request_id)
         self.stops.release(request.request_id)
+        self._scoring.discard(request.request_id)
 
     def _finish(self, request: Request, reason: str) -> None:
         """Finishes a request for a reason ``StopChecker.accept`` gave."""
@@ -469,7 +473,9 @@ class Engine:
             samples,
             future,
         )
-        score_rows, targets, scored = _prompt_scores(requests, num_new)
+        score_rows, targets, scored = [], [], ()
+        if self._scoring:  # nearly never: a decode step does not walk its requests for this
+            score_rows, targets, scored = _prompt_scores(requests, num_new)
         if score_rows:  # their logits come after the sampled rows'
             batch = replace(batch, sample_rows=batch.sample_rows + score_rows)
         in_flight_tokens = in_flight.tokens if in_flight else None
