@@ -115,3 +115,22 @@ def test_offline_chat_renders_the_tools(tiny_model_dir, tmp_path):
     bad = llm.chat(chat, params, tools=[{"type": "function"}])[0]
     assert bad.finish_reason == "error" and bad.error.startswith("tools[0] must be")
     assert not llm.engine.has_work()
+
+
+def test_truncate_prompt_tokens_keeps_the_prompts_end(tiny_model_dir):
+    """vLLM's ``truncate_prompt_tokens``: the last k tokens run, as if given alone; -1 keeps
+    what the context holds with room for one answer token; bad values name the field."""
+    llm = LLM(str(tiny_model_dir("qwen3")), page_size=4, max_model_len=32, progress=False)
+    prompt = list(range(10, 50))  # 40 tokens: longer than the context
+    cut = llm.generate([prompt], SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True,
+                                                truncate_prompt_tokens=10))[0]  # fmt: skip
+    alone = llm.generate([prompt[-10:]], GREEDY)[0]
+    assert cut.prompt_token_ids == prompt[-10:] and cut.token_ids == alone.token_ids[:3]
+    whole = llm.generate([prompt], SamplingParams(max_tokens=3, truncate_prompt_tokens=-1))[0]
+    assert whole.prompt_token_ids == prompt[-31:] and whole.finish_reason == "length"
+    too_long = llm.generate([prompt], SamplingParams(max_tokens=3))[0]
+    assert too_long.finish_reason == "error" and "context length is 32" in too_long.error
+    for bad in (0, -2, 1.5, True):
+        with pytest.raises(ValueError, match="truncate_prompt_tokens must be"):
+            SamplingParams(truncate_prompt_tokens=bad)
+    assert not llm.engine.has_work()

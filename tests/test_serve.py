@@ -448,6 +448,21 @@ def test_echo_with_logprobs_scores_the_prompt_as_lm_eval_reads_it(server, scored
     assert [c["prompt_logprobs"] for c in chunks if "prompt_logprobs" in c] == [listed]
 
 
+def test_truncate_prompt_tokens_runs_and_echoes_the_prompts_end(server, reference):
+    """vLLM's truncate_prompt_tokens: the last k prompt tokens run (usage counts them), the
+    echo is them decoded, and the answer is theirs alone."""
+    ids = reference["completion"].prompt_token_ids
+
+    def post(body: dict) -> httpx.Response:
+        body = {"max_tokens": 4, "temperature": 0, **body}
+        return httpx.post(f"{server.base}/v1/completions", headers=_auth(), json=body, timeout=60)
+
+    cut = post({"prompt": COMPLETION_PROMPT, "truncate_prompt_tokens": 3, "echo": True}).json()
+    alone = post({"prompt": ids[-3:], "echo": True}).json()
+    assert cut["usage"]["prompt_tokens"] == 3
+    assert cut["choices"][0]["text"] == alone["choices"][0]["text"]
+
+
 def test_eight_concurrent_requests_equal_each_alone(any_server):
     server, client = any_server, _openai(any_server)
     prompts = [f"Count from {i} to {i + 5}:" for i in range(8)]
@@ -620,6 +635,7 @@ BAD = [  # (body or raw bytes, endpoint, status, param)
     ({"prompt": "hi", "min_tokens": 17}, "completions", 400, "min_tokens"),  # > max_tokens 16
     ({"prompt": "hi", "min_tokens": -1}, "completions", 400, "min_tokens"),
     ({"prompt": "hi", "prompt_logprobs": 21}, "completions", 400, "prompt_logprobs"),
+    ({"prompt": "hi", "truncate_prompt_tokens": 0}, "completions", 400, "truncate_prompt_tokens"),
     ({"messages": QUESTION, "prompt_logprobs": -1}, "chat/completions", 400, "prompt_logprobs"),
     (
         {"prompt": "hi", "include_stop_str_in_output": "yes"},

@@ -52,7 +52,7 @@ from nanograph.engine.config import EngineConfig
 from nanograph.engine.memory import MemoryReport
 from nanograph.engine.penalties import Penalties
 from nanograph.engine.prefix_cache import PrefixCache
-from nanograph.engine.prompts import first_bad_token
+from nanograph.engine.prompts import first_bad_token, truncate
 from nanograph.engine.request import UNRESOLVED, Request, Status, TokenInFlight
 from nanograph.engine.sampler import Sampler
 from nanograph.engine.sampling_params import SamplingParams
@@ -278,7 +278,8 @@ class Engine:
     def add_request(self, prompt_ids: list[int], params: SamplingParams) -> Request:
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
-        request = Request(next(self._ids), list(prompt_ids), params)
+        prompt_ids = truncate(list(prompt_ids), params.truncate_prompt_tokens, self.max_model_len)
+        request = Request(next(self._ids), prompt_ids, params)
         problem = self._validate(request)
         if problem:
             request.finish("error", problem)

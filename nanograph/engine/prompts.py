@@ -187,6 +187,15 @@ def _encode(tokenizer: Tokenizer, text: str) -> list[int]:
     return ids
 
 
+def truncate(prompt_ids: list[int], keep: int | None, max_model_len: int) -> list[int]:
+    """The prompt's last ``keep`` tokens (``SamplingParams.truncate_prompt_tokens``; -1: as
+    many as the context holds with room for one answer token; None: all of them)."""
+    if keep is None:
+        return prompt_ids
+    keep = max_model_len - 1 if keep == -1 else keep
+    return prompt_ids[-keep:] if keep > 0 else []
+
+
 def check_tools(tools: Any) -> None:
     """OpenAI's ``tools``: a list of ``{"type": "function", "function": {"name": str, ...}}``
     (``parameters``, where given, an object); None for none."""

@@ -39,7 +39,9 @@ class SamplingParams:
     tokens at its position (None: none); ``prompt_logprobs`` (vLLM's, 0..20) the same for
     each prompt token after the first (``engine/logprobs.py``). ``n`` completions of the
     prompt (vLLM's and OpenAI's ``n``): ``LLM.generate`` and the server run one engine request
-    per completion (``choices``), each with ``n == 1``.
+    per completion (``choices``), each with ``n == 1``. ``truncate_prompt_tokens`` (vLLM's)
+    keeps only the prompt's last that many tokens (-1: as many as the context holds with room
+    for one answer token); the engine cuts the prompt when it takes the request.
     """
 
     max_tokens: int = 128
@@ -60,6 +62,7 @@ class SamplingParams:
     prompt_logprobs: int | None = None  # vLLM's: the prompt tokens' log-probabilities
     n: int = 1
     include_stop_str_in_output: bool = False  # vLLM's: the text ends with the stop string
+    truncate_prompt_tokens: int | None = None  # vLLM's: keep the prompt's last k tokens
 
     def __post_init__(self) -> None:
         set_ = lambda name, value: object.__setattr__(self, name, value)
@@ -88,6 +91,12 @@ class SamplingParams:
             if getattr(self, name) is not None:
                 set_(name, _integer(name, getattr(self, name), 0, MAX_LOGPROBS, hint))
         set_("n", _integer("n", self.n, 1, MAX_CHOICES, "completions per prompt"))
+        if self.truncate_prompt_tokens is not None:
+            k = _integer("truncate_prompt_tokens", self.truncate_prompt_tokens, low=-1,
+                         hint="-1 = what the context holds")  # fmt: skip
+            if k == 0:
+                raise ValueError("truncate_prompt_tokens must be -1 or an integer >= 1, got 0")
+            set_("truncate_prompt_tokens", k)
 
     def choices(self) -> list[SamplingParams]:
         """One engine request's parameters per completion, each with ``n == 1``: completion i

@@ -45,6 +45,7 @@ from nanograph.engine.front import (
     ShuttingDown,
     Update,
 )
+from nanograph.engine.prompts import truncate
 from nanograph.serve import protocol
 from nanograph.serve.logprobs import LogprobFormat, merge
 from nanograph.serve.metrics import ServerMetrics
@@ -164,6 +165,10 @@ def build_app(
             [protocol.chat_prompt_ids(front.tokenizer, request)] if chat
             else protocol.completion_prompts(front.tokenizer, request)
         )  # fmt: skip
+        # cut first: the default max_tokens is what the context leaves
+        prompts = [
+            truncate(p, request.truncate_prompt_tokens, front.max_model_len) for p in prompts
+        ]
         choices = []  # (prompt, parameters): n per prompt, prompt by prompt
         for prompt in prompts:
             params = protocol.sampling_params(request, len(prompt), front.max_model_len)
@@ -195,7 +200,7 @@ def build_app(
                     front.abort(stream)
         echoed = None
         if not chat and request.echo:
-            echoed = protocol.echoed_prompts(front.tokenizer, request)
+            echoed = protocol.echoed_prompts(front.tokenizer, request, prompts)
         reasoning = reasoning_parser if chat else None  # completions are not parsed (vLLM's)
         answer = _Answer(front, streams, request, chat, model_name, metrics, echoed, reasoning)
         if request.stream:

@@ -125,6 +125,7 @@ class _Request(BaseModel):
     min_tokens: int | None = None  # vLLM's
     prompt_logprobs: int | None = None  # vLLM's
     include_stop_str_in_output: bool | None = None  # vLLM's
+    truncate_prompt_tokens: int | None = None  # vLLM's
 
 
 class ChatRequest(_Request):
@@ -167,10 +168,12 @@ class DetokenizeRequest(BaseModel):
     tokens: list[int]
 
 
-def echoed_prompts(tokenizer: Any, request: CompletionRequest) -> list[str]:
-    """Each prompt's text for ``echo``: as given, or its token ids decoded."""
-    return [p if isinstance(p, str) else "" if tokenizer is None else tokenizer.decode(p)
-            for p in _prompt_batch(request)]  # fmt: skip
+def echoed_prompts(tokenizer: Any, request: CompletionRequest, ids: list[list[int]]) -> list[str]:
+    """Each prompt's text for ``echo``: as given, or the ids it ran as (``ids``: cut by
+    ``truncate_prompt_tokens``) decoded."""
+    return [p if isinstance(p, str) and request.truncate_prompt_tokens is None
+            else "" if tokenizer is None else tokenizer.decode(i)
+            for p, i in zip(_prompt_batch(request), ids)]  # fmt: skip
 
 
 def _prompt_batch(request: CompletionRequest) -> list:
@@ -436,6 +439,7 @@ def sampling_params(request: _Request, prompt_len: int, max_model_len: int) -> S
         "logit_bias": _logit_bias(request),
         "logprobs": _logprobs(request),
         "prompt_logprobs": _prompt_logprobs(request),
+        "truncate_prompt_tokens": request.truncate_prompt_tokens,
         "n": request.n,
     }
     try:
