@@ -11,10 +11,26 @@ import torch
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
+def graphs_and_eager(path, prompts, params):
+    """The outputs of an engine with graphs captured at start-up, of an eager one, and the
+    first's forward counts (float32: they must agree to rounding)."""
+    from nanograph import LLM
+
+    common = dict(dtype="float32", progress=False, max_num_seqs=8, chunked_prefill_size=256)
+    graphs = LLM(path, cuda_graph_capture="startup", cuda_graph_max_bs=8, **common)
+    got = graphs.generate(prompts, params)
+    replays = graphs.engine.runner.forward_counts()
+    graphs.close()
+    eager = LLM(path, decode_cuda_graph="none", prefill_cuda_graph="none", **common)
+    want = eager.generate(prompts, params)
+    eager.close()
+    return got, want, replays
+
+
 def test_graph_logprobs_and_penalties_equal_eager_and_float64(small_qwen3):
     import transformers
 
-    from nanograph import LLM, SamplingParams
+    from nanograph import SamplingParams
 
     path = small_qwen3("logprobs", layers=2, hidden=256)
     g = torch.Generator().manual_seed(3)
@@ -31,14 +47,7 @@ def test_graph_logprobs_and_penalties_equal_eager_and_float64(small_qwen3):
     # min_tokens masks the stop token its bias forces (the token in flight counts)
     params.append(SamplingParams(max_tokens=12, temperature=0.0, logit_bias={7: 100.0},
                                  stop_token_ids=[7], min_tokens=5))  # fmt: skip
-    common = dict(dtype="float32", progress=False, max_num_seqs=8, chunked_prefill_size=256)
-    graphs = LLM(path, cuda_graph_capture="startup", cuda_graph_max_bs=8, **common)
-    got = graphs.generate(prompts, params)
-    replays = graphs.engine.runner.forward_counts()
-    graphs.close()
-    eager = LLM(path, decode_cuda_graph="none", prefill_cuda_graph="none", **common)
-    want = eager.generate(prompts, params)
-    eager.close()
+    got, want, replays = graphs_and_eager(path, prompts, params)
     assert sum(c["graph"] for c in replays.values()) > 0, replays
     assert [o.token_ids for o in got] == [o.token_ids for o in want]
     assert got[3].logprobs is None and want[3].logprobs is None
@@ -65,20 +74,13 @@ def test_graph_prompt_logprobs_equal_eager_and_float64(small_qwen3):
     capped chunks) equal eager's and a float64 transformers forward's."""
     import transformers
 
-    from nanograph import LLM, SamplingParams
+    from nanograph import SamplingParams
 
     path = small_qwen3("logprobs", layers=2, hidden=256)
     g = torch.Generator().manual_seed(5)
     prompts = [torch.randint(0, 4096, (n,), generator=g).tolist() for n in (700, 33, 2)]
     params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True, prompt_logprobs=5)
-    common = dict(dtype="float32", progress=False, max_num_seqs=8, chunked_prefill_size=256)
-    graphs = LLM(path, cuda_graph_capture="startup", cuda_graph_max_bs=8, **common)
-    got = graphs.generate(prompts, params)
-    replays = graphs.engine.runner.forward_counts()
-    graphs.close()
-    eager = LLM(path, decode_cuda_graph="none", prefill_cuda_graph="none", **common)
-    want = eager.generate(prompts, params)
-    eager.close()
+    got, want, replays = graphs_and_eager(path, prompts, params)
     assert replays["prefill"]["graph"] > 0, replays
     hf = transformers.AutoModelForCausalLM.from_pretrained(path).double().cuda().eval()
     for prompt, out, ref in zip(prompts, got, want):
