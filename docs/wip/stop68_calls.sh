@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Stop 68's device call, from the repo root with NANOGRAPH_COMMIT exported:
 #   LIMIT=560 bash docs/wip/stop68_calls.sh one $OUT/o; cd $OUT && tar czf r.tgz o
+# (short of budget: LIMIT=330 DECODE_MODELS=qwen3-8b DECODE_BATCHES=1 ...)
 # First the tests/gpu files this stop's changes run through (min_tokens masking and
 # prompt_logprobs in the engine's step, the server-facing front, start-up without GC), five
 # processes. Then, on an H200, the decode aims (unmeasured there since stop 44); on an H100,
@@ -25,7 +26,8 @@ case $stage in
     if grep -q H200 "$out/gpu.txt"; then
       [ "$(left)" -gt 120 ] || { echo "no time left for the decode aims"; exit 0; }
       timeout "$(left)" python3 -m nanograph bench decode \
-        --models qwen3-0.6b,qwen3-8b,qwen3-30b-a3b --arms full --batches 1,8 --repeats 3 \
+        --models "${DECODE_MODELS:-qwen3-0.6b,qwen3-8b,qwen3-30b-a3b}" --arms full \
+        --batches "${DECODE_BATCHES:-1,8}" --repeats 3 \
         --out "$out/decode.json" > "$out/decode.log" 2>&1
       echo "decode rc=$? at $(( $(date +%s) - begin )) s"
       grep -E "decode=|roofline" "$out/decode.log" | tail -12
