@@ -87,6 +87,9 @@ SAMPLING_FIELDS = {
     "logprobs": st.one_of(st.none(), st.integers(-1, 21), any_value),
     "prompt_logprobs": st.one_of(st.none(), st.integers(-1, 21), any_value),
     "truncate_prompt_tokens": st.one_of(st.none(), st.integers(-2, 30), any_value),
+    "allowed_token_ids": st.one_of(
+        st.none(), st.lists(st.integers(-1, 60_000), max_size=3), any_value
+    ),  # fmt: skip
     "n": st.one_of(st.integers(0, 3), any_value),
     "presence_penalty": st.one_of(st.floats(-2.5, 2.5), any_value),
     "frequency_penalty": st.one_of(st.floats(-2.5, 2.5), any_value),
@@ -140,6 +143,8 @@ def test_sampling_params_either_build_or_raise_value_error(kwargs):
     for count in (p.logprobs, p.prompt_logprobs):
         assert count is None or (type(count) is int and 0 <= count <= 20)
     assert type(p.n) is int and 1 <= p.n <= 128
+    allowed = p.allowed_token_ids
+    assert allowed is None or (allowed and all(type(t) is int and t >= 0 for t in allowed))
     keep = p.truncate_prompt_tokens
     assert keep is None or (type(keep) is int and (keep == -1 or keep >= 1))
     assert type(p.ignore_eos) is bool and type(p.include_stop_str_in_output) is bool

@@ -167,6 +167,35 @@ def test_min_tokens_holds_off_eos_and_stop_tokens(tiny_with_eos, overlap):
     assert_pages_back(llm)
 
 
+@pytest.mark.parametrize("overlap", [True, False])
+def test_allowed_token_ids_leave_only_those_tokens(tiny, overlap):
+    """vLLM's allowed_token_ids: greedy picks the best allowed token (the definition: every
+    other logit -inf), sampled tokens stay inside the set, a bias cannot reach outside it, and
+    an id past the vocabulary fails that request alone."""
+    import transformers
+
+    llm = make_llm(tiny, disable_overlap_schedule=not overlap)
+    allowed = [3, 17, 42, 99, 200]
+    outside = [t for t in range(256) if t not in allowed]
+    greedy, sampled, biased, bad, plain = llm.generate(PROMPTS + PROMPTS[:1], [
+        SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, allowed_token_ids=allowed),
+        SamplingParams(max_tokens=8, temperature=1.5, seed=3, ignore_eos=True,
+                       allowed_token_ids=allowed),
+        SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True, allowed_token_ids=[5, 6],
+                       logit_bias={7: 100}),
+        SamplingParams(max_tokens=4, allowed_token_ids=[5, 256]),
+        SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True),
+    ])  # fmt: skip
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny).eval()
+    bias = dict.fromkeys(outside, -1e9)  # the definition: nothing outside can win
+    assert greedy.token_ids == penalised_greedy(model, PROMPTS[0], 8, logit_bias=bias)
+    assert greedy.token_ids != plain.token_ids  # it did something
+    assert set(sampled.token_ids) <= set(allowed) and len(sampled.token_ids) == 8
+    assert set(biased.token_ids) <= {5, 6}
+    assert bad.finish_reason == "error" and "allowed_token_ids holds 256" in bad.error
+    assert_pages_back(llm)
+
+
 def test_speculative_decoding_refuses_penalties(tiny):
     llm = make_llm(tiny, speculative_algorithm="ngram")
     for params in (SamplingParams(max_tokens=4, presence_penalty=1.0),
@@ -188,6 +217,9 @@ def test_speculative_decoding_refuses_penalties(tiny):
         (dict(min_tokens=5, max_tokens=4), "min_tokens must be an integer in [0, 4]"),
         (dict(min_tokens=-1), "min_tokens must be an integer in [0, 128]"),
         (dict(min_tokens=2.0), "min_tokens must be an integer"),
+        (dict(allowed_token_ids=[]), "allowed_token_ids must hold at least one token id"),
+        (dict(allowed_token_ids=[1, -2]), "allowed_token_ids[1] must be an integer >= 0"),
+        (dict(allowed_token_ids="12"), "allowed_token_ids must be a list of token ids"),
     ],
 )
 def test_bad_penalties_name_the_field(kwargs, message):

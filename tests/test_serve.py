@@ -231,6 +231,12 @@ def test_penalties_equal_offline_and_a_bias_forces_its_token(any_server, referen
               "return_token_ids": True, "seed": 3},
     )  # fmt: skip
     assert forced.json()["choices"][0]["token_ids"] == [42] * 4
+    allowed = httpx.post(
+        f"{any_server.base}/v1/completions", headers=_auth(), timeout=60,
+        json={"prompt": COMPLETION_PROMPT, "max_tokens": 6, "allowed_token_ids": [42, 43],
+              "return_token_ids": True, "temperature": 1.0, "seed": 3},
+    )  # fmt: skip
+    assert set(allowed.json()["choices"][0]["token_ids"]) <= {42, 43}
 
 
 def test_tokenize_and_detokenize_agree_with_the_engine(server, reference):
@@ -636,6 +642,8 @@ BAD = [  # (body or raw bytes, endpoint, status, param)
     ({"prompt": "hi", "min_tokens": -1}, "completions", 400, "min_tokens"),
     ({"prompt": "hi", "prompt_logprobs": 21}, "completions", 400, "prompt_logprobs"),
     ({"prompt": "hi", "truncate_prompt_tokens": 0}, "completions", 400, "truncate_prompt_tokens"),
+    ({"prompt": "hi", "allowed_token_ids": []}, "completions", 400, "allowed_token_ids"),
+    ({"prompt": "hi", "allowed_token_ids": [10**7]}, "completions", 400, "allowed_token_ids"),
     ({"messages": QUESTION, "prompt_logprobs": -1}, "chat/completions", 400, "prompt_logprobs"),
     (
         {"prompt": "hi", "include_stop_str_in_output": "yes"},

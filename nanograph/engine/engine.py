@@ -311,13 +311,16 @@ class Engine:
             or params.adjusts_logits
         ):  # fmt: skip
             return (
-                "logprobs, prompt_logprobs, penalties, logit_bias and min_tokens are not "
-                "computed with speculative decoding: "
+                "logprobs, prompt_logprobs, penalties, logit_bias, allowed_token_ids and "
+                "min_tokens are not computed with speculative decoding: "
                 "leave them out, or serve this model without a speculative algorithm"
             )
         biased = next((t for t, _ in request.params.logit_bias if t >= vocab), None)
         if biased is not None:
             return f"logit_bias token id {biased} is outside the vocabulary (0..{vocab - 1})"
+        allowed = request.params.allowed_token_ids or ()
+        if allowed and allowed[-1] >= vocab:  # sorted
+            return f"allowed_token_ids holds {allowed[-1]}, outside the vocabulary (0..{vocab - 1})"
         bad = first_bad_token(request.prompt_ids, vocab)
         if bad is not None:
             token = request.prompt_ids[bad]

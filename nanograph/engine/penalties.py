@@ -1,13 +1,14 @@
 """Repetition, frequency and presence penalties (OpenAI's ``presence_penalty`` and
 ``frequency_penalty``, vLLM's and transformers' ``repetition_penalty``) and OpenAI's
-``logit_bias``, and vLLM's ``min_tokens``, on the device.
+``logit_bias``, and vLLM's ``allowed_token_ids`` and ``min_tokens``, on the device.
 
 What they do to a row's logits before sampling, in vLLM's order: a token seen in the prompt or
 the output so far is divided by ``repetition_penalty`` where its logit is positive and
 multiplied by it where negative; then ``frequency_penalty`` x (times the token was generated)
 and ``presence_penalty`` x (whether it was generated) are subtracted; then each biased token
-gets its bias added; last, while fewer than ``min_tokens`` tokens are out, the end tokens
-(EOS unless ``ignore_eos``, and ``stop_token_ids``) become -inf. Greedy rows take the argmax of
+gets its bias added; then every token outside ``allowed_token_ids`` becomes -inf, and while
+fewer than ``min_tokens`` tokens are out, so do the end tokens (EOS unless ``ignore_eos``, and
+``stop_token_ids``). Greedy rows take the argmax of
 the result; logprobs stay the model's raw ones.
 
 Invariants:
@@ -66,6 +67,12 @@ class Penalties:
             rows, tokens, values = zip(*bias)
             index = (torch.tensor(rows, device=out.device), torch.tensor(tokens, device=out.device))
             out.index_put_(index, torch.tensor(values, device=out.device), accumulate=True)
+        for i, r in enumerate(requests):  # rare: a row at a time
+            if r.params.allowed_token_ids is not None:
+                keep = torch.tensor(r.params.allowed_token_ids, device=out.device)
+                row = torch.full_like(out[i], -math.inf)
+                row[keep] = out[i, keep]
+                out[i] = row
         ends = [(i, token) for i, r in enumerate(requests)
                 if len(r.output_ids) < r.params.min_tokens
                 for token in self._end_tokens(r)]  # fmt: skip

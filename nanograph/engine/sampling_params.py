@@ -32,7 +32,8 @@ class SamplingParams:
     whatever else shares its batch. ``presence_penalty`` and ``frequency_penalty`` (-2..2, 0 =
     off) and ``repetition_penalty`` (> 0, 1 = off) penalise tokens already generated (the
     repetition penalty also those of the prompt); ``logit_bias`` ({token id: -100..100}) is
-    added to those tokens' logits, and ``min_tokens`` (vLLM's) keeps EOS and
+    added to those tokens' logits, ``allowed_token_ids`` (vLLM's) leaves only those tokens
+    possible, and ``min_tokens`` (vLLM's) keeps EOS and
     ``stop_token_ids`` from being sampled, and stop strings from matching, until that many
     tokens are out: ``engine/penalties.py``. ``logprobs``
     (0..20) returns each output token's log-probability and that many of the most likely
@@ -58,6 +59,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logit_bias: tuple[tuple[int, float], ...] = ()  # given as a dict or pairs
+    allowed_token_ids: tuple[int, ...] | None = None  # vLLM's: the only tokens it may sample
     logprobs: int | None = None
     prompt_logprobs: int | None = None  # vLLM's: the prompt tokens' log-probabilities
     n: int = 1
@@ -86,6 +88,11 @@ class SamplingParams:
                     hint="1 = off")  # fmt: skip
         set_("repetition_penalty", rep)
         set_("logit_bias", _logit_bias(self.logit_bias))
+        if self.allowed_token_ids is not None:
+            allowed = _int_tuple("allowed_token_ids", self.allowed_token_ids)
+            if not allowed:
+                raise ValueError("allowed_token_ids must hold at least one token id, got []")
+            set_("allowed_token_ids", tuple(sorted(set(allowed))))
         hint = "the most likely alternatives returned per token"
         for name in ("logprobs", "prompt_logprobs"):
             if getattr(self, name) is not None:
@@ -122,9 +129,10 @@ class SamplingParams:
 
     @property
     def adjusts_logits(self) -> bool:
-        """Whether penalties, a logit bias or ``min_tokens`` change the logits it samples
-        from."""
-        return self.penalized or bool(self.logit_bias) or self.min_tokens > 0
+        """Whether penalties, a logit bias, ``allowed_token_ids`` or ``min_tokens`` change the
+        logits it samples from."""
+        return (self.penalized or bool(self.logit_bias) or self.min_tokens > 0
+                or self.allowed_token_ids is not None)  # fmt: skip
 
 
 def _integer(name: str, value: Any, low: int, high: int | None = None, hint: str = "") -> int:

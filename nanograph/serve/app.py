@@ -192,7 +192,8 @@ def build_app(
         except ShuttingDown as e:
             raise ApiError(503, str(e), "server_error", code="shutting_down") from None
         except RequestRejected as e:  # the prompt, or a token id only the engine can judge
-            param = "logit_bias" if str(e).startswith("logit_bias") else None
+            param = next((p for p in ("logit_bias", "allowed_token_ids")
+                          if str(e).startswith(p)), None)  # fmt: skip
             raise ApiError(400, str(e), param=param or ("messages" if chat else "prompt")) from None
         finally:  # whatever went wrong, no choice of this request stays in the engine
             if not admitted:

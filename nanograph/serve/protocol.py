@@ -126,6 +126,7 @@ class _Request(BaseModel):
     prompt_logprobs: int | None = None  # vLLM's
     include_stop_str_in_output: bool | None = None  # vLLM's
     truncate_prompt_tokens: int | None = None  # vLLM's
+    allowed_token_ids: list[int] | None = None  # vLLM's
 
 
 class ChatRequest(_Request):
@@ -440,6 +441,7 @@ def sampling_params(request: _Request, prompt_len: int, max_model_len: int) -> S
         "logprobs": _logprobs(request),
         "prompt_logprobs": _prompt_logprobs(request),
         "truncate_prompt_tokens": request.truncate_prompt_tokens,
+        "allowed_token_ids": request.allowed_token_ids,
         "n": request.n,
     }
     try:
