@@ -1,7 +1,8 @@
-"""Log-probabilities, penalties, logit bias and min_tokens on CUDA (float32, so graphs and
-eager must agree to rounding): with decode and prefill graphs captured at start-up and under
-the overlap schedule, against an eager engine and a float64 transformers forward over the same
-tokens, in a mixed batch with penalised (greedy and seeded) and plain requests."""
+"""Log-probabilities, penalties, logit bias, allowed_token_ids and min_tokens on CUDA
+(float32, so graphs and eager must agree to rounding): with decode and prefill graphs captured
+at start-up and under the overlap schedule, against an eager engine and a float64
+transformers forward over the same tokens, in a mixed batch with penalised (greedy and
+seeded) and plain requests; prompt scores from captured prefill graphs."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ def test_graph_logprobs_and_penalties_equal_eager_and_float64(small_qwen3):
     path = small_qwen3("logprobs", layers=2, hidden=256)
     g = torch.Generator().manual_seed(3)
     prompts = [torch.randint(0, 4096, (n,), generator=g).tolist()
-               for n in (5, 37, 130, 9, 21, 64, 12)]  # fmt: skip
+               for n in (5, 37, 130, 9, 21, 64, 12, 40)]  # fmt: skip
     params = [SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, logprobs=k)
               for k in (4, 0, 20)]  # fmt: skip
     params.append(SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))
@@ -47,11 +48,14 @@ def test_graph_logprobs_and_penalties_equal_eager_and_float64(small_qwen3):
     # min_tokens masks the stop token its bias forces (the token in flight counts)
     params.append(SamplingParams(max_tokens=12, temperature=0.0, logit_bias={7: 100.0},
                                  stop_token_ids=[7], min_tokens=5))  # fmt: skip
+    params.append(SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True,
+                                 allowed_token_ids=[5, 9, 300, 4000]))  # fmt: skip
     got, want, replays = graphs_and_eager(path, prompts, params)
     assert sum(c["graph"] for c in replays.values()) > 0, replays
     assert [o.token_ids for o in got] == [o.token_ids for o in want]
     assert got[3].logprobs is None and want[3].logprobs is None
     assert (len(got[6].token_ids), got[6].stop_reason) == (5, 7)
+    assert set(got[7].token_ids) <= {5, 9, 300, 4000} and len(got[7].token_ids) == 12
     hf = transformers.AutoModelForCausalLM.from_pretrained(path).double().cuda().eval()
     for prompt, out, ref, p in zip(prompts, got, want, params):
         if p.logprobs is None:
