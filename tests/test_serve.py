@@ -356,6 +356,12 @@ def test_n_choices_each_equal_their_seed_alone_whole_and_streamed(any_server):
             finishes[c.index] += c.finish_reason is not None
     assert texts == alone and finishes == [1, 1, 1]
     assert chunks[-1].usage.completion_tokens == 30
+    assert all(c.usage is None for c in chunks[:-1])
+    # vLLM's continuous_usage_stats: every chunk's usage is the answer's so far
+    usage = {"include_usage": True, "continuous_usage_stats": True}
+    counts = [c.usage.completion_tokens for c in client.chat.completions.create(
+        seed=50, n=3, stream=True, stream_options=usage, **kwargs)]  # fmt: skip
+    assert counts == sorted(counts) and counts[-1] == 30 and len(set(counts)) > 2
     greedy = client.completions.create(model="smollm2-135m", prompt=COMPLETION_PROMPT, n=2,
                                        max_tokens=6, temperature=0)  # fmt: skip
     assert greedy.choices[0].text == greedy.choices[1].text
