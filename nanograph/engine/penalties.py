@@ -8,8 +8,8 @@ multiplied by it where negative; then ``frequency_penalty`` x (times the token w
 and ``presence_penalty`` x (whether it was generated) are subtracted; then each biased token
 gets its bias added; then every token outside ``allowed_token_ids`` becomes -inf, and while
 fewer than ``min_tokens`` tokens are out, so do the end tokens (EOS unless ``ignore_eos``, and
-``stop_token_ids``). Greedy rows take the argmax of
-the result; logprobs stay the model's raw ones.
+``stop_token_ids``). Greedy rows take the argmax of the result; logprobs stay the model's raw
+ones.
 
 Invariants:
 - Only requests with a penalty have state: one row each of a ``[slots, vocab]`` count buffer
@@ -19,10 +19,11 @@ Invariants:
   under the overlap schedule are counted before the next step reads them: no host round trip.
 - A request keeps its row until it finishes (``release``): preemption and recompute do not
   resample its earlier tokens, so its counts stay right.
-- A bias needs no state: its (row, token, bias) triples are added in one accumulate. Nor does
-  ``min_tokens``: the token being sampled is ``output_ids[len(output_ids)]`` (tokens in flight
-  hold places there), so the host knows which rows to mask without reading the device.
-- A step with no penalised or biased request does nothing here.
+- A bias needs no state: its (row, token, bias) triples are added in one accumulate. Nor do
+  ``allowed_token_ids`` (a row at a time: rare) and ``min_tokens``: the token being sampled is
+  ``output_ids[len(output_ids)]`` (tokens in flight hold places there), so the host knows
+  which rows to mask without reading the device.
+- A step with no request that adjusts its logits does nothing here.
 """
 
 from __future__ import annotations
