@@ -241,3 +241,12 @@ def in_process(front: Front, **options):
     finally:
         server.should_exit = True
         thread.join(30)
+
+
+@contextlib.contextmanager
+def scripted_server(tokenizer, **options):
+    """A ``ScriptedFront`` on ``tokenizer`` behind ``in_process(front, **options)``; yields
+    (base URL, front)."""
+    front = ScriptedFront(tokenizer)
+    with in_process(front, **options) as base:
+        yield base, front

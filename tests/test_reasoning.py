@@ -147,7 +147,7 @@ def test_any_split_of_any_text_gives_the_same_answer(name, fragments, data):
 fastapi = pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
-from serving import ScriptedFront, byte_tokenizer, in_process  # noqa: E402
+from serving import ScriptedFront, byte_tokenizer, scripted_server  # noqa: E402
 
 from nanograph.serve.app import build_app  # noqa: E402
 
@@ -166,23 +166,20 @@ def tokenizer():
 @pytest.fixture(scope="module")
 def qwen3(tokenizer):
     """A server started with --reasoning-parser qwen3 --tool-call-parser hermes."""
-    front = ScriptedFront(tokenizer)
-    with in_process(front, reasoning_parser="qwen3", tool_call_parser="hermes") as base:
-        yield base, front
+    with scripted_server(tokenizer, reasoning_parser="qwen3", tool_call_parser="hermes") as served:
+        yield served
 
 
 @pytest.fixture(scope="module")
 def deepseek(tokenizer):
-    front = ScriptedFront(tokenizer)
-    with in_process(front, reasoning_parser="deepseek-r1") as base:
-        yield base, front
+    with scripted_server(tokenizer, reasoning_parser="deepseek-r1") as served:
+        yield served
 
 
 @pytest.fixture(scope="module")
 def no_parser(tokenizer):
-    front = ScriptedFront(tokenizer)
-    with in_process(front) as base:
-        yield base, front
+    with scripted_server(tokenizer) as served:
+        yield served
 
 
 def ask(base: str, **kwargs):

@@ -140,7 +140,7 @@ def test_any_split_of_any_text_gives_the_same_answer(fragments, data):
 fastapi = pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
-from serving import ScriptedFront, byte_tokenizer, in_process  # noqa: E402
+from serving import ScriptedFront, byte_tokenizer, scripted_server  # noqa: E402
 
 from nanograph.serve.app import build_app  # noqa: E402
 
@@ -157,16 +157,14 @@ def tokenizer():
 @pytest.fixture(scope="module")
 def hermes(tokenizer):
     """A server started with --tool-call-parser hermes, and its scripted front."""
-    front = ScriptedFront(tokenizer)
-    with in_process(front, tool_call_parser="hermes") as base:
-        yield base, front
+    with scripted_server(tokenizer, tool_call_parser="hermes") as served:
+        yield served
 
 
 @pytest.fixture(scope="module")
 def no_parser(tokenizer):
-    front = ScriptedFront(tokenizer)
-    with in_process(front) as base:
-        yield base, front
+    with scripted_server(tokenizer) as served:
+        yield served
 
 
 def client(base: str) -> openai.OpenAI:
