@@ -485,7 +485,8 @@ class Engine:
         in_flight_tokens = in_flight.tokens if in_flight else None
         logits = run_step(self.tp, self.runner.forward, batch, in_flight_tokens)
         sampled = [r for r, s in zip(requests, samples) if s]
-        logits, prompt_logits = logits[: len(sampled)], logits[len(sampled) :]
+        if scored:  # a slice costs host time: only a scoring step takes them
+            logits, prompt_logits = logits[: len(sampled)], logits[len(sampled) :]
         params = [r.params for r in sampled]
         penalized = self.penalties.apply(logits, sampled)
         tokens = self.sampler(penalized, [r.request_id for r in sampled], params)

@@ -209,7 +209,8 @@ class Scheduler:
     def _chunk(request: Request, budget: int) -> int:
         """The tokens ``request`` computes this step, of ``budget`` left."""
         n = min(request.num_pending, budget)
-        return min(n, SCORED_CHUNK) if request.scores_prompt else n
+        # the int compare first: a decoding request (n = 1) costs nothing more per step
+        return SCORED_CHUNK if n > SCORED_CHUNK and request.scores_prompt else n
 
     def _next_page_in_progress(self, request: Request) -> bool:
         """Whether a running request is prefilling the very page of prompt this one would

@@ -66,14 +66,10 @@ def build_app(
     refuses requests that offer the model tools. ``reasoning_parser``: how chat answers'
     reasoning is split from their content (``REASONING_PARSERS``); None leaves it in the
     content."""
-    if tool_call_parser is not None and tool_call_parser not in TOOL_CALL_PARSERS:
-        raise ValueError(
-            f"unknown tool-call parser {tool_call_parser!r}: one of {', '.join(TOOL_CALL_PARSERS)}"
-        )
-    if reasoning_parser is not None and reasoning_parser not in REASONING_PARSERS:
-        raise ValueError(
-            f"unknown reasoning parser {reasoning_parser!r}: one of {', '.join(REASONING_PARSERS)}"
-        )
+    for kind, name, known in (("tool-call", tool_call_parser, TOOL_CALL_PARSERS),
+                              ("reasoning", reasoning_parser, REASONING_PARSERS)):  # fmt: skip
+        if name is not None and name not in known:
+            raise ValueError(f"unknown {kind} parser {name!r}: one of {', '.join(known)}")
     metrics = ServerMetrics(front)
 
     @contextlib.asynccontextmanager
