@@ -184,6 +184,14 @@ FIELDS = [
     "repetition_penalty",
     "logit_bias",
     "messages",
+    "min_tokens",
+    "prompt_logprobs",
+    "echo",
+    "truncate_prompt_tokens",
+    "allowed_token_ids",
+    "tools",
+    "tool_choice",
+    "stream_options",
 ]
 json_values = st.recursive(
     st.none()
