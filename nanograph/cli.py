@@ -380,8 +380,9 @@ def _add_serve(sub) -> None:
     )  # fmt: skip
     s.add_argument(
         "--reasoning-parser", choices=REASONING_PARSERS,
-        help="split chat answers' thinking (<think>...</think>) into message.reasoning_content "
-        "(streamed: delta.reasoning_content), as vLLM and SGLang do: qwen3 for Qwen3 (a block "
+        help="split chat answers' thinking (<think>...</think>) into message.reasoning and "
+        "message.reasoning_content (vLLM's name and SGLang's; streamed: delta.reasoning and "
+        "delta.reasoning_content), as vLLM and SGLang do: qwen3 for Qwen3 (a block "
         "the answer opens; none, as with enable_thinking false: all content), deepseek-r1 for "
         "templates that open <think> in the prompt (DeepSeek-R1, QwQ, Qwen3-Thinking-2507: "
         "reasoning until </think>). Unset: the thinking stays in the content",

@@ -141,11 +141,14 @@ def dead_engine(config):
     os._exit(3)
 
 
-# prints the tools and, for past calls, their arguments as the template sees them (tojson: an
-# object prints as one, a string would print quoted)
+# prints the tools, a past turn's thinking under the name Qwen3's template reads, and for past
+# calls their arguments as the template sees them (tojson: an object prints as one, a string
+# would print quoted)
 TEMPLATE = (
     "{% if tools %}[tools {{ tools | tojson }}]{% endif %}"
-    "{% for m in messages %}<{{ m.role }}>{{ m.content }}"
+    "{% for m in messages %}<{{ m.role }}>"
+    "{% if m.reasoning_content %}<think>{{ m.reasoning_content }}</think>{% endif %}"
+    "{{ m.content }}"
     "{% for c in m.tool_calls or [] %}<call {{ c.function.name }} "
     "{{ c.function.arguments | tojson }}>{% endfor %}{% endfor %}"
     "{% if add_generation_prompt %}<assistant>{% endif %}"

@@ -190,8 +190,11 @@ def ask(base: str, **kwargs):
 
 
 def reasoning_of(message) -> str | None:
-    """``reasoning_content``: not in OpenAI's schema, so one of the client's extra fields."""
-    return getattr(message, "reasoning_content", None)
+    """``reasoning`` (vLLM's name) and ``reasoning_content`` (SGLang's): not in OpenAI's schema,
+    so extra fields of the client's; both are sent, the same text."""
+    reasoning = getattr(message, "reasoning", None)
+    assert reasoning == getattr(message, "reasoning_content", None)
+    return reasoning
 
 
 def streamed(base: str, **kwargs) -> dict[int, dict]:
@@ -229,7 +232,12 @@ def test_no_think_block_is_content_and_null_reasoning(qwen3):
     body = {"messages": QUESTION, "chat_template_kwargs": {"enable_thinking": False}}
     r = httpx.post(f"{base}/v1/chat/completions", json=body, timeout=30)
     message = r.json()["choices"][0]["message"]
-    assert message == {"role": "assistant", "content": "4.", "reasoning_content": None}
+    assert message == {
+        "role": "assistant",
+        "content": "4.",
+        "reasoning": None,
+        "reasoning_content": None,
+    }
 
 
 ANSWERS = {  # server -> answers, with what the whole answer holds
@@ -269,7 +277,7 @@ def test_stream_chunks_carry_reasoning_deltas(deepseek):
               if line.startswith("data: {")]  # fmt: skip
     assert deltas[0] == {"content": "", "role": "assistant"}
     sent = [d for d in deltas[1:] if d]
-    assert sent[:3] == [{"reasoning_content": c} for c in "abc"]  # one per token, at once
+    assert sent[:3] == [{"reasoning": c, "reasoning_content": c} for c in "abc"]  # at once
     assert sent[3:] == [{"content": "x"}, {"content": "y"}]  # </think> held, then dropped
 
 
@@ -327,7 +335,21 @@ def test_completions_are_not_parsed(qwen3):
     front.answer(THOUGHT + "4.")
     body = {"prompt": "2 + 2 =", "max_tokens": 64}
     choice = httpx.post(f"{base}/v1/completions", json=body, timeout=30).json()["choices"][0]
-    assert choice["text"] == THOUGHT + "4." and "reasoning_content" not in choice
+    assert choice["text"] == THOUGHT + "4."
+    assert not {"reasoning", "reasoning_content"} & choice.keys()
+
+
+@pytest.mark.parametrize("name", ["reasoning", "reasoning_content"])
+def test_a_past_turns_thinking_reaches_the_template_under_either_name(qwen3, tokenizer, name):
+    """A client sends the thinking back under the name it read (vLLM's or SGLang's); the
+    template reads ``reasoning_content``, as Qwen3's does."""
+    base, _ = qwen3
+    history = QUESTION + [{"role": "assistant", "content": "4.", name: "A sum."},
+                          {"role": "user", "content": "And 3 + 3?"}]  # fmt: skip
+    r = httpx.post(f"{base}/tokenize", json={"messages": history}, timeout=30)
+    assert tokenizer.decode(r.json()["tokens"]) == (
+        "<user>What is 2 + 2?<assistant><think>A sum.</think>4.<user>And 3 + 3?<assistant>"
+    )
 
 
 def _masked(raw: bytes) -> str:

@@ -14,8 +14,9 @@ Invariants:
   ``ToolCallParser``, streamed or whole alike: a whole message's content and tool calls are
   what its stream's deltas add up to.
 - With a ``--reasoning-parser``, each chat choice's text first goes through its own
-  ``ReasoningParser`` (``reasoning.py``): the reasoning is ``message.reasoning_content``
-  (null when none; streamed as ``delta.reasoning_content``) and only the content goes on to
+  ``ReasoningParser`` (``reasoning.py``): the reasoning is ``message.reasoning`` and
+  ``message.reasoning_content`` (vLLM's name and SGLang's; null when none; streamed as
+  ``delta.reasoning`` and ``delta.reasoning_content``) and only the content goes on to
   the tool-call parser, so a ``<tool_call>`` written while thinking is no call. Streamed
   reasoning and content deltas add up to the whole message's. Without the flag no message or
   chunk has the key; completions are never parsed; usage and logprobs count every token.
@@ -435,7 +436,7 @@ class _Answer:
         message: dict[str, Any] = {"role": "assistant", "content": content}
         if self.reasoning_parser is not None:
             thought = "".join(reasoning) or None
-            message["reasoning_content"] = thought
+            message["reasoning"] = message["reasoning_content"] = thought
             if thought is not None:  # all reasoning: no content (vLLM's null)
                 message["content"] = content or None
         if calls:  # the calls alone: no content (vLLM's null)
@@ -498,7 +499,7 @@ class _Answer:
             no_content = delta is None or ((calls or reasoning) and not delta)
             body["delta"] = {} if no_content else {"content": delta}
             if reasoning:
-                body["delta"]["reasoning_content"] = reasoning
+                body["delta"]["reasoning"] = body["delta"]["reasoning_content"] = reasoning
             if role:
                 body["delta"]["role"] = "assistant"
             if calls:

@@ -354,10 +354,17 @@ def _prompt_ids(tokenizer: Any, prompt: Any, param: str) -> list[int]:
 
 def _template_message(i: int, message: dict[str, Any]) -> dict[str, Any]:
     """A message as chat templates take it: content parts joined into text, and an assistant's
-    tool calls with their arguments as objects (their content may be null)."""
+    tool calls with their arguments as objects (their content may be null). An assistant's
+    thinking sent back as ``reasoning`` (vLLM's name) or ``reasoning_content`` (SGLang's, and
+    what Qwen3's and DeepSeek-R1's templates read) is given to the template under both."""
     message = _flatten(i, message)
+    if message.get("role") != "assistant":
+        return message
+    thought = message.get("reasoning_content", message.get("reasoning"))
+    if thought is not None:
+        message = {**message, "reasoning": thought, "reasoning_content": thought}
     calls = message.get("tool_calls")
-    if message.get("role") != "assistant" or calls is None:
+    if calls is None:
         return message
     if not isinstance(calls, list):
         raise ApiError(400, f"messages[{i}].tool_calls must be a list",

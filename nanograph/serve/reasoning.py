@@ -1,6 +1,7 @@
 """Reasoning in a chat answer's text: the thinking that Qwen3, QwQ and DeepSeek-R1 write
 between ``<think>`` and ``</think>`` before the answer, split from the content as vLLM's and
-SGLang's ``--reasoning-parser`` do (``message.reasoning_content``, streamed
+SGLang's ``--reasoning-parser`` do (``message.reasoning``, vLLM's name, and
+``message.reasoning_content``, SGLang's; streamed ``delta.reasoning`` and
 ``delta.reasoning_content``).
 
 The rules, one per parser (the same for the whole and the streamed answer):
