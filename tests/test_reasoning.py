@@ -13,7 +13,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nanograph.serve.reasoning import END, REASONING_PARSERS, START, ReasoningParser, Split
+from nanograph.serve.reasoning import (
+    END,
+    REASONING_PARSERS,
+    START,
+    ReasoningParser,
+    Split,
+    thinking_on,
+)
 
 
 def parse(name: str, *pieces: str) -> tuple[str, str]:
@@ -98,6 +105,20 @@ def test_held_back_text_is_what_may_be_a_tag():
     assert parser.feed("  <th") == Split() and parser.finish() == Split(content="  <th")
     parser = ReasoningParser("deepseek-r1")
     assert parser.feed("  <th") == Split() and parser.finish() == Split("  <th")
+
+
+@pytest.mark.parametrize("text", ["Paris.", "Hmm</think>Paris.", "<think>Hmm</think>Paris."])
+def test_thinking_off_reads_deepseek_answers_with_qwen3s_rule(text):
+    """A template asked not to think opened no block: only a block the answer opens is
+    reasoning."""
+    off = ReasoningParser("deepseek-r1", thinking=False)
+    assert off.feed(text) + off.finish() == Split(*reference("qwen3", text))
+    assert reference("qwen3", text) != reference("deepseek-r1", text) or text.startswith(START)
+
+
+def test_thinking_on_reads_the_template_switches():
+    assert thinking_on(None) and thinking_on({}) and thinking_on({"enable_thinking": True})
+    assert not thinking_on({"enable_thinking": False}) and not thinking_on({"thinking": False})
 
 
 def test_an_unknown_parser_is_refused():
@@ -265,6 +286,17 @@ def test_streamed_answer_equals_the_whole(request, server):
         got = streamed(base)[0]
         assert (got["reasoning"], got["content"]) == (reasoning or "", content or ""), text
         assert got["finish"] == "stop"
+
+
+@pytest.mark.parametrize("switch", ["enable_thinking", "thinking"])
+def test_thinking_turned_off_is_content_with_deepseek(deepseek, switch):
+    base, front = deepseek
+    front.answer("4.", "4.")
+    off = {"chat_template_kwargs": {switch: False}}
+    whole = ask(base, extra_body=off).choices[0].message
+    assert (reasoning_of(whole), whole.content) == (None, "4.")
+    got = streamed(base, extra_body=off)[0]
+    assert (got["reasoning"], got["content"]) == ("", "4.")
 
 
 def test_stream_chunks_carry_reasoning_deltas(deepseek):

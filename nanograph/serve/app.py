@@ -51,7 +51,7 @@ from nanograph.serve import protocol
 from nanograph.serve.logprobs import LogprobFormat, merge
 from nanograph.serve.metrics import ServerMetrics
 from nanograph.serve.protocol import ApiError, ChatRequest, CompletionRequest
-from nanograph.serve.reasoning import REASONING_PARSERS, ReasoningParser
+from nanograph.serve.reasoning import REASONING_PARSERS, ReasoningParser, thinking_on
 from nanograph.serve.text import TextStream
 from nanograph.serve.tool_calls import TOOL_CALL_PARSERS, ToolCall, ToolCallParser, openai_tool_call
 
@@ -265,11 +265,12 @@ class _Choice:
 
     def __init__(
         self, index: int, front: Front, stream: RequestStream, chat: bool, tools: bool,
-        reasoning_parser: str | None = None,
+        reasoning_parser: str | None = None, thinking: bool = True,
     ) -> None:  # fmt: skip
         self.index, self.stream = index, stream
         self.text = TextStream(front.tokenizer, stream.params.stop)
-        self.reasoning = None if reasoning_parser is None else ReasoningParser(reasoning_parser)
+        self.reasoning = (None if reasoning_parser is None
+                          else ReasoningParser(reasoning_parser, thinking))  # fmt: skip
         self.tool_calls = ToolCallParser() if tools else None
         count = stream.params.logprobs
         self.logprobs = None if count is None else LogprobFormat(front.tokenizer, chat, count)
@@ -328,7 +329,8 @@ class _Answer:
         self.front, self.request, self.chat = front, request, chat
         self.reasoning_parser = reasoning_parser
         tools = chat and protocol.uses_tools(request)
-        self.choices = [_Choice(i, front, s, chat, tools, reasoning_parser)
+        thinking = chat and thinking_on(request.chat_template_kwargs)
+        self.choices = [_Choice(i, front, s, chat, tools, reasoning_parser, thinking)
                         for i, s in enumerate(streams)]  # fmt: skip
         # completions' echo: each prompt's text in front of its choices' text
         self.echoed = [echoed[i // request.n] for i in range(len(streams))] if echoed else None

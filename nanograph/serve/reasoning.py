@@ -19,6 +19,10 @@ The rules, one per parser (the same for the whole and the streamed answer):
   the template opens ``<think>`` in the prompt, so the answer starts in reasoning (a
   ``<think>`` it writes itself is dropped) until ``</think>``; with no ``</think>`` all of
   it is reasoning, as in vLLM and SGLang. For DeepSeek-R1, QwQ and Qwen3-Thinking-2507.
+  A request that turns thinking off (``chat_template_kwargs`` ``enable_thinking``, Qwen's
+  switch, or ``thinking``, DeepSeek-V3.1's, false) gets ``qwen3``'s rule instead: its template
+  opened no block, so an answer is content unless it opens one itself (vLLM's ``deepseek_v3``
+  and TensorRT-LLM read such answers so; vLLM's ``deepseek_r1`` gives them all as reasoning).
 - Only the first ``</think>`` ends reasoning; later tags are content, as text.
 - The newlines right after ``</think>`` are dropped: the models write ``</think>\\n\\n``
   before the answer, and Qwen3's template strips them when it reads an answer back. vLLM and
@@ -57,13 +61,20 @@ class Split:
         return Split(self.reasoning + other.reasoning, self.content + other.content)
 
 
+def thinking_on(template_kwargs: dict | None) -> bool:
+    """False when a request's chat template arguments turn thinking off."""
+    kwargs = template_kwargs or {}
+    return kwargs.get("enable_thinking", True) is not False and kwargs.get("thinking") is not False
+
+
 class ReasoningParser:
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, thinking: bool = True) -> None:
+        """``thinking``: False when the request turned it off (``thinking_on``)."""
         if name not in REASONING_PARSERS:
             raise ValueError(
                 f"unknown reasoning parser {name!r}: one of {', '.join(REASONING_PARSERS)}"
             )
-        self._starts_in_reasoning = REASONING_PARSERS[name]
+        self._starts_in_reasoning = REASONING_PARSERS[name] and thinking
         self._state = _OPENING  # until the answer shows whether it opens with <think>
         self._undecided = ""  # held back: the opening so far, or a possible start of </think>
         self._dropping_newlines = False  # right after </think>: newlines are dropped
