@@ -90,6 +90,7 @@ SAMPLING_FIELDS = {
     "allowed_token_ids": st.one_of(
         st.none(), st.lists(st.integers(-1, 60_000), max_size=3), any_value
     ),  # fmt: skip
+    "bad_words": st.one_of(st.lists(any_text, max_size=2), any_value),
     "n": st.one_of(st.integers(0, 3), any_value),
     "presence_penalty": st.one_of(st.floats(-2.5, 2.5), any_value),
     "frequency_penalty": st.one_of(st.floats(-2.5, 2.5), any_value),
@@ -138,7 +139,7 @@ def test_sampling_params_either_build_or_raise_value_error(kwargs):
     assert type(p.temperature) is float and math.isfinite(p.temperature) and p.temperature >= 0
     assert 0 < p.top_p <= 1 and 0 <= p.min_p <= 1 and type(p.top_k) is int and p.top_k >= -1
     assert p.seed is None or type(p.seed) is int
-    assert all(isinstance(s, str) and s for s in p.stop)
+    assert all(isinstance(s, str) and s for s in p.stop + p.bad_words)
     assert all(type(t) is int and t >= 0 for t in p.stop_token_ids)
     for count in (p.logprobs, p.prompt_logprobs):
         assert count is None or (type(count) is int and 0 <= count <= 20)

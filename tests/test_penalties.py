@@ -1,8 +1,8 @@
-"""Presence, frequency and repetition penalties, logit_bias and min_tokens on a tiny random
-Qwen3: greedy tokens against a plain step-by-step reference (transformers logits, the
-definitions written out per token), each request of a mixed batch equal to itself alone, equal
-under the overlap schedule and without it, through preemption, and past the state buffer's
-first size."""
+"""Presence, frequency and repetition penalties, logit_bias, allowed_token_ids, bad_words and
+min_tokens on a tiny random Qwen3: greedy tokens against a plain step-by-step reference
+(transformers logits, the definitions written out per token), each request of a mixed batch
+equal to itself alone, equal under the overlap schedule and without it, through preemption, and
+past the state buffer's first size."""
 
 from __future__ import annotations
 
@@ -23,10 +23,11 @@ def tiny(tiny_model_dir):
 
 def penalised_greedy(model, prompt: list[int], n: int, presence_penalty=0.0,
                      frequency_penalty=0.0, repetition_penalty=1.0,
-                     logit_bias=None, min_tokens=0, ends=()) -> list[int]:  # fmt: skip
+                     logit_bias=None, min_tokens=0, ends=(), bad=()) -> list[int]:  # fmt: skip
     """The definition, one token at a time (vLLM's order: repetition, then frequency and
-    presence on the output's counts, then the bias, then ``ends`` (the tokens that end the
-    request) masked before ``min_tokens``)."""
+    presence on the output's counts, then the bias, then the last token of each ``bad`` word
+    whose other tokens the output ends with, then ``ends`` (the tokens that end the request)
+    masked before ``min_tokens``)."""
     presence, frequency, repetition = presence_penalty, frequency_penalty, repetition_penalty
     out: list[int] = []
     for _ in range(n):
@@ -39,6 +40,9 @@ def penalised_greedy(model, prompt: list[int], n: int, presence_penalty=0.0,
             logits[token] -= frequency * out.count(token) + presence
         for token, bias in (logit_bias or {}).items():
             logits[token] += bias
+        for word in bad:
+            if len(out) >= len(word) - 1 and out[len(out) - len(word) + 1 :] == list(word[:-1]):
+                logits[word[-1]] = -torch.inf
         if len(out) < min_tokens:
             logits[list(ends)] = -torch.inf
         token = int(logits.argmax())
@@ -196,10 +200,89 @@ def test_allowed_token_ids_leave_only_those_tokens(tiny, overlap):
     assert_pages_back(llm)
 
 
+@pytest.fixture(scope="module")
+def tiny_with_tokenizer(tiny, tmp_path_factory):
+    """The tiny model with a tokenizer of one token per byte (its 256 tokens)."""
+    from serving import byte_tokenizer
+
+    path = tmp_path_factory.mktemp("tiny-tokenizer")
+    shutil.copytree(tiny, path, dirs_exist_ok=True)
+    byte_tokenizer().hf.save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_bad_words_are_never_written(tiny_with_tokenizer, overlap):
+    """vLLM's bad_words: pushed towards a few letters (a bias), greedy requests write words of
+    them; banned, three of those words (three, two and one letters) are never written, as the
+    definition (the word's last token masked where the output ends with the rest) gives, which
+    under the overlap schedule compares the token in flight on the device. In one batch, each
+    equal to itself alone; a sampled one stays clear too."""
+    import transformers
+
+    llm = make_llm(tiny_with_tokenizer, disable_overlap_schedule=not overlap)
+    encode = lambda text: llm.tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
+    bias = {encode(c)[0]: 4.0 for c in "abcxyq"}
+    prompts = PROMPTS[:3]
+    greedy = dict(max_tokens=24, temperature=0.0, ignore_eos=True, logit_bias=bias)
+    plain = [o.text for o in llm.generate(prompts, SamplingParams(**greedy))]
+    words = (plain[0][2:5], plain[1][2:4], plain[2][1])
+    assert all(w.isalpha() for w in words), plain
+    banned = SamplingParams(**greedy, bad_words=words)
+    sampled = SamplingParams(max_tokens=24, temperature=1.0, seed=4, ignore_eos=True,
+                             logit_bias=bias, bad_words=words)  # fmt: skip
+    outs = llm.generate(prompts + prompts[:1], [banned] * 3 + [sampled])
+    texts = [o.text for o in outs]
+    assert not any(w in t for t in texts for w in words), (words, texts)
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny_with_tokenizer).eval()
+    forms = [tuple(encode(w)) for w in words]
+    for prompt, out in zip(prompts, outs):
+        assert out.token_ids == penalised_greedy(model, prompt, 24, logit_bias=bias, bad=forms)
+    assert [o.token_ids for o in outs[:3]] == [llm.generate([p], banned)[0].token_ids
+                                               for p in prompts]  # fmt: skip
+    assert_pages_back(llm)
+
+
+def test_bad_word_forms_follow_vllm():
+    """Each word as written (leading whitespace off) and, where it tokenizes to as many tokens
+    with another first one, after a space; a word of whitespace only is kept as it is."""
+    from serving import byte_tokenizer
+
+    from nanograph.engine.penalties import bad_word_ids
+
+    tokenizer = byte_tokenizer()
+    encode = lambda text: tuple(tokenizer.encode(text, add_special_tokens=False))  # noqa: E731
+    # one token per byte: a space makes the word longer, so only the plain form counts
+    assert bad_word_ids(tokenizer, (" ab", "ab", "\n")) == (encode("ab"), encode("\n"))
+
+    class Words:  # a tokenizer of whole words, with a form for the word after a space
+        def encode(self, text, add_special_tokens):
+            return {"cat": [1], " cat": [2], "two words": [3, 4], " two words": [5, 4]}[text]
+
+    assert bad_word_ids(Words(), ("cat", " two words")) == ((1,), (2,), (3, 4), (5, 4))
+
+
+def test_bad_words_need_a_tokenizer_and_known_tokens(tiny, tiny_with_tokenizer):
+    out = make_llm(tiny).generate([PROMPTS[0]], SamplingParams(max_tokens=3, bad_words=["a"]))
+    assert out[0].finish_reason == "error" and "bad_words needs the model's tokenizer" in (
+        out[0].error
+    )
+    llm = make_llm(tiny_with_tokenizer)
+    eos = llm.tokenizer.eos_token_ids[0]  # <|end|>: one more than the model's 256 tokens
+    outside, fine = llm.generate([PROMPTS[0]] * 2, [
+        SamplingParams(max_tokens=3, bad_words=["a", llm.tokenizer.decode([eos], False)]),
+        SamplingParams(max_tokens=3, bad_words=["a"]),
+    ])  # fmt: skip
+    assert outside.finish_reason == "error" and "holds token id 256" in outside.error
+    assert fine.ok and len(fine.token_ids) == 3
+    assert_pages_back(llm)
+
+
 def test_speculative_decoding_refuses_penalties(tiny):
     llm = make_llm(tiny, speculative_algorithm="ngram")
     for params in (SamplingParams(max_tokens=4, presence_penalty=1.0),
-                   SamplingParams(max_tokens=4, min_tokens=2)):  # fmt: skip
+                   SamplingParams(max_tokens=4, min_tokens=2),
+                   SamplingParams(max_tokens=4, bad_words=["a"])):  # fmt: skip
         out = llm.generate([PROMPTS[0]], params)[0]
         assert out.finish_reason == "error" and "speculative decoding" in out.error
 
@@ -220,6 +303,9 @@ def test_speculative_decoding_refuses_penalties(tiny):
         (dict(allowed_token_ids=[]), "allowed_token_ids must hold at least one token id"),
         (dict(allowed_token_ids=[1, -2]), "allowed_token_ids[1] must be an integer >= 0"),
         (dict(allowed_token_ids="12"), "allowed_token_ids must be a list of token ids"),
+        (dict(bad_words=["a", ""]), "bad_words[1] must be a non-empty string"),
+        (dict(bad_words=3), "bad_words must be a string or a list of strings"),
+        (dict(bad_words=["w"] * 129), "bad_words holds 129 words: at most 128"),
     ],
 )
 def test_bad_penalties_name_the_field(kwargs, message):

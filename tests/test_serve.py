@@ -72,7 +72,7 @@ def client(server):
 def reference():
     """Offline greedy answers, in one batch: the chat question (16 tokens), a completion (12),
     with each token's log-probability and its two most likely alternatives; the chat question
-    with penalties."""
+    with penalties; the chat question with its answer's first two words as bad_words."""
     llm = LLM("smollm2-135m", max_model_len=MAX_LEN, progress=False)
     chat, completion, penalised = llm.generate(
         [QUESTION, COMPLETION_PROMPT, QUESTION],
@@ -82,7 +82,11 @@ def reference():
             SamplingParams(max_tokens=16, temperature=0, **PENALTIES),
         ],
     )
-    return {"chat": chat, "completion": completion, "penalised": penalised}
+    words = [w for w in chat.text.split() if w.isalpha()][:2]
+    banned = llm.generate([QUESTION], SamplingParams(max_tokens=16, temperature=0,
+                                                     bad_words=words))[0]  # fmt: skip
+    return {"chat": chat, "completion": completion, "penalised": penalised, "banned": banned,
+            "bad_words": words}  # fmt: skip
 
 
 def test_models_and_health(server, client):
@@ -237,6 +241,14 @@ def test_penalties_equal_offline_and_a_bias_forces_its_token(any_server, referen
               "return_token_ids": True, "temperature": 1.0, "seed": 3},
     )  # fmt: skip
     assert set(allowed.json()["choices"][0]["token_ids"]) <= {42, 43}
+    # vLLM's bad_words: the answer's words, banned, are not written (offline gives the same)
+    words = reference["bad_words"]
+    banned = _openai(any_server).chat.completions.create(
+        model="smollm2-135m", messages=QUESTION, max_tokens=16, temperature=0,
+        extra_body={"bad_words": words},
+    ).choices[0].message.content  # fmt: skip
+    assert len(words) == 2 and banned == reference["banned"].text
+    assert not any(f" {w}" in f" {banned}" for w in words), (words, banned)
 
 
 def test_tokenize_and_detokenize_agree_with_the_engine(server, reference):
@@ -650,6 +662,8 @@ BAD = [  # (body or raw bytes, endpoint, status, param)
     ({"prompt": "hi", "truncate_prompt_tokens": 0}, "completions", 400, "truncate_prompt_tokens"),
     ({"prompt": "hi", "allowed_token_ids": []}, "completions", 400, "allowed_token_ids"),
     ({"prompt": "hi", "allowed_token_ids": [10**7]}, "completions", 400, "allowed_token_ids"),
+    ({"prompt": "hi", "bad_words": [""]}, "completions", 400, "bad_words"),
+    ({"prompt": "hi", "bad_words": 3}, "completions", 400, "bad_words"),
     ({"messages": QUESTION, "prompt_logprobs": -1}, "chat/completions", 400, "prompt_logprobs"),
     (
         {"prompt": "hi", "include_stop_str_in_output": "yes"},

@@ -189,6 +189,7 @@ FIELDS = [
     "echo",
     "truncate_prompt_tokens",
     "allowed_token_ids",
+    "bad_words",
     "tools",
     "tool_choice",
     "stream_options",

@@ -120,6 +120,17 @@ def test_min_tokens_goes_past_eos_and_holds_off_stop_strings(llm):
     assert held.text.startswith(full.text) and held.token_ids[:n] == full.token_ids
 
 
+def test_bad_words_keep_a_word_out_of_the_answer(llm):
+    """vLLM's bad_words on a real tokenizer: the answer names Paris; with "Paris" banned (its
+    tokens as written and after a space) it says the same up to there, then something else."""
+    greedy = SamplingParams(max_tokens=24, temperature=0)
+    full = llm.chat(PROMPT, greedy)[0].text
+    assert "Paris" in full
+    head = full[: full.index("Paris")]
+    banned = llm.chat(PROMPT, SamplingParams(max_tokens=24, temperature=0, bad_words=["Paris"]))
+    assert banned[0].text.startswith(head) and "Paris" not in banned[0].text
+
+
 def test_seeded_sampling_is_reproducible(llm):
     params = SamplingParams(max_tokens=16, temperature=0.9, top_p=0.95, top_k=50, seed=11)
     first, second = (llm.chat(PROMPT, params)[0].text for _ in range(2))

@@ -50,7 +50,7 @@ from nanograph.distributed.steps import run_step
 from nanograph.engine import logprobs
 from nanograph.engine.config import EngineConfig
 from nanograph.engine.memory import MemoryReport
-from nanograph.engine.penalties import Penalties
+from nanograph.engine.penalties import Penalties, bad_word_ids
 from nanograph.engine.prefix_cache import PrefixCache
 from nanograph.engine.prompts import first_bad_token, truncate
 from nanograph.engine.request import UNRESOLVED, Request, Status, TokenInFlight
@@ -291,6 +291,21 @@ class Engine:
                 self._scoring.add(request.request_id)
         return request
 
+    def _tokenize_bad_words(self, request: Request) -> str | None:
+        """Sets ``request.bad_words`` to its words' token forms; a problem, if any."""
+        if self.tokenizer is None:
+            return "bad_words needs the model's tokenizer, and this model was loaded without one"
+        vocab = self.model_config.vocab_size
+        for word in request.params.bad_words:
+            for form in bad_word_ids(self.tokenizer, (word,)):
+                if not form:
+                    return f"bad_words: {word!r} is no tokens for this tokenizer: leave it out"
+                if max(form) >= vocab:
+                    return (f"bad_words: {word!r} holds token id {max(form)}, outside the "
+                            f"vocabulary (0..{vocab - 1}): leave it out")  # fmt: skip
+        request.bad_words = bad_word_ids(self.tokenizer, request.params.bad_words)
+        return None
+
     def _validate(self, request: Request) -> str | None:
         n, vocab = len(request.prompt_ids), self.model_config.vocab_size
         if n == 0:
@@ -311,8 +326,8 @@ class Engine:
             or params.adjusts_logits
         ):  # fmt: skip
             return (
-                "logprobs, prompt_logprobs, penalties, logit_bias, allowed_token_ids and "
-                "min_tokens are not computed with speculative decoding: "
+                "logprobs, prompt_logprobs, penalties, logit_bias, allowed_token_ids, "
+                "bad_words and min_tokens are not computed with speculative decoding: "
                 "leave them out, or serve this model without a speculative algorithm"
             )
         biased = next((t for t, _ in request.params.logit_bias if t >= vocab), None)
@@ -321,6 +336,10 @@ class Engine:
         allowed = request.params.allowed_token_ids or ()
         if allowed and allowed[-1] >= vocab:  # sorted
             return f"allowed_token_ids holds {allowed[-1]}, outside the vocabulary (0..{vocab - 1})"
+        if params.bad_words:
+            problem = self._tokenize_bad_words(request)
+            if problem:
+                return problem
         bad = first_bad_token(request.prompt_ids, vocab)
         if bad is not None:
             token = request.prompt_ids[bad]
@@ -488,7 +507,8 @@ class Engine:
         if scored:  # a slice costs host time: only a scoring step takes them
             logits, prompt_logits = logits[: len(sampled)], logits[len(sampled) :]
         params = [r.params for r in sampled]
-        penalized = self.penalties.apply(logits, sampled)
+        flight_rows = [f for f, s in zip(future, samples) if s]
+        penalized = self.penalties.apply(logits, sampled, (in_flight_tokens, flight_rows))
         tokens = self.sampler(penalized, [r.request_id for r in sampled], params)
         self.penalties.record(tokens, sampled)
         rows = None  # the raw logits' (engine/logprobs.py)

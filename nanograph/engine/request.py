@@ -74,6 +74,8 @@ class Request:
     # first num_prompt_scored of them are launched (read or in flight)
     prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
     num_prompt_scored: int = 0
+    # params.bad_words as token sequences (``penalties.bad_word_ids``), set at admission
+    bad_words: tuple[tuple[int, ...], ...] = ()
 
     @property
     def scores_prompt(self) -> bool:

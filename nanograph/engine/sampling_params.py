@@ -21,6 +21,7 @@ GREEDY_BELOW = 1e-5
 # most likely alternatives a request may ask for per output token (OpenAI's top_logprobs limit)
 MAX_LOGPROBS = 20
 MAX_CHOICES = 128  # completions of one prompt (``n``): OpenAI's bound
+MAX_BAD_WORDS = 128  # vLLM's bound
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,8 @@ class SamplingParams:
     off) and ``repetition_penalty`` (> 0, 1 = off) penalise tokens already generated (the
     repetition penalty also those of the prompt); ``logit_bias`` ({token id: -100..100}) is
     added to those tokens' logits, ``allowed_token_ids`` (vLLM's) leaves only those tokens
-    possible, and ``min_tokens`` (vLLM's) keeps EOS and
+    possible, ``bad_words`` (vLLM's) keeps the output from writing those words (their
+    tokens, as written and after a space), and ``min_tokens`` (vLLM's) keeps EOS and
     ``stop_token_ids`` from being sampled, and stop strings from matching, until that many
     tokens are out: ``engine/penalties.py``. ``logprobs``
     (0..20) returns each output token's log-probability and that many of the most likely
@@ -60,6 +62,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     logit_bias: tuple[tuple[int, float], ...] = ()  # given as a dict or pairs
     allowed_token_ids: tuple[int, ...] | None = None  # vLLM's: the only tokens it may sample
+    bad_words: tuple[str, ...] = ()  # vLLM's: words the output may not contain
     logprobs: int | None = None
     prompt_logprobs: int | None = None  # vLLM's: the prompt tokens' log-probabilities
     n: int = 1
@@ -78,7 +81,11 @@ class SamplingParams:
         if self.seed is not None:
             set_("seed", _integer("seed", self.seed, low=SEED_RANGE[0], high=SEED_RANGE[1]))
         set_("stop_token_ids", _int_tuple("stop_token_ids", self.stop_token_ids))
-        set_("stop", _stop_strings(self.stop))
+        set_("stop", _strings("stop", self.stop))
+        set_("bad_words", _strings("bad_words", self.bad_words))
+        if len(self.bad_words) > MAX_BAD_WORDS:
+            raise ValueError(f"bad_words holds {len(self.bad_words)} words: at most "
+                             f"{MAX_BAD_WORDS}")  # fmt: skip
         for name in ("ignore_eos", "include_stop_str_in_output"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
@@ -129,10 +136,10 @@ class SamplingParams:
 
     @property
     def adjusts_logits(self) -> bool:
-        """Whether penalties, a logit bias, ``allowed_token_ids`` or ``min_tokens`` change the
-        logits it samples from."""
+        """Whether penalties, a logit bias, ``allowed_token_ids``, ``bad_words`` or
+        ``min_tokens`` change the logits it samples from."""
         return (self.penalized or bool(self.logit_bias) or self.min_tokens > 0
-                or self.allowed_token_ids is not None)  # fmt: skip
+                or self.allowed_token_ids is not None or bool(self.bad_words))  # fmt: skip
 
 
 def _integer(name: str, value: Any, low: int, high: int | None = None, hint: str = "") -> int:
@@ -182,17 +189,17 @@ def _int_tuple(name: str, values: Any) -> tuple[int, ...]:
     return tuple(_integer(f"{name}[{i}]", v, low=0) for i, v in enumerate(values))
 
 
-def _stop_strings(stop: Any) -> tuple[str, ...]:
-    if stop is None:
+def _strings(name: str, value: Any) -> tuple[str, ...]:
+    if value is None:
         return ()
-    if isinstance(stop, str):
-        stop = (stop,)
-    if isinstance(stop, bytes) or not hasattr(stop, "__iter__"):
-        raise ValueError(f"stop must be a string or a list of strings, got {stop!r}")
-    strings = tuple(stop)
+    if isinstance(value, str):
+        value = (value,)
+    if isinstance(value, bytes) or not hasattr(value, "__iter__"):
+        raise ValueError(f"{name} must be a string or a list of strings, got {value!r}")
+    strings = tuple(value)
     for i, s in enumerate(strings):
         if not isinstance(s, str) or not s:
-            raise ValueError(f"stop[{i}] must be a non-empty string, got {s!r}")
+            raise ValueError(f"{name}[{i}] must be a non-empty string, got {s!r}")
     return strings
 
 

@@ -189,7 +189,7 @@ def build_app(
         except ShuttingDown as e:
             raise ApiError(503, str(e), "server_error", code="shutting_down") from None
         except RequestRejected as e:  # the prompt, or a token id only the engine can judge
-            param = next((p for p in ("logit_bias", "allowed_token_ids")
+            param = next((p for p in ("logit_bias", "allowed_token_ids", "bad_words")
                           if str(e).startswith(p)), None)  # fmt: skip
             raise ApiError(400, str(e), param=param or ("messages" if chat else "prompt")) from None
         finally:  # whatever went wrong, no choice of this request stays in the engine

@@ -128,6 +128,7 @@ class _Request(BaseModel):
     include_stop_str_in_output: bool | None = None  # vLLM's
     truncate_prompt_tokens: int | None = None  # vLLM's
     allowed_token_ids: list[int] | None = None  # vLLM's
+    bad_words: list[str] | None = None  # vLLM's
 
 
 class ChatRequest(_Request):
@@ -450,6 +451,7 @@ def sampling_params(request: _Request, prompt_len: int, max_model_len: int) -> S
         "prompt_logprobs": _prompt_logprobs(request),
         "truncate_prompt_tokens": request.truncate_prompt_tokens,
         "allowed_token_ids": request.allowed_token_ids,
+        "bad_words": request.bad_words,
         "n": request.n,
     }
     try:

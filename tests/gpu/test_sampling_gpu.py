@@ -1,4 +1,4 @@
-"""Log-probabilities, penalties, logit bias, allowed_token_ids and min_tokens on CUDA
+"""Log-probabilities, penalties, logit bias, allowed_token_ids, bad_words and min_tokens on CUDA
 (float32, so graphs and eager must agree to rounding): with decode and prefill graphs captured
 at start-up and under the overlap schedule, against an eager engine and a float64
 transformers forward over the same tokens, in a mixed batch with penalised (greedy and
@@ -97,3 +97,32 @@ def test_graph_prompt_logprobs_equal_eager_and_float64(small_qwen3):
             assert lp.logprob == pytest.approx(expected[i, prompt[i + 1]].item(), abs=2e-3)
             values = [v for _, v in lp.top]
             assert values == pytest.approx(expected[i].topk(5).values.tolist(), abs=2e-3)
+
+
+def test_graph_bad_words_equal_eager(small_qwen3, tmp_path):
+    """bad_words under captured graphs and the overlap schedule: pushed to "a" and "b" (a bias
+    no random logit comes near), with "aa" and "bb" banned, greedy answers alternate the two;
+    the previous token is the one in flight, compared on the device. Equal to eager."""
+    import shutil
+
+    from serving import byte_tokenizer
+
+    from nanograph import SamplingParams
+
+    path = tmp_path / "with-tokenizer"
+    shutil.copytree(small_qwen3("bad-words", layers=2, hidden=256), path)
+    tokenizer = byte_tokenizer()
+    tokenizer.hf.save_pretrained(path)
+    bias = {tokenizer.encode(c, add_special_tokens=False)[0]: 30.0 for c in "ab"}
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, 4096, (n,), generator=g).tolist() for n in (5, 37, 130, 9)]
+    greedy = dict(max_tokens=12, temperature=0.0, ignore_eos=True, logit_bias=bias)
+    params = [SamplingParams(**greedy, bad_words=["aa", "bb"]) for _ in range(3)]
+    params.append(SamplingParams(**greedy))  # without: not alternating
+    got, want, replays = graphs_and_eager(str(path), prompts, params)
+    assert sum(c["graph"] for c in replays.values()) > 0, replays
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    for out in got[:3]:
+        assert len(out.text) == 12 and set(out.text) <= set("ab"), out.text
+        assert "aa" not in out.text and "bb" not in out.text
+    assert "aa" in got[3].text or "bb" in got[3].text
