@@ -29,5 +29,20 @@ case $stage in
     timeout "$(left)" python3 -m nanograph bench decode --models qwen3-0.6b,qwen3-8b \
       --arms full --batches 8 --repeats 3 --out "$out/decode8.json" > "$out/decode8.log" 2>&1
     echo "decode rc=$? at $(( $(date +%s) - begin )) s"; grep -E "decode=|roofline" "$out/decode8.log" | tail -6 ;;
+  moeab)  # the zipped native loop (this tree) against 873e7cf's indexed one, alternating twice
+    # PREDICTED: breakable prefill at 256 tokens ~1-2% shorter (0.1 us of 4-5 an expert's
+    #   product), eager ~1% (its other work does not change): breakable over eager 1.49 -> ~1.51x
+    cp nanograph/models/moe.py /tmp/moe_new.py; git show 873e7cf:nanograph/models/moe.py > /tmp/moe_old.py
+    for round in 1 2; do for arm in new old; do
+      cp /tmp/moe_$arm.py nanograph/models/moe.py
+      timeout "$(left)" python3 -m nanograph bench prefill --models qwen3-30b-a3b,gpt-oss-20b \
+        --lengths 256 --arms breakable --moe-backend torch_native --peer-lengths '' --repeats 9 \
+        --eager-beside --out "$out/moe_${arm}_$round.json" > "$out/moe_${arm}_$round.log" 2>&1
+      echo "$arm $round rc=$? at $(( $(date +%s) - begin )) s"; grep -E "paired|: 256=" "$out/moe_${arm}_$round.log"
+    done; done
+    cp /tmp/moe_new.py nanograph/models/moe.py
+    [ "$(left)" -gt 120 ] || { echo "no time left for test_moe_gpu"; exit 0; }
+    timeout "$(( $(left) - 5 ))" python3 -m pytest -q -p no:cacheprovider -rfE tests/gpu/test_moe_gpu.py \
+      > "$out/test_moe_gpu.log" 2>&1; tail -3 "$out/test_moe_gpu.log" ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
