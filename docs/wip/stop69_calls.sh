@@ -35,7 +35,7 @@ case $stage in
     cp nanograph/models/moe.py /tmp/moe_new.py; git show 873e7cf:nanograph/models/moe.py > /tmp/moe_old.py
     for round in 1 2; do for arm in new old; do
       cp /tmp/moe_$arm.py nanograph/models/moe.py
-      timeout "$(left)" python3 -m nanograph bench prefill --models qwen3-30b-a3b,gpt-oss-20b \
+      timeout "$(left)" python3 -m nanograph bench prefill --models "${MOE_MODELS:-qwen3-30b-a3b,gpt-oss-20b}" \
         --lengths 256 --arms breakable --moe-backend torch_native --peer-lengths '' --repeats 9 \
         --eager-beside --out "$out/moe_${arm}_$round.json" > "$out/moe_${arm}_$round.log" 2>&1
       echo "$arm $round rc=$? at $(( $(date +%s) - begin )) s"; grep -E "paired|: 256=" "$out/moe_${arm}_$round.log"
