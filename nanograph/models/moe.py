@@ -228,17 +228,14 @@ def _products(
     wts, bs = experts
     if out is None:
         out = x.new_empty(x.shape[0], wts[0].shape[1])
-    # one zip, no indexing: ~0.1 us an expert less on the CPU machine (~2% of the loop)
-    if bs is None:
-        mm = torch.mm
-        for count, rows, w, o in zip(counts, x.split(counts), wts, out.split(counts)):
-            if count:
-                mm(rows, w, out=o)
-    else:
-        addmm = torch.addmm
-        for count, rows, w, b, o in zip(counts, x.split(counts), wts, bs, out.split(counts)):
-            if count:
-                addmm(b, rows, w, out=o)
+    xs, outs = x.split(counts), out.split(counts)
+    for expert, count in enumerate(counts):
+        if not count:
+            continue
+        if bs is None:
+            torch.mm(xs[expert], wts[expert], out=outs[expert])
+        else:
+            torch.addmm(bs[expert], xs[expert], wts[expert], out=outs[expert])
     return out
 
 
