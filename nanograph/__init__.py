@@ -7,7 +7,7 @@ Importing the package is cheap: the engine (and torch's heavier pieces) load on 
 from __future__ import annotations
 
 __version__ = "0.1.0"
-__all__ = ["LLM", "SamplingParams", "__version__"]
+__all__ = ["LLM", "SamplingParams", "StructuredOutputs", "__version__"]
 
 
 def __getattr__(name: str):
@@ -19,4 +19,8 @@ def __getattr__(name: str):
         from nanograph.engine.sampling_params import SamplingParams
 
         return SamplingParams
+    if name == "StructuredOutputs":
+        from nanograph.engine.sampling_params import StructuredOutputs
+
+        return StructuredOutputs
     raise AttributeError(f"module 'nanograph' has no attribute {name!r}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -186,6 +187,17 @@ def tiny_model_dir(tmp_path_factory):
         return cache[arch]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def tiny_with_tokenizer(tiny_model_dir, tmp_path_factory):
+    """The tiny Qwen3 with a tokenizer of one token per byte (its 256 tokens)."""
+    from serving import byte_tokenizer
+
+    path = tmp_path_factory.mktemp("tiny-tokenizer")
+    shutil.copytree(tiny_model_dir("qwen3"), path, dirs_exist_ok=True)
+    byte_tokenizer().hf.save_pretrained(path)
+    return path
 
 
 @pytest.fixture(scope="session")

@@ -91,6 +91,20 @@ SAMPLING_FIELDS = {
         st.none(), st.lists(st.integers(-1, 60_000), max_size=3), any_value
     ),  # fmt: skip
     "bad_words": st.one_of(st.lists(any_text, max_size=2), any_value),
+    "structured_outputs": st.one_of(
+        st.none(),
+        st.fixed_dictionaries(
+            {},
+            optional={
+                "regex": any_text,
+                "json": any_value,
+                "choice": st.lists(any_text, max_size=2),
+                "json_object": st.booleans(),
+                "grammar": any_value,
+            },
+        ),
+        any_value,
+    ),  # fmt: skip
     "n": st.one_of(st.integers(0, 3), any_value),
     "presence_penalty": st.one_of(st.floats(-2.5, 2.5), any_value),
     "frequency_penalty": st.one_of(st.floats(-2.5, 2.5), any_value),

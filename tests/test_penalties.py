@@ -200,17 +200,6 @@ def test_allowed_token_ids_leave_only_those_tokens(tiny, overlap):
     assert_pages_back(llm)
 
 
-@pytest.fixture(scope="module")
-def tiny_with_tokenizer(tiny, tmp_path_factory):
-    """The tiny model with a tokenizer of one token per byte (its 256 tokens)."""
-    from serving import byte_tokenizer
-
-    path = tmp_path_factory.mktemp("tiny-tokenizer")
-    shutil.copytree(tiny, path, dirs_exist_ok=True)
-    byte_tokenizer().hf.save_pretrained(path)
-    return path
-
-
 @pytest.mark.parametrize("overlap", [True, False])
 def test_bad_words_are_never_written(tiny_with_tokenizer, overlap):
     """vLLM's bad_words: pushed towards a few letters (a bias), greedy requests write words of

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 
 import pytest
 from conftest import requires_smollm2
@@ -82,11 +83,13 @@ def reference():
             SamplingParams(max_tokens=16, temperature=0, **PENALTIES),
         ],
     )
+    person = llm.generate([PERSON_QUESTION], SamplingParams(
+        max_tokens=48, temperature=0, structured_outputs={"json": PERSON}))[0]  # fmt: skip
     words = [w for w in chat.text.split() if w.isalpha()][:2]
     banned = llm.generate([QUESTION], SamplingParams(max_tokens=16, temperature=0,
                                                      bad_words=words))[0]  # fmt: skip
     return {"chat": chat, "completion": completion, "penalised": penalised, "banned": banned,
-            "bad_words": words}  # fmt: skip
+            "bad_words": words, "person": person}  # fmt: skip
 
 
 def test_models_and_health(server, client):
@@ -249,6 +252,40 @@ def test_penalties_equal_offline_and_a_bias_forces_its_token(any_server, referen
     ).choices[0].message.content  # fmt: skip
     assert len(words) == 2 and banned == reference["banned"].text
     assert not any(f" {w}" in f" {banned}" for w in words), (words, banned)
+
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string"},
+          "age": {"type": "integer"}}, "required": ["name", "age"]}  # fmt: skip
+PERSON_QUESTION = [{"role": "user", "content": "Describe a person as JSON."}]
+
+
+def test_structured_outputs_equal_offline_in_every_spelling(any_server, reference):
+    """OpenAI's response_format json_schema (whole and streamed), vLLM's guided_json and
+    structured_outputs and SGLang's json_schema give the offline answer under the same schema,
+    which parses and keeps it; a choice and a regex stay inside theirs."""
+    expected = reference["person"]
+    client = _openai(any_server)
+    ask = dict(model="smollm2-135m", messages=PERSON_QUESTION, max_tokens=48, temperature=0)
+    schema = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
+    answers = [
+        client.chat.completions.create(**ask, response_format=schema),
+        client.chat.completions.create(**ask, extra_body={"guided_json": PERSON}),
+        client.chat.completions.create(**ask, extra_body={"structured_outputs": {"json": PERSON}}),
+        client.chat.completions.create(**ask, extra_body={"json_schema": json.dumps(PERSON)}),
+    ]
+    assert [a.choices[0].message.content for a in answers] == [expected.text] * 4
+    person = json.loads(expected.text)
+    assert list(person) == ["name", "age"] and type(person["age"]) is int
+    stream = client.chat.completions.create(**ask, response_format=schema, stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == (expected.text)
+    ask["messages"] = QUESTION
+    city = client.chat.completions.create(**ask, extra_body={"guided_choice": ["Lyon", "Nice"]})
+    assert city.choices[0].message.content in ("Lyon", "Nice")
+    body = {"prompt": COMPLETION_PROMPT, "max_tokens": 12, "regex": "(red|green|blue)(, [a-z]+)*"}
+    r = httpx.post(f"{any_server.base}/v1/completions", headers=_auth(), json=body, timeout=60)
+    assert re.fullmatch(body["regex"], r.json()["choices"][0]["text"]) or (
+        r.json()["choices"][0]["finish_reason"] == "length"
+    )
 
 
 def test_tokenize_and_detokenize_agree_with_the_engine(server, reference):
@@ -604,8 +641,9 @@ BAD = [  # (body or raw bytes, endpoint, status, param)
     # what the engine cannot honour: refused, never silently ignored
     ({"prompt": "hi", "best_of": 2}, "completions", 400, "best_of"),
     ({"prompt": "hi", "suffix": "!"}, "completions", 400, "suffix"),
+    # structured outputs: a bad form, or two, names the field it came in
     (
-        {"messages": QUESTION, "response_format": {"type": "json_object"}},
+        {"messages": QUESTION, "response_format": {"type": "xml"}},
         "chat/completions",
         400,
         "response_format",
@@ -616,14 +654,28 @@ BAD = [  # (body or raw bytes, endpoint, status, param)
         400,
         "response_format",
     ),
-    ({"prompt": "hi", "guided_json": {"type": "object"}}, "completions", 400, "guided_json"),
+    ({"prompt": "hi", "guided_json": "{not json"}, "completions", 400, "guided_json"),
+    ({"prompt": "hi", "guided_choice": []}, "completions", 400, "guided_choice"),
     (
-        {"messages": QUESTION, "structured_outputs": {"regex": "a+"}},
+        {"messages": QUESTION, "structured_outputs": {"regex": "a+", "choice": ["a"]}},
         "chat/completions",
         400,
         "structured_outputs",
     ),
-    ({"messages": QUESTION, "regex": "a+"}, "chat/completions", 400, "regex"),
+    (
+        {"messages": QUESTION, "structured_outputs": "a+"},
+        "chat/completions",
+        400,
+        "structured_outputs",
+    ),
+    ({"messages": QUESTION, "regex": "(unclosed"}, "chat/completions", 400, "regex"),
+    ({"messages": QUESTION, "ebnf": "root ::= undefined"}, "chat/completions", 400, "ebnf"),
+    (
+        {"messages": QUESTION, "regex": "a+", "guided_regex": "b+"},
+        "chat/completions",
+        400,
+        "regex",
+    ),
     ({"messages": QUESTION, "tools": [TOOL]}, "chat/completions", 400, "tools"),
     (
         {"messages": QUESTION, "tools": [TOOL], "tool_choice": "auto"},

@@ -60,6 +60,7 @@ from nanograph.engine.scheduler import Scheduler
 from nanograph.engine.speculative import SpeculativeDecoder
 from nanograph.engine.startup import Startup
 from nanograph.engine.stops import StopChecker
+from nanograph.engine.structured import Grammars
 from nanograph.runners.forward_batch import ForwardBatch
 from nanograph.runners.live_capture import LiveCapture
 from nanograph.runners.selection import host_planned_ops
@@ -216,6 +217,7 @@ class Engine:
         self.penalties = Penalties(self.device, {t for t in eos_token_ids if t < vocab})
         self.speculative = self._speculative_decoder()
         self.stops = StopChecker(eos_token_ids, self.tokenizer, self.max_model_len)
+        self.grammars = Grammars(self.tokenizer, vocab, eos_token_ids)
         self._ids = itertools.count()
         self._in_flight: _InFlight | None = None  # launched, its tokens not read yet
         self._scoring: set[int] = set()  # live requests with prompt_logprobs
@@ -323,11 +325,12 @@ class Engine:
         params = request.params
         if self.speculative is not None and (
             params.logprobs is not None or params.prompt_logprobs is not None
-            or params.adjusts_logits
+            or params.adjusts_logits or params.structured_outputs is not None
         ):  # fmt: skip
             return (
                 "logprobs, prompt_logprobs, penalties, logit_bias, allowed_token_ids, "
-                "bad_words and min_tokens are not computed with speculative decoding: "
+                "bad_words, min_tokens and structured_outputs are not computed with "
+                "speculative decoding: "
                 "leave them out, or serve this model without a speculative algorithm"
             )
         biased = next((t for t, _ in request.params.logit_bias if t >= vocab), None)
@@ -350,6 +353,8 @@ class Engine:
                 f"the request needs {pages * self.config.page_size} KV slots but the pool holds "
                 f"{self.kv_cache.capacity_tokens}: lower max_tokens or give the KV pool more memory"
             )
+        if params.structured_outputs is not None:  # last: its matcher lives from here on
+            return self.grammars.admit(request)
         return None
 
     def has_work(self) -> bool:
@@ -374,6 +379,7 @@ class Engine:
         if self.speculative is not None:
             self.speculative.release(request.request_id)
         self.stops.release(request.request_id)
+        self.grammars.release(request.request_id)
         self._scoring.discard(request.request_id)
 
     def _finish(self, request: Request, reason: str) -> None:
@@ -393,9 +399,15 @@ class Engine:
         or of this one (``disable_overlap_schedule``); returns the requests that finished."""
         if self.speculative is not None:
             return self._speculative_step()
+        finished = []
+        previous = self._in_flight
+        if previous is not None and self.grammars.any_in(previous.requests):
+            # a structured output's next mask needs its token in flight: read it first
+            self._in_flight = None
+            finished += self._resolve(previous)
         failed, launched = self._launch()
         previous, self._in_flight = self._in_flight, launched
-        finished = failed + (self._resolve(previous) if previous is not None else [])
+        finished += failed + (self._resolve(previous) if previous is not None else [])
         if self.config.disable_overlap_schedule and launched is not None:
             self._in_flight = None
             finished += self._resolve(launched)
@@ -509,6 +521,7 @@ class Engine:
         params = [r.params for r in sampled]
         flight_rows = [f for f, s in zip(future, samples) if s]
         penalized = self.penalties.apply(logits, sampled, (in_flight_tokens, flight_rows))
+        penalized = self.grammars.mask(penalized, sampled)
         tokens = self.sampler(penalized, [r.request_id for r in sampled], params)
         self.penalties.record(tokens, sampled)
         rows = None  # the raw logits' (engine/logprobs.py)
@@ -574,6 +587,8 @@ class Engine:
                 request.logprobs.append(logprobs.unpack(rows[row], request.params.logprobs))
             try:
                 reason = self.stops.accept(request, index, token)
+                if not reason and request in self.grammars:
+                    reason = self.grammars.accept(request, token)
             except Exception as e:
                 self._fail_reading(request, e)
                 finished.append(request)

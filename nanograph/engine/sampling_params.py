@@ -8,9 +8,10 @@ Numbers are normalised (``temperature`` becomes a float, ``stop`` a tuple of str
 
 from __future__ import annotations
 
+import json
 import math
 import operator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 # torch.Generator.manual_seed takes a 64-bit seed, signed or unsigned
@@ -22,6 +23,52 @@ GREEDY_BELOW = 1e-5
 MAX_LOGPROBS = 20
 MAX_CHOICES = 128  # completions of one prompt (``n``): OpenAI's bound
 MAX_BAD_WORDS = 128  # vLLM's bound
+
+
+@dataclass(frozen=True)
+class StructuredOutputs:
+    """What the output must match (vLLM's ``StructuredOutputsParams``): exactly one of a JSON
+    schema (``json``: a dict or its JSON text), any JSON object (``json_object``), a regular
+    expression, one of a list of strings (``choice``), or an EBNF grammar (xgrammar's dialect,
+    GBNF-like: ``root ::= ...``). ``engine/structured.py`` compiles it."""
+
+    json: str | dict | None = None
+    regex: str | None = None
+    choice: tuple[str, ...] | None = None
+    grammar: str | None = None
+    json_object: bool = False
+
+    def __post_init__(self) -> None:
+        set_ = lambda name, value: object.__setattr__(self, name, value)
+        given = [f.name for f in fields(self) if getattr(self, f.name) not in (None, False)]
+        if len(given) != 1:
+            raise ValueError(
+                "structured_outputs must set exactly one of json, regex, choice, grammar and "
+                f"json_object, got {', '.join(given) or 'none'}"
+            )
+        if self.json is not None:
+            schema = self.json
+            if isinstance(schema, str):
+                try:
+                    schema = json.loads(schema)
+                except ValueError as e:
+                    raise ValueError(f"structured_outputs.json is not JSON: {e}") from None
+            if not isinstance(schema, dict):
+                raise ValueError("structured_outputs.json must be a JSON schema object, got "
+                                 f"{type(schema).__name__}")  # fmt: skip
+            set_("json", json.dumps(schema))  # its properties' order is the output's
+        for name in ("regex", "grammar"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ValueError(f"structured_outputs.{name} must be a non-empty string, got "
+                                 f"{value!r}")  # fmt: skip
+        if self.choice is not None:
+            set_("choice", _strings("structured_outputs.choice", self.choice))
+            if not self.choice:
+                raise ValueError("structured_outputs.choice must hold at least one string")
+        if not isinstance(self.json_object, bool):
+            raise ValueError(f"structured_outputs.json_object must be true or false, got "
+                             f"{self.json_object!r}")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -45,6 +92,8 @@ class SamplingParams:
     per completion (``choices``), each with ``n == 1``. ``truncate_prompt_tokens`` (vLLM's)
     keeps only the prompt's last that many tokens (-1: as many as the context holds with room
     for one answer token); the engine cuts the prompt when it takes the request.
+    ``structured_outputs`` (vLLM's; a ``StructuredOutputs`` or a dict of its fields) keeps
+    the output inside a JSON schema, a regex, a choice or a grammar (``engine/structured.py``).
     """
 
     max_tokens: int = 128
@@ -68,6 +117,7 @@ class SamplingParams:
     n: int = 1
     include_stop_str_in_output: bool = False  # vLLM's: the text ends with the stop string
     truncate_prompt_tokens: int | None = None  # vLLM's: keep the prompt's last k tokens
+    structured_outputs: StructuredOutputs | None = None  # vLLM's: the output's form
 
     def __post_init__(self) -> None:
         set_ = lambda name, value: object.__setattr__(self, name, value)
@@ -111,6 +161,20 @@ class SamplingParams:
             if k == 0:
                 raise ValueError("truncate_prompt_tokens must be -1 or an integer >= 1, got 0")
             set_("truncate_prompt_tokens", k)
+        structured = self.structured_outputs
+        if isinstance(structured, dict):
+            known = {f.name for f in fields(StructuredOutputs)}
+            unknown = sorted(set(structured) - known)
+            if unknown:
+                raise ValueError(f"structured_outputs has no field {unknown[0]!r}: one of "
+                                 f"{', '.join(sorted(known))}")  # fmt: skip
+            set_("structured_outputs", StructuredOutputs(**structured))
+        elif structured is not None and not isinstance(structured, StructuredOutputs):
+            raise ValueError("structured_outputs must be a StructuredOutputs or a dict, got "
+                             f"{type(structured).__name__}")  # fmt: skip
+        if self.structured_outputs is not None and self.min_tokens:
+            raise ValueError("min_tokens cannot be combined with structured_outputs: the form "
+                             "decides where the output ends")  # fmt: skip
 
     def choices(self) -> list[SamplingParams]:
         """One engine request's parameters per completion, each with ``n == 1``: completion i

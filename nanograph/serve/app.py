@@ -191,6 +191,8 @@ def build_app(
         except RequestRejected as e:  # the prompt, or a token id only the engine can judge
             param = next((p for p in ("logit_bias", "allowed_token_ids", "bad_words")
                           if str(e).startswith(p)), None)  # fmt: skip
+            if str(e).startswith("structured_outputs"):
+                param = protocol.structured_source(request)
             raise ApiError(400, str(e), param=param or ("messages" if chat else "prompt")) from None
         finally:  # whatever went wrong, no choice of this request stays in the engine
             if not admitted:

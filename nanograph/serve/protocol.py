@@ -21,12 +21,15 @@ Invariants:
   log-probability and alternatives null, as OpenAI's), scored by the engine
   (``SamplingParams.prompt_logprobs``): what lm-evaluation-harness reads for loglikelihoods.
   vLLM's ``prompt_logprobs: k`` gives each choice vLLM's ``prompt_logprobs`` list.
+- Structured outputs (``engine/structured.py``): OpenAI's ``response_format``
+  (``json_object``, ``json_schema``), vLLM's ``structured_outputs`` and ``guided_json`` /
+  ``guided_regex`` / ``guided_choice`` / ``guided_grammar``, SGLang's ``regex`` /
+  ``json_schema`` / ``ebnf``: one of them per request (two: 400), a bad form is a 400 naming
+  the field it came in.
 - Options the engine cannot honour are refused with 400 rather than silently ignored: best_of,
-  suffix, constrained output (``response_format`` other than text; vLLM's ``guided_*`` and
-  ``structured_outputs``, SGLang's ``regex`` / ``json_schema`` / ``ebnf``; and so
-  ``tool_choice`` ``"required"`` or a named function), OpenAI's deprecated ``functions`` /
-  ``function_call`` (unless ``"none"``), and audio. Unknown fields outside these lists are
-  still ignored.
+  suffix, ``tool_choice`` ``"required"`` or a named function, OpenAI's deprecated
+  ``functions`` / ``function_call`` (unless ``"none"``), and audio. Unknown fields outside
+  these lists are still ignored.
 - Tools (``tools`` with ``tool_choice`` absent or ``"auto"``) need the server's
   ``--tool-call-parser`` (else 400, param ``tools``): they go to the chat template and the
   answer is parsed for calls (``tool_calls.py``). With ``tool_choice: "none"`` the model does
@@ -113,9 +116,8 @@ class _Request(BaseModel):
     repetition_penalty: float | None = None  # vLLM's extension (transformers' definition)
     logit_bias: dict[str, float] | None = None
     user: str | None = None
-    # asked for, refused (refuse_unsupported): what the engine cannot honour
-    response_format: dict[str, Any] | None = None
-    guided_json: Any = None  # vLLM's constrained-output extensions ...
+    response_format: Any = None  # structured outputs: OpenAI's ...
+    guided_json: Any = None  # ... vLLM's extensions ...
     guided_regex: Any = None
     guided_choice: Any = None
     guided_grammar: Any = None
@@ -238,33 +240,73 @@ def refuse_unsupported(request: _Request, tool_call_parser: str | None = None) -
                 f"got {request.top_logprobs}",
                 param="top_logprobs",
             )
-    # constrained decoding (JSON mode, schemas, regexes, grammars) is not implemented: such a
-    # request would get unconstrained text that looks like an answer
-    constrained = "needs constrained decoding, which this server does not do"
     no = "is not supported by this server"
     unsupported = [
         ("best_of", (getattr(request, "best_of", None) or 1) != 1, no),
         ("suffix", bool(getattr(request, "suffix", None)), no),
-        *((name, getattr(request, name) is not None, constrained) for name in _CONSTRAINTS),
     ]
     for name, asked, why in unsupported:
         if asked:
             raise ApiError(400, f"{name} {why}: leave it out", param=name)
-    kind = (request.response_format or {}).get("type", "text")
-    if kind != "text":
-        raise ApiError(
-            400,
-            f"response_format {kind!r} {constrained}: leave response_format out or ask for "
-            '{"type": "text"}',
-            param="response_format",
-        )
+    structured_outputs(request)  # its errors before the prompt is read
     if isinstance(request, ChatRequest):
         _refuse_beyond_text(request, tool_call_parser)
 
 
-# vLLM's constrained-output fields, then SGLang's
-_CONSTRAINTS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar",
-                "structured_outputs", "regex", "json_schema", "ebnf")  # fmt: skip
+# the request fields that ask for a structured output -> StructuredOutputs' field for each:
+# vLLM's, then SGLang's (response_format, OpenAI's, is read apart)
+_FORMS = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice",
+          "guided_grammar": "grammar", "regex": "regex", "json_schema": "json",
+          "ebnf": "grammar"}  # fmt: skip
+
+
+def structured_source(request: _Request) -> str | None:
+    """The field a request asked for its structured output with (None: none)."""
+    return next(iter(_asked_forms(request)), None)
+
+
+def _asked_forms(request: _Request) -> list[str]:
+    form = request.response_format
+    text = form is None or (isinstance(form, dict) and form.get("type", "text") == "text")
+    return ([] if text else ["response_format"]) + [
+        n for n in ("structured_outputs", *_FORMS) if getattr(request, n) is not None
+    ]
+
+
+def structured_outputs(request: _Request) -> dict[str, Any] | None:
+    """``SamplingParams.structured_outputs`` of a request: OpenAI's ``response_format``
+    (``json_object``, or ``json_schema`` with its ``schema``), vLLM's ``structured_outputs``
+    and ``guided_*`` fields, SGLang's ``regex``, ``json_schema`` (JSON text) and ``ebnf``; at
+    most one of them."""
+    asked = _asked_forms(request)
+    if len(asked) > 1:
+        raise ApiError(400, f"{' and '.join(asked)} each ask for a structured output: give one",
+                       param=asked[1])  # fmt: skip
+    if not asked:
+        return None
+    name = asked[0]
+    if name == "response_format":
+        return _response_format(request.response_format)
+    if name == "structured_outputs":
+        if not isinstance(request.structured_outputs, dict):
+            raise ApiError(400, "structured_outputs must be an object, e.g. "
+                           '{"json": {...schema...}} or {"regex": "..."}', param=name)  # fmt: skip
+        return request.structured_outputs
+    return {_FORMS[name]: getattr(request, name)}
+
+
+def _response_format(form: Any) -> dict[str, Any]:
+    kind = form.get("type") if isinstance(form, dict) else None
+    if kind == "json_object":
+        return {"json_object": True}
+    if kind == "json_schema":
+        spec = form.get("json_schema")
+        if isinstance(spec, dict) and isinstance(spec.get("schema"), dict):
+            return {"json": spec["schema"]}
+        raise ApiError(400, 'response_format json_schema needs {"json_schema": {"name": ..., '
+                       '"schema": {...}}}', param="response_format")  # fmt: skip
+    raise ApiError(400, f"response_format type must be text, json_object or json_schema, got "
+                   f"{kind!r}", param="response_format")  # fmt: skip
 
 
 def _refuse_beyond_text(request: ChatRequest, tool_call_parser: str | None) -> None:
@@ -452,14 +494,17 @@ def sampling_params(request: _Request, prompt_len: int, max_model_len: int) -> S
         "truncate_prompt_tokens": request.truncate_prompt_tokens,
         "allowed_token_ids": request.allowed_token_ids,
         "bad_words": request.bad_words,
+        "structured_outputs": structured_outputs(request),
         "n": request.n,
     }
     try:
         return SamplingParams(**{k: v for k, v in given.items() if v is not None})
     except ValueError as e:
         message = str(e)
-        param = message.split(" ", 1)[0].split("[", 1)[0]
-        if param not in given:
+        param = message.split(" ", 1)[0].split("[", 1)[0].split(".", 1)[0]
+        if param == "structured_outputs":
+            param = structured_source(request)
+        elif param not in given:
             param = None
         elif param == "max_tokens" and getattr(request, "max_completion_tokens", None) is not None:
             param = "max_completion_tokens"

@@ -126,3 +126,37 @@ def test_graph_bad_words_equal_eager(small_qwen3, tmp_path):
         assert len(out.text) == 12 and set(out.text) <= set("ab"), out.text
         assert "aa" not in out.text and "bb" not in out.text
     assert "aa" in got[3].text or "bb" in got[3].text
+
+
+def test_graph_structured_outputs_equal_eager(small_qwen3, tmp_path):
+    """Structured outputs under captured graphs (the overlap schedule pausing for them) beside
+    plain requests: a regex, a choice and a grammar, greedy and sampled, equal to eager, each
+    inside its form."""
+    import re
+    import shutil
+
+    pytest.importorskip("xgrammar")
+    from serving import byte_tokenizer
+
+    from nanograph import SamplingParams
+
+    path = tmp_path / "with-tokenizer"
+    shutil.copytree(small_qwen3("structured", layers=2, hidden=256), path)
+    byte_tokenizer().hf.save_pretrained(path)
+    g = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(0, 4096, (n,), generator=g).tolist() for n in (5, 37, 130, 9, 300)]
+    regex = "(ab|ba)[xy]{3}|c[0-9]{2}"
+    forms = [dict(regex=regex), dict(choice=["yes", "no", "maybe so"]),
+             dict(grammar='root ::= "n=" [0-9] [0-9] ";"')]  # fmt: skip
+    params = [SamplingParams(max_tokens=12, temperature=0.0, structured_outputs=f) for f in forms]
+    params.append(
+        SamplingParams(max_tokens=12, temperature=0.9, seed=2, structured_outputs=forms[0])
+    )
+    params.append(SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))
+    got, want, replays = graphs_and_eager(str(path), prompts, params)
+    assert sum(c["graph"] for c in replays.values()) > 0, replays
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    assert re.fullmatch(regex, got[0].text) and re.fullmatch(regex, got[3].text)
+    assert got[1].text in ("yes", "no", "maybe so")
+    assert re.fullmatch("n=[0-9]{2};", got[2].text)
+    assert len(got[4].token_ids) == 12

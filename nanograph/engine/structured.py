@@ -1,0 +1,129 @@
+"""Structured outputs (vLLM's ``structured_outputs``, OpenAI's ``response_format``): each
+request's output kept inside a JSON schema, any JSON object, a regex, a choice of strings or an
+EBNF grammar, by xgrammar (the library vLLM and SGLang use): a grammar compiled once per form
+(xgrammar caches them), a matcher per request that says which tokens may come next.
+
+Invariants:
+- A request's matcher has accepted exactly its resolved output tokens. Its mask for the next
+  token is filled on the host, so the token before must be read first: a step whose requests
+  include one with a form waits for the step in flight (the overlap schedule pauses for it; the
+  engine's ``step`` says so).
+- Disallowed tokens get -inf in a copy of the logits (the raw logits stay the logprobs'), on
+  the logits' device: the packed bitmask goes over, unpacked there.
+- When the form is complete and only an end token could follow, the request finishes
+  (``stop``) without a step to sample that token: it needs no EOS in the vocabulary.
+- A token the matcher refuses (it cannot be sampled under the mask; a bug if it happens) fails
+  that request alone.
+- xgrammar is imported on first use: requests without a form never need it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from nanograph.engine.request import Request
+    from nanograph.engine.sampling_params import StructuredOutputs
+    from nanograph.loader.tokenizer import Tokenizer
+
+INSTALL = "pip install 'nanograph[structured]' (xgrammar)"
+
+
+class Grammars:
+    def __init__(self, tokenizer: Tokenizer | None, vocab_size: int, end_ids: set[int]) -> None:
+        self.tokenizer, self.vocab_size = tokenizer, vocab_size
+        self.end_ids = sorted(t for t in end_ids if t < vocab_size)
+        self._compiler: Any = None
+        self._matchers: dict[int, Any] = {}  # request id -> its xgrammar GrammarMatcher
+        self._bits = torch.arange(32, dtype=torch.int32)
+
+    def __contains__(self, request: Request) -> bool:
+        return request.request_id in self._matchers
+
+    def any_in(self, requests: list[Request]) -> bool:
+        return bool(self._matchers) and any(r.request_id in self._matchers for r in requests)
+
+    def admit(self, request: Request) -> str | None:
+        """Compiles ``request``'s form and gives it a matcher; else the problem, for the user."""
+        form = request.params.structured_outputs
+        if self.tokenizer is None:
+            return "structured_outputs needs the model's tokenizer, and it was loaded without one"
+        try:
+            import xgrammar
+        except ImportError:
+            return f"structured_outputs needs xgrammar: {INSTALL}"
+        try:
+            grammar = self._compile(xgrammar, form)
+        except Exception as e:  # xgrammar's parse and compile errors: the user's form
+            return f"structured_outputs could not be compiled: {e}"
+        self._matchers[request.request_id] = xgrammar.GrammarMatcher(
+            grammar, override_stop_tokens=self.end_ids or None
+        )
+        return None
+
+    def _compile(self, xgrammar: Any, form: StructuredOutputs) -> Any:
+        if self._compiler is None:
+            info = xgrammar.TokenizerInfo.from_huggingface(
+                self.tokenizer.hf, vocab_size=self.vocab_size,
+                stop_token_ids=self.end_ids or None,
+            )  # fmt: skip
+            self._compiler = xgrammar.GrammarCompiler(info)
+        compiler = self._compiler
+        if form.json is not None:
+            return compiler.compile_json_schema(form.json)
+        if form.json_object:  # a JSON object, as OpenAI's json_object and vLLM's mean it
+            return compiler.compile_json_schema('{"type": "object"}')
+        if form.regex is not None:
+            return compiler.compile_regex(form.regex)
+        if form.choice is not None:  # JSON's string escapes are EBNF literals'
+            return compiler.compile_grammar(
+                "root ::= " + " | ".join(json.dumps(c) for c in form.choice)
+            )
+        return compiler.compile_grammar(form.grammar)
+
+    def mask(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+        """``logits`` with each form's disallowed tokens at -inf (row i is ``requests[i]``'s): a
+        copy when any row has a form, else ``logits`` itself."""
+        rows = [i for i, r in enumerate(requests) if r.request_id in self._matchers]
+        if not rows:
+            return logits
+        import xgrammar
+
+        packed = xgrammar.allocate_token_bitmask(len(rows), self.vocab_size)
+        for k, i in enumerate(rows):
+            self._matchers[requests[i].request_id].fill_next_token_bitmask(packed, k)
+        allowed = self._unpack(packed.to(logits.device, non_blocking=True))
+        index = torch.tensor(rows, device=logits.device)
+        out = logits.clone()
+        out[index] = out[index].masked_fill(~allowed, -torch.inf)
+        return out
+
+    def _unpack(self, packed: torch.Tensor) -> torch.Tensor:
+        """[rows, words] int32, bit b of word w for token 32 w + b -> [rows, vocab] bool."""
+        bits = self._bits.to(packed.device)
+        return ((packed[:, :, None] >> bits) & 1).bool().flatten(1)[:, : self.vocab_size]
+
+    def accept(self, request: Request, token: int) -> str | None:
+        """Advances ``request``'s matcher by its sampled ``token``; "stop" when the form is
+        complete and nothing but an end token could follow. Raises if the matcher refuses it."""
+        matcher = self._matchers[request.request_id]
+        if not matcher.accept_token(token):
+            raise ValueError(f"token {token} does not continue the request's structured output")
+        if matcher.is_terminated() or (matcher.is_completed() and self._only_ends(matcher)):
+            return "stop"
+        return None
+
+    def _only_ends(self, matcher: Any) -> bool:
+        import xgrammar
+
+        packed = xgrammar.allocate_token_bitmask(1, self.vocab_size)
+        matcher.fill_next_token_bitmask(packed, 0)
+        allowed = self._unpack(packed)[0]
+        allowed[self.end_ids] = False
+        return not bool(allowed.any())
+
+    def release(self, request_id: int) -> None:
+        self._matchers.pop(request_id, None)

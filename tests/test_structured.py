@@ -1,0 +1,156 @@
+"""Structured outputs (``SamplingParams.structured_outputs``, xgrammar): on a tiny random Qwen3
+with a one-token-per-byte tokenizer, greedy answers under a regex, a choice and an EBNF grammar
+against the definition (transformers' argmax over the tokens that keep the text a prefix of the
+form's language, ending where the language does), in mixed batches, overlap on and off,
+through preemption; refusals; then SmolLM2's real tokenizer with JSON schemas."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import assert_pages_back, make_llm, requires_smollm2
+
+from nanograph import SamplingParams, StructuredOutputs
+
+pytest.importorskip("xgrammar")
+
+PROMPTS = [[5, 17, 3, 99, 42, 7, 5, 5], list(range(30, 61)), [200, 1, 200, 1], [9, 8, 7]]
+FORMS = {  # a form, and its language written out
+    "regex": (dict(regex="(ab|ba)[xy]|c"), ["abx", "aby", "bax", "bay", "c"]),
+    "choice": (dict(choice=["yes", "no", "maybe so"]), ["yes", "no", "maybe so"]),
+    "grammar": (
+        dict(grammar='root ::= "n=" digit digit ";"\ndigit ::= [0-9]'),
+        [f"n={i:02d};" for i in range(100)],
+    ),
+}
+
+
+def constrained_greedy(model, encode, prompt: list[int], language: list[str]) -> list[int]:
+    """The definition: argmax over the tokens that keep the text a prefix of a word of the
+    language, until no word goes on."""
+    text, out = "", []
+    while True:
+        nexts = sorted({w[len(text)] for w in language if w.startswith(text) and w != text})
+        if not nexts:
+            return out
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + out])).logits[0, -1]
+        allowed = [encode(c) for c in nexts]
+        best = max(range(len(allowed)), key=lambda k: logits[allowed[k]].item())
+        out.append(allowed[best])
+        text += nexts[best]
+
+
+@pytest.fixture(scope="module")
+def hf(tiny_with_tokenizer):
+    import transformers
+
+    return transformers.AutoModelForCausalLM.from_pretrained(tiny_with_tokenizer).eval()
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_forms_follow_their_definition_in_a_mixed_batch(tiny_with_tokenizer, hf, overlap):
+    llm = make_llm(tiny_with_tokenizer, disable_overlap_schedule=not overlap)
+    encode = lambda c: llm.tokenizer.encode(c, add_special_tokens=False)[0]  # noqa: E731
+    plain = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    params, expected = [], []
+    for i, (form, language) in enumerate(FORMS.values()):
+        params.append(SamplingParams(max_tokens=16, temperature=0.0, structured_outputs=form))
+        expected.append(constrained_greedy(hf, encode, PROMPTS[i], language))
+    sampled = SamplingParams(max_tokens=16, temperature=1.0, seed=3,
+                             structured_outputs=FORMS["grammar"][0])  # fmt: skip
+    outs = llm.generate(PROMPTS + PROMPTS[:1], params + [plain, sampled])
+    assert [o.token_ids for o in outs[:3]] == expected
+    for out, (_, language) in zip(outs[:3], FORMS.values()):
+        assert out.text in language and out.finish_reason == "stop"
+    assert outs[3].token_ids == llm.generate([PROMPTS[3]], plain)[0].token_ids
+    assert outs[4].text in FORMS["grammar"][1]
+    alone = [llm.generate([p], s)[0].token_ids for p, s in zip(PROMPTS[:3], params)]
+    assert alone == expected
+    assert not llm.engine.grammars._matchers  # each finished request let its matcher go
+    assert_pages_back(llm)
+
+
+def test_a_form_survives_preemption(tiny_with_tokenizer):
+    g = torch.Generator().manual_seed(6)
+    prompts = [torch.randint(0, 256, (20,), generator=g).tolist() for _ in range(8)]
+    form = StructuredOutputs(regex="[a-z]{6}[0-9]{12}")
+    params = SamplingParams(max_tokens=24, temperature=0.0, structured_outputs=form)
+    ample = make_llm(tiny_with_tokenizer).generate(prompts, params)
+    per_token = 2 * 2 * 2 * 16 * 4  # k+v, layers, kv heads, head_dim, float32
+    small = make_llm(tiny_with_tokenizer, kv_cache_bytes=16 * 4 * per_token)
+    outs = small.generate(prompts, params)
+    assert sum(o.num_preemptions for o in outs) > 0
+    assert [o.token_ids for o in outs] == [o.token_ids for o in ample]
+    assert all(len(o.text) == 18 and o.text[:6].isalpha() and o.text[6:].isdigit() for o in outs)
+    assert_pages_back(small)
+
+
+def test_a_form_that_does_not_compile_fails_alone(tiny_with_tokenizer, tiny_model_dir):
+    llm = make_llm(tiny_with_tokenizer)
+    bad, good = llm.generate(PROMPTS[:2], [
+        SamplingParams(max_tokens=4, structured_outputs={"regex": "(unclosed"}),
+        SamplingParams(max_tokens=4, structured_outputs={"choice": ["a", "b"]}),
+    ])  # fmt: skip
+    assert bad.finish_reason == "error" and "could not be compiled" in bad.error
+    assert good.ok and good.text in ("a", "b")
+    assert_pages_back(llm)
+    no_tokenizer = make_llm(tiny_model_dir("qwen3")).generate(
+        [PROMPTS[0]], SamplingParams(max_tokens=4, structured_outputs={"regex": "a+"})
+    )[0]
+    assert "needs the model's tokenizer" in no_tokenizer.error
+    spec = make_llm(tiny_with_tokenizer, speculative_algorithm="ngram").generate(
+        [PROMPTS[0]], SamplingParams(max_tokens=4, structured_outputs={"regex": "a+"})
+    )[0]
+    assert spec.finish_reason == "error" and "speculative decoding" in spec.error
+
+
+@pytest.mark.parametrize(
+    "form,message",
+    [
+        ({}, "structured_outputs must set exactly one of"),
+        ({"regex": "a", "choice": ["a"]}, "structured_outputs must set exactly one of"),
+        ({"json": "{not json"}, "structured_outputs.json is not JSON"),
+        ({"json": [1]}, "structured_outputs.json must be a JSON schema object"),
+        ({"regex": 3}, "structured_outputs.regex must be a non-empty string"),
+        ({"choice": []}, "structured_outputs.choice must hold at least one string"),
+        ({"choice": ["a", ""]}, "structured_outputs.choice[1] must be a non-empty string"),
+        ({"jsn": {}}, "structured_outputs has no field 'jsn'"),
+        ("a+", "structured_outputs must be a StructuredOutputs or a dict"),
+    ],
+)
+def test_bad_forms_name_the_field(form, message):
+    with pytest.raises(ValueError) as e:
+        SamplingParams(structured_outputs=form)
+    assert str(e.value).startswith(message)
+    with pytest.raises(ValueError, match="min_tokens cannot be combined"):
+        SamplingParams(min_tokens=2, structured_outputs={"regex": "a+"})
+
+
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
+                   "city": {"enum": ["Paris", "Rome"]}},
+    "required": ["name", "age", "city"],
+}  # fmt: skip
+
+
+@requires_smollm2
+@pytest.mark.parametrize("overlap", [True, False])
+def test_json_answers_parse_and_keep_the_schema(overlap):
+    from nanograph import LLM
+
+    llm = LLM("smollm2-135m", progress=False, disable_overlap_schedule=not overlap)
+    person = [{"role": "user", "content": "Describe a person as JSON."}]
+    capital = [{"role": "user", "content": "What is the capital of France? Answer in JSON."}]
+    schema, any_object = llm.chat([person, capital], [
+        SamplingParams(max_tokens=64, temperature=0, structured_outputs={"json": PERSON}),
+        SamplingParams(max_tokens=64, temperature=0, structured_outputs={"json_object": True}),
+    ])  # fmt: skip
+    person = json.loads(schema.text)
+    assert list(person) == ["name", "age", "city"]  # the schema's order
+    assert isinstance(person["name"], str) and type(person["age"]) is int
+    assert person["city"] in ("Paris", "Rome") and schema.finish_reason == "stop"
+    assert isinstance(json.loads(any_object.text), dict) and any_object.finish_reason == "stop"
