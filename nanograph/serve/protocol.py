@@ -311,7 +311,7 @@ def _response_format(form: Any) -> dict[str, Any]:
 
 def _refuse_beyond_text(request: ChatRequest, tool_call_parser: str | None) -> None:
     """Chat's answers other than text and tool calls: the deprecated functions (unless their
-    choice is "none"), tool choices that need constrained decoding, tools without a parser to
+    choice is "none"), tool choices that force a call, tools without a parser to
     read the calls, and audio."""
     if request.function_call != "none" and (request.functions or request.function_call):
         raise ApiError(
@@ -325,8 +325,8 @@ def _refuse_beyond_text(request: ChatRequest, tool_call_parser: str | None) -> N
     if isinstance(choice, dict) or choice == "required":
         raise ApiError(
             400,
-            'tool_choice "required" or a named function needs constrained decoding, which this '
-            'server does not do: ask for "auto" (the model decides) or "none"',
+            'tool_choice "required" or a named function (an answer constrained to a call) is '
+            'not supported yet: ask for "auto" (the model decides) or "none"',
             param="tool_choice",
         )
     if choice not in (None, "auto", "none"):
