@@ -9,6 +9,13 @@
 #   qwen3-0.6b and qwen3-8b (issue 18: no slower than before; unmeasured on an H200 lately).
 # PREDICTED: the paired tc_piecewise ratio below 1 too; its profile shows more GPU ops a layer
 #   than breakable's (a copy at each split point) or pieces replayed eagerly.
+# Next stop's first call (structured outputs' GPU test: never run on a device yet; xgrammar and
+# pydantic travel as wheels, see ../.library/device/README.md: .whl holds xgrammar 0.2.9,
+# apache-tvm-ffi, pydantic 2.13.4, pydantic-core, annotated-types, typing-inspection,
+# typing-extensions for cp312), with carry [".whl"]:
+#   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+#     --target /tmp/site .whl/*.whl && export PYTHONPATH=$PWD:/tmp/site || exit
+#   timeout 170 python3 -m pytest -q -p no:cacheprovider -rfE tests/gpu/test_sampling_gpu.py
 set -uo pipefail
 stage=$1 out=$(mkdir -p "$2" && cd "$2" && pwd)
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
