@@ -297,7 +297,7 @@ class Engine:
         """Sets ``request.bad_words`` to its words' token forms; a problem, if any."""
         if self.tokenizer is None:
             return "bad_words needs the model's tokenizer, and this model was loaded without one"
-        vocab = self.model_config.vocab_size
+        vocab, forms = self.model_config.vocab_size, []
         for word in request.params.bad_words:
             for form in bad_word_ids(self.tokenizer, (word,)):
                 if not form:
@@ -305,7 +305,8 @@ class Engine:
                 if max(form) >= vocab:
                     return (f"bad_words: {word!r} holds token id {max(form)}, outside the "
                             f"vocabulary (0..{vocab - 1}): leave it out")  # fmt: skip
-        request.bad_words = bad_word_ids(self.tokenizer, request.params.bad_words)
+                forms.append(form)
+        request.bad_words = tuple(dict.fromkeys(forms))
         return None
 
     def _validate(self, request: Request) -> str | None:
