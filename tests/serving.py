@@ -183,6 +183,7 @@ class ScriptedFront(Front):
         self.tokenizer, self.max_model_len = tokenizer, 4096
         self.script: collections.deque[tuple[str, str]] = collections.deque()
         self.prompts: list[list[int]] = []
+        self.params: list = []  # each request's SamplingParams
         self._running = False
         self._playing: set[asyncio.Task] = set()
 
@@ -207,6 +208,7 @@ class ScriptedFront(Front):
         if command[0] == "add":
             _, key, prompt, params = command
             self.prompts.append(prompt)
+            self.params.append(params)
             text, reason = self.script.popleft()
             scored = params.logprobs is not None
             task = self._loop.create_task(self._play(key, text, reason, scored))

@@ -299,6 +299,14 @@ def test_thinking_turned_off_is_content_with_deepseek(deepseek, switch):
     assert (got["reasoning"], got["content"]) == ("", "4.")
 
 
+def test_a_structured_output_is_content_with_deepseek(deepseek):
+    """A form holds the answer from its first token, so no think block opens: content."""
+    base, front = deepseek
+    front.answer('{"sum": 4}')
+    message = ask(base, response_format={"type": "json_object"}).choices[0].message
+    assert (reasoning_of(message), message.content) == (None, '{"sum": 4}')
+
+
 def test_stream_chunks_carry_reasoning_deltas(deepseek):
     """Reasoning streams as it comes, in chunks of its own (no ``content`` key)."""
     base, front = deepseek

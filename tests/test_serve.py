@@ -288,6 +288,29 @@ def test_structured_outputs_equal_offline_in_every_spelling(any_server, referenc
     )
 
 
+def test_a_named_tool_choice_gives_a_call_of_that_function(any_server):
+    """The engine holds the answer to the function's parameters: its arguments parse and keep
+    the schema (SmolLM2 writes no calls by itself)."""
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    }
+    answer = _openai(any_server).chat.completions.create(
+        model="smollm2-135m", messages=QUESTION, max_tokens=32, temperature=0, tools=[tool],
+        tool_choice={"type": "function", "function": {"name": "weather"}},
+    )  # fmt: skip
+    [call] = answer.choices[0].message.tool_calls
+    assert call.function.name == "weather"
+    assert isinstance(json.loads(call.function.arguments)["city"], str)
+
+
 def test_tokenize_and_detokenize_agree_with_the_engine(server, reference):
     def post(path, body, headers=None):
         return httpx.post(f"{server.base}/{path}", json=body, headers=headers or _auth(),

@@ -298,6 +298,53 @@ def test_past_tool_calls_render_with_their_arguments_as_objects(hermes, tokenize
 BAD_CALL = {"id": "c", "type": "function", "function": {"name": "weather", "arguments": "{city"}}
 BAD_ARGUMENTS = QUESTION + [{"role": "assistant", "content": None, "tool_calls": [BAD_CALL]}]
 
+NAMED = {"type": "function", "function": {"name": "weather"}}
+CLOCK = {"type": "function", "function": {"name": "clock"}}  # no parameters: any object
+
+
+@pytest.mark.parametrize("server", ["hermes", "no_parser"])
+def test_a_named_tool_choice_constrains_the_answer_to_its_arguments(request, server):
+    """vLLM's named tool_choice: no parser needed; the answer is a structured output of the
+    function's parameters schema (the engine holds it to it: engine/structured.py), and comes
+    back as that function's call, whole and streamed (at the end, in one chunk)."""
+    base, front = request.getfixturevalue(server)
+    front.answer('{"city": "Paris"}', '{"city": "Paris"}')
+    choice = ask(base, tools=[TOOL, CLOCK], tool_choice=NAMED).choices[0]
+    asked = front.params[-1].structured_outputs
+    assert json.loads(asked.json) == TOOL["function"]["parameters"]
+    assert choice.message.content is None and choice.finish_reason == "tool_calls"
+    [call] = choice.message.tool_calls
+    assert (call.function.name, call.function.arguments) == ("weather", '{"city": "Paris"}')
+    got = streamed(base, tools=[TOOL, CLOCK], tool_choice=NAMED)[0]
+    assert got["content"] == "" and got["finish"] == "tool_calls"
+    assert [(c.function.name, c.function.arguments) for c in got["tool_calls"]] == [
+        ("weather", '{"city": "Paris"}')
+    ]
+    assert front.prompts[-1] == front.prompts[-2]  # the template saw the tools both times
+
+
+def test_required_tool_choice_gives_one_call_or_more(hermes):
+    """tool_choice "required": the answer is a JSON list of {"name", "parameters"} of the
+    tools (at least one), each a call; a length cut leaves text and no call."""
+    base, front = hermes
+    calls = [{"name": "weather", "parameters": {"city": "Paris"}}, {"name": "clock",
+                                                                   "parameters": {}}]  # fmt: skip
+    front.answer(json.dumps(calls))
+    choice = ask(base, tools=[TOOL, CLOCK], tool_choice="required").choices[0]
+    schema = json.loads(front.params[-1].structured_outputs.json)
+    assert schema["type"] == "array" and schema["minItems"] == 1
+    assert [c["properties"]["name"] for c in schema["items"]["anyOf"]] == [
+        {"enum": ["weather"]},
+        {"enum": ["clock"]},
+    ]
+    got = [(c.function.name, json.loads(c.function.arguments)) for c in choice.message.tool_calls]
+    assert got == [("weather", {"city": "Paris"}), ("clock", {})]
+    front.answer('[{"name": "weather", "param', finish_reason="length")
+    cut = ask(base, tools=[TOOL], tool_choice="required").choices[0]
+    assert cut.message.tool_calls is None and cut.finish_reason == "length"
+    assert cut.message.content == '[{"name": "weather", "param'
+
+
 REFUSED = [  # (server, body, param, words in the message)
     ("no_parser", {"tools": [TOOL]}, "tools", "--tool-call-parser hermes"),
     ("no_parser", {"tools": [TOOL], "tool_choice": "auto"}, "tools", "--tool-call-parser"),
@@ -306,9 +353,12 @@ REFUSED = [  # (server, body, param, words in the message)
     ("hermes", {"tools": [{"type": "code", "function": TOOL["function"]}]}, "tools", "tools[0]"),
     ("hermes", {"tools": [{"type": "function", "function": {"name": "w", "parameters": 3}}]},
      "tools", "parameters"),
-    ("hermes", {"tools": [TOOL], "tool_choice": "required"}, "tool_choice", "constrained"),
-    ("hermes", {"tools": [TOOL], "tool_choice": {"type": "function", "function": TOOL["function"]}},
-     "tool_choice", "constrained"),
+    ("hermes", {"tool_choice": "required"}, "tools", "needs tools"),
+    ("hermes", {"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "x"}}},
+     "tool_choice", "not among the tools"),
+    ("hermes", {"tools": [TOOL], "tool_choice": {"type": "function"}}, "tool_choice", "named"),
+    ("hermes", {"tools": [TOOL], "tool_choice": "required",
+                "response_format": {"type": "json_object"}}, "tool_choice", "give one"),
     ("hermes", {"tools": [TOOL], "tool_choice": "sometimes"}, "tool_choice", "auto"),
     ("hermes", {"functions": [TOOL["function"]]}, "functions", "tools instead"),
     ("hermes", {"messages": BAD_ARGUMENTS}, "messages[1].tool_calls", "not valid JSON"),

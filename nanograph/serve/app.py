@@ -26,12 +26,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hmac
 import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,7 +54,13 @@ from nanograph.serve.metrics import ServerMetrics
 from nanograph.serve.protocol import ApiError, ChatRequest, CompletionRequest
 from nanograph.serve.reasoning import REASONING_PARSERS, ReasoningParser, thinking_on
 from nanograph.serve.text import TextStream
-from nanograph.serve.tool_calls import TOOL_CALL_PARSERS, ToolCall, ToolCallParser, openai_tool_call
+from nanograph.serve.tool_calls import (
+    TOOL_CALL_PARSERS,
+    ForcedCalls,
+    ToolCall,
+    ToolCallParser,
+    openai_tool_call,
+)
 
 logger = logging.getLogger("nanograph")
 RETRY_AFTER_S = 1  # what a 503 (queue full) tells the client to wait
@@ -266,14 +273,15 @@ class _Choice:
     so far."""
 
     def __init__(
-        self, index: int, front: Front, stream: RequestStream, chat: bool, tools: bool,
+        self, index: int, front: Front, stream: RequestStream, chat: bool,
+        calls: Callable[[], ToolCallParser | ForcedCalls] | None,
         reasoning_parser: str | None = None, thinking: bool = True,
     ) -> None:  # fmt: skip
         self.index, self.stream = index, stream
         self.text = TextStream(front.tokenizer, stream.params.stop)
         self.reasoning = (None if reasoning_parser is None
                           else ReasoningParser(reasoning_parser, thinking))  # fmt: skip
-        self.tool_calls = ToolCallParser() if tools else None
+        self.tool_calls = None if calls is None else calls()
         count = stream.params.logprobs
         self.logprobs = None if count is None else LogprobFormat(front.tokenizer, chat, count)
         self.prompt_scores = None  # the engine's scores of the prompt, when it sends them
@@ -330,9 +338,15 @@ class _Answer:
     ) -> None:  # fmt: skip
         self.front, self.request, self.chat = front, request, chat
         self.reasoning_parser = reasoning_parser
-        tools = chat and protocol.uses_tools(request)
-        thinking = chat and thinking_on(request.chat_template_kwargs)
-        self.choices = [_Choice(i, front, s, chat, tools, reasoning_parser, thinking)
+        calls = None  # how each choice's answer is read for tool calls
+        if chat and protocol.uses_tools(request):
+            calls = ToolCallParser
+            if protocol.forces_tool_call(request):
+                calls = functools.partial(ForcedCalls, protocol.forced_tool_name(request))
+        # a structured output holds the answer from its first token: it opens no think block
+        thinking = (chat and thinking_on(request.chat_template_kwargs)
+                    and protocol.structured_source(request) is None)  # fmt: skip
+        self.choices = [_Choice(i, front, s, chat, calls, reasoning_parser, thinking)
                         for i, s in enumerate(streams)]  # fmt: skip
         # completions' echo: each prompt's text in front of its choices' text
         self.echoed = [echoed[i // request.n] for i in range(len(streams))] if echoed else None

@@ -26,9 +26,10 @@ Invariants:
   ``guided_regex`` / ``guided_choice`` / ``guided_grammar``, SGLang's ``regex`` /
   ``json_schema`` / ``ebnf``: one of them per request (two: 400), a bad form is a 400 naming
   the field it came in.
+- ``tool_choice`` ``"required"`` or a named function is a structured output too (vLLM's):
+  the calls' JSON schema (``forced_tool_schema``), read back as calls (``ForcedCalls``).
 - Options the engine cannot honour are refused with 400 rather than silently ignored: best_of,
-  suffix, ``tool_choice`` ``"required"`` or a named function, OpenAI's deprecated
-  ``functions`` / ``function_call`` (unless ``"none"``), and audio. Unknown fields outside
+  suffix, OpenAI's deprecated ``functions`` / ``function_call`` (unless ``"none"``), and audio. Unknown fields outside
   these lists are still ignored.
 - Tools (``tools`` with ``tool_choice`` absent or ``"auto"``) need the server's
   ``--tool-call-parser`` (else 400, param ``tools``): they go to the chat template and the
@@ -268,9 +269,9 @@ def structured_source(request: _Request) -> str | None:
 def _asked_forms(request: _Request) -> list[str]:
     form = request.response_format
     text = form is None or (isinstance(form, dict) and form.get("type", "text") == "text")
-    return ([] if text else ["response_format"]) + [
-        n for n in ("structured_outputs", *_FORMS) if getattr(request, n) is not None
-    ]
+    named = [n for n in ("structured_outputs", *_FORMS) if getattr(request, n) is not None]
+    forced = ["tool_choice"] if forces_tool_call(request) else []
+    return ([] if text else ["response_format"]) + forced + named
 
 
 def structured_outputs(request: _Request) -> dict[str, Any] | None:
@@ -287,6 +288,8 @@ def structured_outputs(request: _Request) -> dict[str, Any] | None:
     name = asked[0]
     if name == "response_format":
         return _response_format(request.response_format)
+    if name == "tool_choice":
+        return {"json": forced_tool_schema(request)}
     if name == "structured_outputs":
         if not isinstance(request.structured_outputs, dict):
             raise ApiError(400, "structured_outputs must be an object, e.g. "
@@ -322,17 +325,12 @@ def _refuse_beyond_text(request: ChatRequest, tool_call_parser: str | None) -> N
         )
     _check_tools(request.tools)
     choice = request.tool_choice
-    if isinstance(choice, dict) or choice == "required":
-        raise ApiError(
-            400,
-            'tool_choice "required" or a named function (an answer constrained to a call) is '
-            'not supported yet: ask for "auto" (the model decides) or "none"',
-            param="tool_choice",
-        )
-    if choice not in (None, "auto", "none"):
-        raise ApiError(400, f'tool_choice must be "auto" or "none", got {choice!r}',
+    if not isinstance(choice, dict) and choice not in (None, "auto", "none", "required"):
+        raise ApiError(400, 'tool_choice must be "auto", "none", "required" or {"type": '
+                       f'"function", "function": {{"name": ...}}}}, got {choice!r}',
                        param="tool_choice")  # fmt: skip
-    if uses_tools(request) and tool_call_parser is None:
+    forced_tool_schema(request)  # a forced choice's errors
+    if uses_tools(request) and not forces_tool_call(request) and tool_call_parser is None:
         raise ApiError(
             400,
             "tool calling needs a tool-call parser: start the server with --tool-call-parser "
@@ -348,7 +346,46 @@ def _refuse_beyond_text(request: ChatRequest, tool_call_parser: str | None) -> N
 
 def uses_tools(request: ChatRequest) -> bool:
     """Whether the model sees the request's tools and its answer is read for tool calls."""
-    return bool(request.tools) and request.tool_choice in (None, "auto")
+    return bool(request.tools) and request.tool_choice != "none"
+
+
+def forces_tool_call(request: _Request) -> bool:
+    """``tool_choice`` ``"required"`` or a named function (vLLM's: a structured output)."""
+    choice = getattr(request, "tool_choice", None)
+    return choice == "required" or isinstance(choice, dict)
+
+
+def forced_tool_name(request: ChatRequest) -> str | None:
+    """The function a named ``tool_choice`` calls (None for ``"required"``)."""
+    choice = request.tool_choice
+    return choice["function"]["name"] if isinstance(choice, dict) else None
+
+
+def forced_tool_schema(request: _Request) -> dict[str, Any] | None:
+    """The JSON schema a forcing ``tool_choice`` constrains the answer to, as vLLM's: the named
+    function's parameters, or for ``"required"`` a list of at least one ``{"name",
+    "parameters"}`` of the tools (None when the choice forces nothing)."""
+    if not forces_tool_call(request):
+        return None
+    tools = {t["function"]["name"]: t["function"] for t in request.tools or ()}
+    if not tools:
+        raise ApiError(400, f"tool_choice {request.tool_choice!r} needs tools", param="tools")
+    params = lambda f: f.get("parameters") or {"type": "object", "properties": {}}  # noqa: E731
+    choice = request.tool_choice
+    if choice == "required":
+        calls = [{"type": "object", "required": ["name", "parameters"],
+                  "properties": {"name": {"enum": [name]}, "parameters": params(f)}}
+                 for name, f in tools.items()]  # fmt: skip
+        return {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+    function = choice.get("function") if choice.get("type") == "function" else None
+    name = function.get("name") if isinstance(function, dict) else None
+    if not isinstance(name, str):
+        raise ApiError(400, 'a named tool_choice is {"type": "function", "function": {"name": '
+                       '...}}', param="tool_choice")  # fmt: skip
+    if name not in tools:
+        raise ApiError(400, f"tool_choice names {name!r}, which is not among the tools",
+                       param="tool_choice")  # fmt: skip
+    return params(tools[name])
 
 
 def _check_tools(tools: list | None) -> None:

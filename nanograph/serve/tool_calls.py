@@ -15,6 +15,8 @@ Invariants:
   call was parsed, so an answer of calls alone has no content (``null``, as vLLM's).
 - The parser is pure (no ids, no I/O); ``openai_tool_call`` gives each call its
   ``call_<hex>`` id.
+- ``tool_choice`` ``"required"`` or a named function needs no parser: the answer is
+  constrained to the calls' JSON (a structured output) and read whole (``ForcedCalls``).
 """
 
 from __future__ import annotations
@@ -91,6 +93,46 @@ class ToolCallParser:
             return ""
         text, self._blank, self._sent_text = self._blank + text, "", True
         return text
+
+
+class ForcedCalls:
+    """The answer to a ``tool_choice`` that forces calls, whose structured output is the calls
+    themselves in JSON (``protocol.forced_tool_schema``): a named function's arguments object,
+    or for ``"required"`` a list of ``{"name", "parameters"}``. The JSON is read whole, so
+    nothing streams before the end, then every call at once; an answer that does not parse
+    (a length cut) stays text. The same interface as ``ToolCallParser``."""
+
+    def __init__(self, name: str | None) -> None:
+        self.name = name  # the named function; None: "required"
+        self.calls: list[ToolCall] = []
+        self._text = ""
+
+    def feed(self, text: str) -> Parsed:
+        self._text += text
+        return Parsed()
+
+    def finish(self) -> Parsed:
+        text, self._text = self._text, ""
+        try:
+            value = json.loads(text)
+        except (ValueError, RecursionError):
+            return Parsed(text)
+        if self.name is not None:
+            calls = [ToolCall(self.name, text.strip())] if isinstance(value, dict) else []
+        elif isinstance(value, list):
+            calls = [_forced(v) for v in value if isinstance(v, dict)
+                     and isinstance(v.get("name"), str)]  # fmt: skip
+        else:
+            calls = []
+        if not calls:
+            return Parsed(text)
+        self.calls += calls
+        return Parsed(calls=tuple(calls))
+
+
+def _forced(value: dict) -> ToolCall:
+    arguments = json.dumps(value.get("parameters", {}), ensure_ascii=False)
+    return ToolCall(value["name"], arguments)
 
 
 def _start_prefix(text: str) -> int:
