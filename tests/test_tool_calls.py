@@ -354,6 +354,8 @@ REFUSED = [  # (server, body, param, words in the message)
     ("hermes", {"tools": [{"type": "function", "function": {"name": "w", "parameters": 3}}]},
      "tools", "parameters"),
     ("hermes", {"tool_choice": "required"}, "tools", "needs tools"),
+    ("no_parser", {"tools": [{"name": "weather"}], "tool_choice": "required"}, "tools",
+     "tools[0]"),
     ("hermes", {"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "x"}}},
      "tool_choice", "not among the tools"),
     ("hermes", {"tools": [TOOL], "tool_choice": {"type": "function"}}, "tool_choice", "named"),

@@ -249,9 +249,9 @@ def refuse_unsupported(request: _Request, tool_call_parser: str | None = None) -
     for name, asked, why in unsupported:
         if asked:
             raise ApiError(400, f"{name} {why}: leave it out", param=name)
-    structured_outputs(request)  # its errors before the prompt is read
     if isinstance(request, ChatRequest):
-        _refuse_beyond_text(request, tool_call_parser)
+        _refuse_beyond_text(request, tool_call_parser)  # the tools checked before they are read
+    structured_outputs(request)  # its errors before the prompt is read
 
 
 # the request fields that ask for a structured output -> StructuredOutputs' field for each:
