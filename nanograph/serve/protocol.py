@@ -29,8 +29,8 @@ Invariants:
 - ``tool_choice`` ``"required"`` or a named function is a structured output too (vLLM's):
   the calls' JSON schema (``forced_tool_schema``), read back as calls (``ForcedCalls``).
 - Options the engine cannot honour are refused with 400 rather than silently ignored: best_of,
-  suffix, OpenAI's deprecated ``functions`` / ``function_call`` (unless ``"none"``), and audio. Unknown fields outside
-  these lists are still ignored.
+  suffix, OpenAI's deprecated ``functions`` / ``function_call`` (unless ``"none"``), and
+  audio. Unknown fields outside these lists are still ignored.
 - Tools (``tools`` with ``tool_choice`` absent or ``"auto"``) need the server's
   ``--tool-call-parser`` (else 400, param ``tools``): they go to the chat template and the
   answer is parsed for calls (``tool_calls.py``). With ``tool_choice: "none"`` the model does
