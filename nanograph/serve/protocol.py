@@ -314,8 +314,8 @@ def _response_format(form: Any) -> dict[str, Any]:
 
 def _refuse_beyond_text(request: ChatRequest, tool_call_parser: str | None) -> None:
     """Chat's answers other than text and tool calls: the deprecated functions (unless their
-    choice is "none"), tool choices that force a call, tools without a parser to
-    read the calls, and audio."""
+    choice is "none"), tool choices of no known form (a forced one's tools and name are
+    checked too), tools with "auto" but no parser to read the calls, and audio."""
     if request.function_call != "none" and (request.functions or request.function_call):
         raise ApiError(
             400,
