@@ -706,12 +706,12 @@ BAD = [  # (body or raw bytes, endpoint, status, param)
         400,
         "tools",
     ),
-    ({"messages": QUESTION, "tool_choice": "required"}, "chat/completions", 400, "tool_choice"),
+    ({"messages": QUESTION, "tool_choice": "required"}, "chat/completions", 400, "tools"),
     (
         {
             "messages": QUESTION,
             "tools": [TOOL],
-            "tool_choice": {"type": "function", "function": {"name": "weather"}},
+            "tool_choice": {"type": "function", "function": {"name": "clock"}},
         },
         "chat/completions",
         400,
