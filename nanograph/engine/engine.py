@@ -520,8 +520,10 @@ class Engine:
         if scored:  # a slice costs host time: only a scoring step takes them
             logits, prompt_logits = logits[: len(sampled)], logits[len(sampled) :]
         params = [r.params for r in sampled]
-        flight_rows = [f for f, s in zip(future, samples) if s]
-        penalized = self.penalties.apply(logits, sampled, (in_flight_tokens, flight_rows))
+        penalized = logits
+        if self.penalties.live:  # nearly never: a step does not walk its requests for this
+            flight_rows = [f for f, s in zip(future, samples) if s]
+            penalized = self.penalties.apply(logits, sampled, (in_flight_tokens, flight_rows))
         penalized = self.grammars.mask(penalized, sampled)
         tokens = self.sampler(penalized, [r.request_id for r in sampled], params)
         self.penalties.record(tokens, sampled)

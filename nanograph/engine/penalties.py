@@ -62,6 +62,11 @@ class Penalties:
         # here, not a scan of its rows
         self._live: set[int] = set()
 
+    @property
+    def live(self) -> bool:
+        """Whether a live request adjusts its logits (else ``apply`` returns them as they are)."""
+        return bool(self._live)
+
     def admit(self, request: Request) -> None:
         if request.params.adjusts_logits:
             self._live.add(request.request_id)

@@ -87,6 +87,8 @@ class Grammars:
     def mask(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
         """``logits`` with each form's disallowed tokens at -inf (row i is ``requests[i]``'s): a
         copy when any row has a form, else ``logits`` itself."""
+        if not self._matchers:  # nearly always: a step does not walk its requests for this
+            return logits
         rows = [i for i, r in enumerate(requests) if r.request_id in self._matchers]
         if not rows:
             return logits
