@@ -114,6 +114,8 @@ def test_a_form_that_does_not_compile_fails_alone(tiny_with_tokenizer, tiny_mode
         ({"regex": "a", "choice": ["a"]}, "structured_outputs must set exactly one of"),
         ({"json": "{not json"}, "structured_outputs.json is not JSON"),
         ({"json": [1]}, "structured_outputs.json must be a JSON schema object"),
+        ({"json": {"enum": [{1, 2}]}}, "structured_outputs.json is not JSON"),
+        ({"json": {"maximum": float("nan")}}, "structured_outputs.json is not JSON"),
         ({"regex": 3}, "structured_outputs.regex must be a non-empty string"),
         ({"choice": []}, "structured_outputs.choice must hold at least one string"),
         ({"choice": ["a", ""]}, "structured_outputs.choice[1] must be a non-empty string"),

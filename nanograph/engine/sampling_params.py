@@ -56,7 +56,10 @@ class StructuredOutputs:
             if not isinstance(schema, dict):
                 raise ValueError("structured_outputs.json must be a JSON schema object, got "
                                  f"{type(schema).__name__}")  # fmt: skip
-            set_("json", json.dumps(schema))  # its properties' order is the output's
+            try:  # its properties' order is the output's
+                set_("json", json.dumps(schema, allow_nan=False))
+            except (TypeError, ValueError) as e:  # a value JSON has no form for
+                raise ValueError(f"structured_outputs.json is not JSON: {e}") from None
         for name in ("regex", "grammar"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
