@@ -151,11 +151,13 @@ def native_moe(
     tokens, top_k = ids.shape
     expert_ids, order = torch.sort(ids.reshape(-1), stable=True)
     experts = torch.arange(w13.shape[0], device=ids.device)
-    # each expert's end among the sorted pairs (bincount would read its max on the host)
+    # each expert's count of sorted pairs, from its end among them (bincount would read its
+    # max on the host)
     ends = torch.searchsorted(expert_ids, experts, right=True)
+    counts = torch.diff(ends, prepend=ends.new_zeros(1))
     rows = x[order // top_k]
     down = torch.empty_like(rows)  # allocated here, inside the graph: the break only fills it
-    native_experts(rows, ends, w13, w2, b13, b2, activation, alpha, limit, views_key, down)
+    native_experts(rows, counts, w13, w2, b13, b2, activation, alpha, limit, views_key, down)
     scales = weights.reshape(-1)[order].to(x.dtype)[:, None]
     # back to pair order, then a sum over k: deterministic (an index_add_ of duplicate token
     # rows would add in any order on CUDA)
@@ -165,20 +167,21 @@ def native_moe(
 
 @split_op("nanograph::native_experts", fake=lambda *args: None, mutates_args=("out",))
 def native_experts(
-    rows: torch.Tensor, ends: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+    rows: torch.Tensor, counts: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     b13: torch.Tensor | None, b2: torch.Tensor | None, activation: int, alpha: float,
     limit: float, views_key: int, out: torch.Tensor,
 ) -> None:  # fmt: skip
-    """out = the rows, sorted by expert, through their experts: expert e's run ends at
-    ``ends[e]``, which the host reads (a sync), so the shapes follow the routing. Each expert's
-    products write its contiguous slice of one buffer, and the activation runs once over all of
-    them (elementwise, so no row sees another): two launches an expert, where a product, the
-    activation and a copy an expert took five (SwiGLU) to eleven (gpt-oss' clamped one)."""
-    bounds = [0, *ends.tolist()]
-    counts = [b - a for a, b in zip(bounds, bounds[1:])]
-    gate_up = _products(rows, _expert_views(views_key, 0, w13, b13), counts)
+    """out = the rows, sorted by expert, through their experts: expert e has the next
+    ``counts[e]`` rows, which the host reads (a sync), so the shapes follow the routing. Each
+    expert's products write its contiguous slice of one buffer, and the activation runs once
+    over all of them (elementwise, so no row sees another): two launches an expert, where a
+    product, the activation and a copy an expert took five (SwiGLU) to eleven (gpt-oss'
+    clamped one). Only experts with rows are split out: with few tokens most have none."""
+    live = [(expert, count) for expert, count in enumerate(counts.tolist()) if count]
+    experts, sizes = [e for e, _ in live], [c for _, c in live]
+    gate_up = _products(rows, _expert_views(views_key, 0, w13, b13), experts, sizes)
     act = reference.moe_activation(gate_up, _ACTIVATIONS[activation], alpha, limit)
-    _products(act, _expert_views(views_key, 1, w2, b2), counts, out=out)
+    _products(act, _expert_views(views_key, 1, w2, b2), experts, sizes, out=out)
 
 
 # The native loop's per-expert weight views, made on a layer's first forward and dropped with
@@ -217,25 +220,22 @@ def _expert_views(
 
 def _products(
     x: torch.Tensor, experts: tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...] | None],
-    counts: list[int], out: torch.Tensor | None = None,
+    ids: list[int], sizes: list[int], out: torch.Tensor | None = None,
 ) -> torch.Tensor:  # fmt: skip
-    """F.linear(rows, w[e], b[e]) for each expert e's ``counts[e]`` consecutive rows of x, each
-    written into its slice of one output (``out``, else a new one; ``mm`` / ``addmm`` with
-    ``out=``: no copy); ``experts``: each w[e] transposed and b[e] (``_expert_views``). The
-    rows' and the output's per-expert views come from one ``split`` each: on CUDA this loop is
-    bound by the host's per-op cost, and indexing every view separately took ~40% of it (a
-    ``.t()`` an expert ~20% of the rest, on the CPU machine)."""
+    """F.linear(rows, w[e], b[e]) for each expert ``ids[i]``'s ``sizes[i]`` consecutive rows
+    of x (the sizes cover x), each written into its slice of one output (``out``, else a new
+    one; ``mm`` / ``addmm`` with ``out=``: no copy); ``experts``: each w[e] transposed and b[e]
+    (``_expert_views``). The rows' and the output's per-expert views come from one ``split``
+    each: on CUDA this loop is bound by the host's per-op cost, and indexing every view
+    separately took ~40% of it (a ``.t()`` an expert ~20% of the rest, on the CPU machine)."""
     wts, bs = experts
     if out is None:
         out = x.new_empty(x.shape[0], wts[0].shape[1])
-    xs, outs = x.split(counts), out.split(counts)
-    for expert, count in enumerate(counts):
-        if not count:
-            continue
+    for expert, xs, outs in zip(ids, x.split(sizes), out.split(sizes)):
         if bs is None:
-            torch.mm(xs[expert], wts[expert], out=outs[expert])
+            torch.mm(xs, wts[expert], out=outs)
         else:
-            torch.addmm(bs[expert], xs[expert], wts[expert], out=outs[expert])
+            torch.addmm(bs[expert], xs, wts[expert], out=outs)
     return out
 
 
