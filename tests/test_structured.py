@@ -70,7 +70,32 @@ def test_forms_follow_their_definition_in_a_mixed_batch(tiny_with_tokenizer, hf,
     alone = [llm.generate([p], s)[0].token_ids for p, s in zip(PROMPTS[:3], params)]
     assert alone == expected
     assert not llm.engine.grammars._matchers  # each finished request let its matcher go
+    assert not llm.engine.grammars._ahead
     assert_pages_back(llm)
+
+
+def test_the_next_forward_runs_before_a_form_reads_its_token(tiny_with_tokenizer, monkeypatch):
+    """Under the overlap schedule a structured output does not serialise the batch: each
+    forward is launched before the tokens of the step in flight are read for the masks."""
+    from nanograph.engine import engine as engine_module
+
+    llm = make_llm(tiny_with_tokenizer)
+    events = []
+    forward, read = llm.engine.runner.forward, engine_module._InFlight.read
+    monkeypatch.setattr(llm.engine.runner, "forward",
+                        lambda *a, **kw: events.append("forward") or forward(*a, **kw))  # fmt: skip
+    monkeypatch.setattr(engine_module._InFlight, "read",
+                        lambda self: events.append(self) or read(self))  # fmt: skip
+    form = StructuredOutputs(regex="[a-z]{12}")
+    params = SamplingParams(max_tokens=16, temperature=0.0, structured_outputs=form)
+    (out,) = llm.generate([PROMPTS[0]], params)
+    assert len(out.text) == 12 and out.text.isalpha()
+    forwards = [i for i, e in enumerate(events) if e == "forward"]
+    first_reads = [events.index(e) for e in dict.fromkeys(e for e in events if e != "forward")]
+    # 12 steps sample the 12 tokens; a 13th, launched before the 12th token was read, runs in
+    # vain. Step i's tokens are first read after step i + 1's forward was launched.
+    assert len(forwards) == 13 and len(first_reads) >= 12
+    assert all(forward < read for forward, read in zip(forwards[1:], first_reads))
 
 
 def test_a_form_survives_preemption(tiny_with_tokenizer):
@@ -156,3 +181,25 @@ def test_json_answers_parse_and_keep_the_schema(overlap):
     assert isinstance(person["name"], str) and type(person["age"]) is int
     assert person["city"] in ("Paris", "Rome") and schema.finish_reason == "stop"
     assert isinstance(json.loads(any_object.text), dict) and any_object.finish_reason == "stop"
+
+
+@requires_smollm2
+def test_an_end_token_sampled_beside_running_requests():
+    """A form that may end or go on, whose request takes the end token (biased to it): under
+    the overlap schedule its next row was launched before the end was read, and gets no mask
+    (xgrammar refuses to fill one for a matcher that took its end token); the request ends
+    there, the others go on as alone."""
+    from nanograph import LLM
+
+    llm = LLM("smollm2-135m", progress=False)
+    eos = llm.tokenizer.eos_token_ids[0]
+    ending = SamplingParams(max_tokens=8, temperature=0.0, logit_bias={eos: 100.0},
+                            structured_outputs={"regex": "yes|yes indeed"})  # fmt: skip
+    plain = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    prompts = ["Is the sky blue?", "The capital of France is", "Is water wet?"]
+    outs = llm.generate(prompts, [ending, plain, ending])
+    for out in (outs[0], outs[2]):  # ended by the end token, which is not kept
+        assert out.text == "yes" and out.finish_reason == "stop" and out.stop_reason is None
+    assert outs[1].token_ids == llm.generate(prompts[1], plain)[0].token_ids
+    assert not llm.engine.grammars._matchers and not llm.engine.grammars._ahead
+    assert_pages_back(llm)

@@ -4,6 +4,7 @@
 #   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
 #     --target /tmp/site .whl/*.whl && export PYTHONPATH=$PWD:/tmp/site || exit
 #   LIMIT=580 bash docs/wip/stop70_calls.sh first $OUT/f; cd $OUT && tar czf f.tgz f
+#   LIMIT=500 bash docs/wip/stop70_calls.sh second $OUT/s; cd $OUT && tar czf s.tgz s
 # first: the tests/gpu files whose code changed since stop 69's run (structured outputs'
 #   engine path, never run on a GPU; the step's guarded penalties; the native MoE loop over
 #   the experts that have rows), three processes; then the native loop against 5d05fba's,
@@ -41,5 +42,27 @@ case $stage in
       echo "$arm $round rc=$? at $(( $(date +%s) - begin )) s"; grep -E "paired|: 256=" "$out/moe_${arm}_$round.log"
     done; done
     cp /tmp/moe_new.py nanograph/models/moe.py ;;
+  second)  # the structured outputs' read-ahead: its GPU tests, then the probe alternating
+    for f in test_sampling_gpu test_engine_gpu test_hardening_gpu test_front_gpu; do
+      timeout "${TEST_TIMEOUT:-200}" python3 -m pytest -q -p no:cacheprovider -rfE \
+        "tests/gpu/$f.py" > "$out/$f.log" 2>&1 &
+    done
+    wait; for f in "$out"/test_*.log; do echo "$f: $(tail -n 1 "$f")"; done
+    echo "tests done at $(( $(date +%s) - begin )) s"
+    bash "$0" structab "$out" ;;
+  structab)  # this tree's engine.py (the read-ahead) against 5d05fba's (a paused overlap)
+    # PREDICTED: at batch 1 the regex arm goes from ~0.8x of plain to ~0.95x (the step's host
+    #   work hidden behind the forward again); at batch 16 less (a longer forward, the same
+    #   host work): ~0.9 -> ~0.97.
+    cp nanograph/engine/engine.py /tmp/engine_new.py
+    git show 5d05fba:nanograph/engine/engine.py > /tmp/engine_old.py || { echo "no 5d05fba"; exit 0; }
+    for round in 1 2; do for arm in new old; do
+      [ "$(left)" -gt 60 ] || { echo "no time left for $arm $round"; break 2; }
+      cp /tmp/engine_$arm.py nanograph/engine/engine.py
+      timeout "$(left)" python3 docs/wip/structured_overlap_probe.py \
+        --out "$out/structured_${arm}_$round.json" > "$out/structured_${arm}_$round.log" 2>&1
+      echo "$arm $round rc=$? at $(( $(date +%s) - begin )) s"; grep -E "tok/s|over" "$out/structured_${arm}_$round.log"
+    done; done
+    cp /tmp/engine_new.py nanograph/engine/engine.py ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac

@@ -93,6 +93,7 @@ class _InFlight:
         self.tokens = tokens = launch.tokens
         self.scored = launch.scored
         self.ready: torch.cuda.Event | None = None
+        self._read: tuple[list[int], list[list[float]] | None, list[list[float]]] | None = None
         logprob_rows, score_rows = launch.rows, launch.score_rows
         if not tokens.is_cuda:
             self.host, self.host_rows, self.host_scores = tokens, logprob_rows, score_rows
@@ -115,12 +116,15 @@ class _InFlight:
 
     def read(self) -> tuple[list[int], list[list[float]] | None, list[list[float]]]:
         """The tokens, the packed logprob rows (``engine/logprobs.py``) or None, and the
-        packed rows of the scored prompt tokens."""
-        if self.ready is not None:
-            self.ready.synchronize()
-        rows = None if self.host_rows is None else self.host_rows.tolist()
-        scores = [] if self.host_scores is None else self.host_scores.tolist()
-        return self.host.tolist(), rows, scores
+        packed rows of the scored prompt tokens (read once: a structured output's tokens are
+        read ahead of the rest)."""
+        if self._read is None:
+            if self.ready is not None:
+                self.ready.synchronize()
+            rows = None if self.host_rows is None else self.host_rows.tolist()
+            scores = [] if self.host_scores is None else self.host_scores.tolist()
+            self._read = self.host.tolist(), rows, scores
+        return self._read
 
 
 def _prompt_scores(
@@ -220,6 +224,9 @@ class Engine:
         self.grammars = Grammars(self.tokenizer, vocab, eos_token_ids)
         self._ids = itertools.count()
         self._in_flight: _InFlight | None = None  # launched, its tokens not read yet
+        # the step in flight whose structured outputs' tokens the next launch reads between
+        # its forward and its sampling (``_read_ahead``), else None
+        self._read_ahead: _InFlight | None = None
         self._scoring: set[int] = set()  # live requests with prompt_logprobs
         self.load_seconds = time.perf_counter() - start
         # every rank's memory report, for rank 0's start-up table (rank 0's own: memory_report)
@@ -403,10 +410,11 @@ class Engine:
         finished = []
         previous = self._in_flight
         if previous is not None and self.grammars.any_in(previous.requests):
-            # a structured output's next mask needs its token in flight: read it first
-            self._in_flight = None
-            finished += self._resolve(previous)
+            # a structured output's next mask needs its token in flight: the next forward is
+            # launched first, and the token read while it runs (``_read_ahead``)
+            self._read_ahead = previous
         failed, launched = self._launch()
+        self._read_ahead = None
         previous, self._in_flight = self._in_flight, launched
         finished += failed + (self._resolve(previous) if previous is not None else [])
         if self.config.disable_overlap_schedule and launched is not None:
@@ -516,6 +524,8 @@ class Engine:
             batch = replace(batch, sample_rows=batch.sample_rows + score_rows)
         in_flight_tokens = in_flight.tokens if in_flight else None
         logits = run_step(self.tp, self.runner.forward, batch, in_flight_tokens)
+        if self._read_ahead is not None:
+            self._read_grammar_tokens()
         sampled = [r for r, s in zip(requests, samples) if s]
         if scored:  # a slice costs host time: only a scoring step takes them
             logits, prompt_logits = logits[: len(sampled)], logits[len(sampled) :]
@@ -534,6 +544,16 @@ class Engine:
             return _Launch(tokens, rows)
         targets = torch.tensor(targets, device=prompt_logits.device)
         return _Launch(tokens, rows, scored, logprobs.packed(prompt_logits, targets))
+
+    def _read_grammar_tokens(self) -> None:
+        """Reads the tokens of the step in flight (waiting for it, while the forward just
+        launched runs) and advances their requests' structured outputs, so that this step's
+        masks follow them; ``_resolve`` reads the same tokens later. Once a step."""
+        ahead, self._read_ahead = self._read_ahead, None
+        tokens, _, _ = ahead.read()
+        self.grammars.advance(
+            [(r, t) for r, t in zip(ahead.requests, tokens) if r.status is not Status.FINISHED]
+        )
 
     def _retry_alone(
         self, requests: list[Request], num_new: list[int], samples: list[bool], error: Exception

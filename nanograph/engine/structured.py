@@ -4,10 +4,12 @@ EBNF grammar, by xgrammar (the library vLLM and SGLang use): a grammar compiled 
 (xgrammar caches them), a matcher per request that says which tokens may come next.
 
 Invariants:
-- A request's matcher has accepted exactly its resolved output tokens. Its mask for the next
-  token is filled on the host, so the token before must be read first: a step whose requests
-  include one with a form waits for the step in flight (the overlap schedule pauses for it; the
-  engine's ``step`` says so).
+- A request's matcher has accepted its resolved output tokens and at most one more: the token
+  in flight, read ahead (``advance``). The mask for the next token is filled on the host, so
+  the token before must be read first: under the overlap schedule the engine launches the next
+  forward, then reads the step in flight while it runs, then masks and samples (its ``step``
+  says so); the GPU waits only if the host's reading outlasts the forward.
+- A row of a request whose token in flight ended it is computed in vain and gets no mask.
 - Disallowed tokens get -inf in a copy of the logits (the raw logits stay the logprobs'), on
   the logits' device: the packed bitmask goes over, unpacked there.
 - When the form is complete and only an end token could follow, the request finishes
@@ -38,6 +40,9 @@ class Grammars:
         self.end_ids = sorted(t for t in end_ids if t < vocab_size)
         self._compiler: Any = None
         self._matchers: dict[int, Any] = {}  # request id -> its xgrammar GrammarMatcher
+        # request id -> what accepting its token in flight gave, read ahead of the rest
+        # (``advance``) for the next step's mask: a reason to end, an error, or None
+        self._ahead: dict[int, str | Exception | None] = {}
         self._bits = torch.arange(32, dtype=torch.int32)
 
     def __contains__(self, request: Request) -> bool:
@@ -89,7 +94,12 @@ class Grammars:
         copy when any row has a form, else ``logits`` itself."""
         if not self._matchers:  # nearly always: a step does not walk its requests for this
             return logits
-        rows = [i for i, r in enumerate(requests) if r.request_id in self._matchers]
+        # a request whose token in flight ended it has a row here computed in vain (the overlap
+        # schedule launched it first): no mask, which could leave nothing to sample
+        rows = [
+            i for i, r in enumerate(requests)
+            if r.request_id in self._matchers and self._ahead.get(r.request_id) is None
+        ]  # fmt: skip
         if not rows:
             return logits
         import xgrammar
@@ -108,9 +118,28 @@ class Grammars:
         bits = self._bits.to(packed.device)
         return ((packed[:, :, None] >> bits) & 1).bool().flatten(1)[:, : self.vocab_size]
 
+    def advance(self, tokens: list[tuple[Request, int]]) -> None:
+        """Accepts each request's token in flight ahead of the rest of its reading, for the
+        mask of the step launched behind it; ``accept`` then gives what this gave."""
+        for request, token in tokens:
+            if request.request_id in self._matchers:
+                try:
+                    self._ahead[request.request_id] = self._accept(request, token)
+                except Exception as e:  # raised again where the token is read
+                    self._ahead[request.request_id] = e
+
     def accept(self, request: Request, token: int) -> str | None:
-        """Advances ``request``'s matcher by its sampled ``token``; "stop" when the form is
-        complete and nothing but an end token could follow. Raises if the matcher refuses it."""
+        """Advances ``request``'s matcher by its sampled ``token`` (or gives what ``advance``
+        got for it); "stop" when the form is complete and nothing but an end token could
+        follow. Raises if the matcher refuses it."""
+        if request.request_id in self._ahead:
+            ahead = self._ahead.pop(request.request_id)
+            if isinstance(ahead, Exception):
+                raise ahead
+            return ahead
+        return self._accept(request, token)
+
+    def _accept(self, request: Request, token: int) -> str | None:
         matcher = self._matchers[request.request_id]
         if not matcher.accept_token(token):
             raise ValueError(f"token {token} does not continue the request's structured output")
@@ -129,3 +158,4 @@ class Grammars:
 
     def release(self, request_id: int) -> None:
         self._matchers.pop(request_id, None)
+        self._ahead.pop(request_id, None)

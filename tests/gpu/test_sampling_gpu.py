@@ -129,9 +129,9 @@ def test_graph_bad_words_equal_eager(small_qwen3, tmp_path):
 
 
 def test_graph_structured_outputs_equal_eager(small_qwen3, tmp_path):
-    """Structured outputs under captured graphs (the overlap schedule pausing for them) beside
-    plain requests: a regex, a choice and a grammar, greedy and sampled, equal to eager, each
-    inside its form."""
+    """Structured outputs under captured graphs (each step's tokens read while the next
+    forward runs, then its masks) beside plain requests: a regex, a choice and a grammar,
+    greedy and sampled, equal to eager, each inside its form."""
     import re
     import shutil
 
