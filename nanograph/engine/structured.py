@@ -43,7 +43,8 @@ class Grammars:
         # request id -> what accepting its token in flight gave, read ahead of the rest
         # (``advance``) for the next step's mask: a reason to end, an error, or None
         self._ahead: dict[int, str | Exception | None] = {}
-        self._bits = torch.arange(32, dtype=torch.int32)
+        self._words = (vocab_size + 31) // 32  # a bitmask row's int32 words
+        self._bits: dict[torch.device, torch.Tensor] = {}  # 0..31, on each device used
 
     def __contains__(self, request: Request) -> bool:
         return request.request_id in self._matchers
@@ -102,20 +103,24 @@ class Grammars:
         ]  # fmt: skip
         if not rows:
             return logits
-        import xgrammar
-
-        packed = xgrammar.allocate_token_bitmask(len(rows), self.vocab_size)
+        # Pinned host memory and non-blocking copies: a blocking copy would wait for the
+        # forward in flight, and the GPU would then idle through the rest of the step's host
+        # work. The caching host allocator reuses a pinned block only after its copy has run.
+        pin = logits.is_cuda
+        packed = torch.full((len(rows), self._words), -1, dtype=torch.int32, pin_memory=pin)
         for k, i in enumerate(rows):
             self._matchers[requests[i].request_id].fill_next_token_bitmask(packed, k)
         allowed = self._unpack(packed.to(logits.device, non_blocking=True))
-        index = torch.tensor(rows, device=logits.device)
+        index = torch.tensor(rows, pin_memory=pin).to(logits.device, non_blocking=True)
         out = logits.clone()
         out[index] = out[index].masked_fill(~allowed, -torch.inf)
         return out
 
     def _unpack(self, packed: torch.Tensor) -> torch.Tensor:
         """[rows, words] int32, bit b of word w for token 32 w + b -> [rows, vocab] bool."""
-        bits = self._bits.to(packed.device)
+        bits = self._bits.get(packed.device)
+        if bits is None:  # once a device: a copy each step would wait for the forward
+            bits = self._bits[packed.device] = torch.arange(32, dtype=torch.int32).to(packed.device)
         return ((packed[:, :, None] >> bits) & 1).bool().flatten(1)[:, : self.vocab_size]
 
     def advance(self, tokens: list[tuple[Request, int]]) -> None:
@@ -148,9 +153,7 @@ class Grammars:
         return None
 
     def _only_ends(self, matcher: Any) -> bool:
-        import xgrammar
-
-        packed = xgrammar.allocate_token_bitmask(1, self.vocab_size)
+        packed = torch.full((1, self._words), -1, dtype=torch.int32)
         matcher.fill_next_token_bitmask(packed, 0)
         allowed = self._unpack(packed)[0]
         allowed[self.end_ids] = False
