@@ -54,15 +54,22 @@ case $stage in
     # PREDICTED: at batch 1 the regex arm goes from ~0.8x of plain to ~0.95x (the step's host
     #   work hidden behind the forward again); at batch 16 less (a longer forward, the same
     #   host work): ~0.9 -> ~0.97.
-    cp nanograph/engine/engine.py /tmp/engine_new.py
-    git show 5d05fba:nanograph/engine/engine.py > /tmp/engine_old.py || { echo "no 5d05fba"; exit 0; }
-    for round in 1 2; do for arm in new old; do
+    # (pin: 5d05fba's engine.py, which reads a form's token before the next launch, with this
+    #  tree's structured.py, whose copies do not block; old: both files of 5d05fba)
+    for f in engine structured; do
+      cp nanograph/engine/$f.py /tmp/${f}_new.py
+      git show 5d05fba:nanograph/engine/$f.py > /tmp/${f}_old.py || { echo "no 5d05fba"; exit 0; }
+    done
+    cp /tmp/engine_old.py /tmp/engine_pin.py; cp /tmp/structured_new.py /tmp/structured_pin.py
+    for round in 1 2; do for arm in ${ARMS:-new old}; do
       [ "$(left)" -gt 60 ] || { echo "no time left for $arm $round"; break 2; }
       cp /tmp/engine_$arm.py nanograph/engine/engine.py
+      cp /tmp/structured_$arm.py nanograph/engine/structured.py
       timeout "$(left)" python3 docs/wip/structured_overlap_probe.py \
         --out "$out/structured_${arm}_$round.json" > "$out/structured_${arm}_$round.log" 2>&1
       echo "$arm $round rc=$? at $(( $(date +%s) - begin )) s"; grep -E "tok/s|over" "$out/structured_${arm}_$round.log"
     done; done
-    cp /tmp/engine_new.py nanograph/engine/engine.py ;;
+    cp /tmp/engine_new.py nanograph/engine/engine.py
+    cp /tmp/structured_new.py nanograph/engine/structured.py ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
