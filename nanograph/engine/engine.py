@@ -413,8 +413,10 @@ class Engine:
             # a structured output's next mask needs its token in flight: the next forward is
             # launched first, and the token read while it runs (``_read_ahead``)
             self._read_ahead = previous
-        failed, launched = self._launch()
-        self._read_ahead = None
+        try:
+            failed, launched = self._launch()
+        finally:  # read or not (nothing was scheduled), it is not the next step's to read
+            self._read_ahead = None
         previous, self._in_flight = self._in_flight, launched
         finished += failed + (self._resolve(previous) if previous is not None else [])
         if self.config.disable_overlap_schedule and launched is not None:
