@@ -158,17 +158,10 @@ TEMPLATE = (
 def byte_tokenizer():
     """A tokenizer of one token per byte (so a ``<tool_call>`` arrives in 11 steps), with
     ``TEMPLATE`` as its chat template."""
-    from tokenizers import Tokenizer as Backend
-    from tokenizers import decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
+    from nanograph.bench.common import byte_tokenizer as hf_byte_tokenizer
     from nanograph.loader.tokenizer import Tokenizer
 
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    backend = Backend(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    backend.decoder = decoders.ByteLevel()
-    hf = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|end|>")
+    hf = hf_byte_tokenizer()
     hf.chat_template = TEMPLATE
     return Tokenizer(hf)
 

@@ -512,3 +512,33 @@ def test_a_tile_sweep_lists_the_fastest_first_and_failures_last(monkeypatch):
     assert [t["tiles"]["block_n"] for t in trials] == [16, 32, 8, 4]
     assert best == 1.5 and trials[-1]["error"] == "out of resources"
     assert bench_gemv._sweep(product, [GemvTiles(4)], [None], None, 100)[1] is None
+
+
+def test_bench_structured_gives_a_preset_without_a_tokenizer_a_byte_level_one():
+    from nanograph.bench.structured import model_with_tokenizer
+    from nanograph.loader.presets import resolve_model
+
+    assert not resolve_model("qwen3-0.6b", "dummy").has_tokenizer
+    folder = model_with_tokenizer("qwen3-0.6b", "dummy")
+    source = resolve_model(folder, "dummy")
+    assert source.has_tokenizer and source.config.vocab_size == 151936
+    tokenizer = source.tokenizer()
+    ids = tokenizer.encode("ab{", add_special_tokens=False)
+    assert len(ids) == 3 and tokenizer.decode(ids) == "ab{"  # a token a byte
+
+
+def test_bench_structured_times_plain_and_regex_on_the_same_prompts(tiny_with_tokenizer, tmp_path):
+    pytest.importorskip("xgrammar")
+    out = tmp_path / "structured.json"
+    argv = ["bench", "structured", "--model", str(tiny_with_tokenizer), "--load-format", "auto",
+            "--batches", "1,2", "--tokens", "6", "--repeats", "2", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    report = json.loads(out.read_text())
+    for batch in ("1", "2"):
+        result = report["batches"][batch]
+        # the byte-level tokenizer: the form's 6 letters are 6 tokens, as the plain arm's
+        assert result["plain"]["tokens"] == result["regex"]["tokens"] == 6 * int(batch)
+        assert len(result["regex"]["tokens_per_s"]) == 2
+        assert result["ratio"] == pytest.approx(
+            result["regex"]["median_tokens_per_s"] / result["plain"]["median_tokens_per_s"]
+        )

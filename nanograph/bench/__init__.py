@@ -24,6 +24,7 @@ BENCHES = {
     "prefix": "nanograph.bench.prefix",
     "serve": "nanograph.bench.serve",
     "spec": "nanograph.bench.spec",
+    "structured": "nanograph.bench.structured",
 }
 
 

@@ -241,6 +241,21 @@ def graphed_samples(fn: Callable[[], object], rep_ms: int, warmup_ms: int = 25) 
     return sample(max(1, int(rep_ms / estimate)))
 
 
+def byte_tokenizer() -> Any:
+    """A Hugging Face tokenizer of one token a byte (ids 0-255) and ``<|end|>`` (256), for
+    models without a tokenizer (dummy presets) where a bench needs text: a form of N
+    characters is then N steps."""
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    backend = Backend(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    backend.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|end|>")
+
+
 def median(samples: list[float]) -> float:
     return statistics.median(samples)
 
