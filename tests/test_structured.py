@@ -98,6 +98,34 @@ def test_the_next_forward_runs_before_a_form_reads_its_token(tiny_with_tokenizer
     assert all(forward < read for forward, read in zip(forwards[1:], first_reads))
 
 
+def test_a_model_vocabulary_past_the_tokenizer_is_never_sampled(small_qwen3, tmp_path):
+    """A model whose vocabulary (4096) outgrows its tokenizer (257 ids): xgrammar sees the
+    tokenizer's ids only, and the ids past them are masked; answers follow the definition."""
+    import shutil
+
+    import transformers
+    from serving import byte_tokenizer
+
+    path = tmp_path / "padded"
+    shutil.copytree(small_qwen3("structured", layers=2, hidden=256), path)
+    byte_tokenizer().hf.save_pretrained(path)
+    llm = make_llm(path)
+    grammars = llm.engine.grammars
+    assert (grammars.grammar_vocab, grammars.vocab_size) == (257, 4096)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path).eval()
+    encode = lambda c: llm.tokenizer.encode(c, add_special_tokens=False)[0]  # noqa: E731
+    params = [SamplingParams(max_tokens=16, temperature=0.0, structured_outputs=form)
+              for form, _ in FORMS.values()]  # fmt: skip
+    outs = llm.generate(PROMPTS[:3], params)
+    for prompt, out, (_, language) in zip(PROMPTS, outs, FORMS.values()):
+        assert out.token_ids == constrained_greedy(hf, encode, prompt, language)
+        assert out.text in language and out.finish_reason == "stop"
+    sampled = SamplingParams(max_tokens=16, temperature=1.5, seed=1,
+                             structured_outputs=FORMS["grammar"][0])  # fmt: skip
+    for out in llm.generate(PROMPTS, sampled):
+        assert out.text in FORMS["grammar"][1] and max(out.token_ids) < 257
+
+
 def test_a_form_survives_preemption(tiny_with_tokenizer):
     g = torch.Generator().manual_seed(6)
     prompts = [torch.randint(0, 256, (20,), generator=g).tolist() for _ in range(8)]
