@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nanograph.serve.tool_calls import END, START, ToolCall, ToolCallParser
+from nanograph.serve.tool_calls import END, START, ForcedCalls, ToolCall, ToolCallParser
 
 WEATHER = '{"name": "weather", "arguments": {"city": "Paris"}}'
 TIME = '{"name": "time", "arguments": {"zone": "CET", "exact": true}}'
@@ -117,6 +117,30 @@ def test_every_split_gives_the_same_answer(text):
         assert parse(text[:i], text[i:]) == whole, i
 
 
+def forced(name: str | None, *pieces: str) -> tuple[str, list[tuple[str, str]], int]:
+    """``ForcedCalls(name)`` fed ``pieces``: the content, the calls put together (a call's
+    streamed arguments added to it), and how many deltas carried arguments."""
+    reader, content, calls, deltas = ForcedCalls(name), "", [], 0
+    for parsed in [*map(reader.feed, pieces), reader.finish()]:
+        content += parsed.content
+        calls += [[c.name, c.arguments] for c in parsed.calls]
+        if parsed.arguments:
+            calls[-1][1] += parsed.arguments
+        deltas += bool(parsed.calls or parsed.arguments)
+    return content, [tuple(c) for c in calls], deltas
+
+
+def test_a_named_call_streams_its_arguments_and_a_required_list_comes_whole():
+    args = '{"city": "Paris"}'
+    assert forced("weather", *args) == ("", [("weather", args)], len(args))
+    assert forced("weather", "", args[:3], args[3:]) == ("", [("weather", args)], 2)
+    assert forced("weather", '{"ci') == ("", [("weather", '{"ci')], 1)  # cut: still a call
+    assert forced("weather") == ("", [], 0)  # no answer at all: no call
+    listed = '[{"name": "weather", "parameters": {"city": "Paris"}}]'
+    assert forced(None, *listed) == ("", [("weather", '{"city": "Paris"}')], 1)
+    assert forced(None, listed[:-2]) == (listed[:-2], [], 0)  # a cut list stays text
+
+
 FRAGMENTS = [START, END, WEATHER, TIME, "<", "tool", "_call>", "</", "\n", " ", "Hi", "{", "é"]
 
 
@@ -182,11 +206,20 @@ def streamed(base: str, **kwargs) -> dict[int, dict]:
     choices: dict[int, dict] = {}
     for chunk in ask(base, stream=True, **kwargs):
         for c in chunk.choices:
-            got = choices.setdefault(c.index, {"content": "", "tool_calls": [], "finish": None})
+            got = choices.setdefault(
+                c.index, {"content": "", "tool_calls": [], "finish": None, "chunks": []}
+            )  # chunks: each call's, the opening one included
             got["content"] += c.delta.content or ""
             for call in c.delta.tool_calls or []:
-                assert call.index == len(got["tool_calls"])  # whole calls, in order
-                got["tool_calls"].append(call)
+                if call.id is None:  # OpenAI's continuation: more arguments of that call
+                    assert call.function.name is None and got["tool_calls"]
+                    assert call.index == len(got["tool_calls"]) - 1
+                    got["tool_calls"][-1].function.arguments += call.function.arguments
+                    got["chunks"][-1] += 1
+                else:  # a call opens, in order, with its name
+                    assert call.index == len(got["tool_calls"]) and call.function.name
+                    got["tool_calls"].append(call)
+                    got["chunks"].append(1)
             got["finish"] = c.finish_reason or got["finish"]
     return choices
 
@@ -306,7 +339,8 @@ CLOCK = {"type": "function", "function": {"name": "clock"}}  # no parameters: an
 def test_a_named_tool_choice_constrains_the_answer_to_its_arguments(request, server):
     """vLLM's named tool_choice: no parser needed; the answer is a structured output of the
     function's parameters schema (the engine holds it to it: engine/structured.py), and comes
-    back as that function's call, whole and streamed (at the end, in one chunk)."""
+    back as that function's call, whole and streamed (its arguments as they come, after a
+    first chunk with the name); a length cut leaves the call with its arguments cut."""
     base, front = request.getfixturevalue(server)
     front.answer('{"city": "Paris"}', '{"city": "Paris"}')
     choice = ask(base, tools=[TOOL, CLOCK], tool_choice=NAMED).choices[0]
@@ -320,7 +354,15 @@ def test_a_named_tool_choice_constrains_the_answer_to_its_arguments(request, ser
     assert [(c.function.name, c.function.arguments) for c in got["tool_calls"]] == [
         ("weather", '{"city": "Paris"}')
     ]
+    assert got["chunks"][0] > 1  # the arguments came in pieces (a token a byte here)
     assert front.prompts[-1] == front.prompts[-2]  # the template saw the tools both times
+    front.answer('{"city": "Pa', '{"city": "Pa', finish_reason="length")
+    cut = ask(base, tools=[TOOL], tool_choice=NAMED).choices[0]
+    assert cut.finish_reason == "length" and cut.message.content is None
+    assert cut.message.tool_calls[0].function.arguments == '{"city": "Pa'
+    got = streamed(base, tools=[TOOL], tool_choice=NAMED)[0]
+    assert got["finish"] == "length" and got["content"] == ""
+    assert [c.function.arguments for c in got["tool_calls"]] == ['{"city": "Pa']
 
 
 def test_required_tool_choice_gives_one_call_or_more(hermes):

@@ -261,11 +261,16 @@ async def _until_disconnect(http: Request, work, abandon) -> Response:
 
 @dataclass(frozen=True)
 class _Delta:
-    """What a choice may send after an update: reasoning, content and completed tool calls."""
+    """What a choice may send after an update: reasoning, content, tool calls opened (whole,
+    or the start of one whose arguments stream) and arguments continuing the last one."""
 
     reasoning: str
     content: str
     calls: tuple[ToolCall, ...] = ()
+    arguments: str = ""
+
+    def __bool__(self) -> bool:  # anything to send
+        return bool(self.reasoning or self.content or self.calls or self.arguments)
 
 
 class _Choice:
@@ -311,7 +316,12 @@ class _Choice:
         parsed = self.tool_calls.feed(text)
         if update.finished:
             parsed += self.tool_calls.finish()
-        return _Delta(reasoning, parsed.content, parsed.calls)
+        calls, arguments = parsed.calls, parsed.arguments
+        if calls and arguments:  # one delta: the last call opened takes its continuation
+            last = calls[-1]
+            calls = (*calls[:-1], ToolCall(last.name, last.arguments + arguments))
+            arguments = ""
+        return _Delta(reasoning, parsed.content, calls, arguments)
 
     def finish_reason(self, update: Update) -> str:
         """The engine's, or "tool_calls" when the model stopped after calling tools."""
@@ -432,6 +442,8 @@ class _Answer:
             reasoning.append(delta.reasoning)
             text.append(delta.content)
             calls += delta.calls
+            if delta.arguments:  # the last call's arguments go on
+                calls[-1] = ToolCall(calls[-1].name, calls[-1].arguments + delta.arguments)
             if update.finished:
                 last = update
         if last.finish_reason not in ("stop", "length"):
@@ -504,6 +516,7 @@ class _Answer:
         token_ids: list[int] | None = None,
         calls: tuple[ToolCall, ...] = (),
         reasoning: str = "",
+        arguments: str = "",
     ) -> str:
         body: dict[str, Any] = {
             "index": choice.index, "finish_reason": finish_reason,
@@ -514,7 +527,7 @@ class _Answer:
         if self.request.return_token_ids and token_ids is not None:
             body["token_ids"] = token_ids
         if self.chat:
-            no_content = delta is None or ((calls or reasoning) and not delta)
+            no_content = delta is None or ((calls or arguments or reasoning) and not delta)
             body["delta"] = {} if no_content else {"content": delta}
             if reasoning:
                 body["delta"]["reasoning"] = body["delta"]["reasoning_content"] = reasoning
@@ -526,13 +539,17 @@ class _Answer:
                 body["delta"]["tool_calls"] = [
                     openai_tool_call(c, first + i) for i, c in enumerate(calls)
                 ]
+            if arguments:  # OpenAI's delta of a streamed call: its index and arguments only
+                body["delta"]["tool_calls"] = [
+                    {"index": choice.calls_sent - 1, "function": {"arguments": arguments}}
+                ]
         else:
             body["text"] = delta or ""
         return self._event([body])
 
     def _delta_chunk(self, choice: _Choice, delta: _Delta, token_ids: list[int]) -> str:
         return self._chunk(choice, delta.content, token_ids=token_ids, calls=delta.calls,
-                           reasoning=delta.reasoning)  # fmt: skip
+                           reasoning=delta.reasoning, arguments=delta.arguments)  # fmt: skip
 
     def _event(self, choices: list, usage: dict | None = None) -> str:
         """One server-sent event: the chunk object, its constant head encoded once per answer
@@ -591,14 +608,14 @@ class _Answer:
                         delta = choice.advance(update)
                         # one chunk per token step when there is no text to wait for
                         every_step = front.tokenizer is None or self.request.return_token_ids
-                        if delta.reasoning or delta.content or delta.calls or every_step:
+                        if delta or every_step:
                             yield self._delta_chunk(choice, delta, update.token_ids)
                         continue
                     if update.finish_reason not in ("stop", "length"):
                         yield f"data: {json.dumps(self._failure(update).body())}\n\n"
                         break
                     delta = choice.advance(update)
-                    if delta.reasoning or delta.content or delta.calls or update.token_ids:
+                    if delta or update.token_ids:
                         yield self._delta_chunk(choice, delta, update.token_ids)
                     yield self._chunk(
                         choice, None, choice.finish_reason(update), update.stop_reason

@@ -16,7 +16,10 @@ Invariants:
 - The parser is pure (no ids, no I/O); ``openai_tool_call`` gives each call its
   ``call_<hex>`` id.
 - ``tool_choice`` ``"required"`` or a named function needs no parser: the answer is
-  constrained to the calls' JSON (a structured output) and read whole (``ForcedCalls``).
+  constrained to the calls' JSON (a structured output; ``ForcedCalls``). A named function's
+  answer is its arguments, streamed as they come (the call opens with the first text, then
+  ``Parsed.arguments`` continue it), and stays a call even when cut short (vLLM's choice);
+  ``"required"``'s list is read whole at the end.
 """
 
 from __future__ import annotations
@@ -39,13 +42,17 @@ class ToolCall:
 
 @dataclass(frozen=True)
 class Parsed:
-    """What one ``feed`` or ``finish`` gives: new content and newly completed calls."""
+    """What one ``feed`` or ``finish`` gives: new content, newly opened calls (whole, or the
+    start of one whose arguments stream), and ``arguments`` continuing the last call opened
+    (a parser that streams arguments opens one call, so a sum keeps them in order)."""
 
     content: str = ""
     calls: tuple[ToolCall, ...] = ()
+    arguments: str = ""
 
     def __add__(self, other: Parsed) -> Parsed:
-        return Parsed(self.content + other.content, self.calls + other.calls)
+        return Parsed(self.content + other.content, self.calls + other.calls,
+                      self.arguments + other.arguments)  # fmt: skip
 
 
 class ToolCallParser:
@@ -97,10 +104,12 @@ class ToolCallParser:
 
 class ForcedCalls:
     """The answer to a ``tool_choice`` that forces calls, whose structured output is the calls
-    themselves in JSON (``protocol.forced_tool_schema``): a named function's arguments object,
-    or for ``"required"`` a list of ``{"name", "parameters"}``. The JSON is read whole, so
-    nothing streams before the end, then every call at once; an answer that does not parse
-    (a length cut) stays text. The same interface as ``ToolCallParser``."""
+    themselves in JSON (``protocol.forced_tool_schema``). A named function's answer is its
+    arguments object: the call opens with the first text and its arguments stream (a length
+    cut leaves them cut, as vLLM's). ``"required"``'s is a list of ``{"name",
+    "parameters"}``, read whole: nothing streams before the end, then every call at once; a
+    list that does not parse (a length cut) stays text. The same interface as
+    ``ToolCallParser``."""
 
     def __init__(self, name: str | None) -> None:
         self.name = name  # the named function; None: "required"
@@ -108,18 +117,25 @@ class ForcedCalls:
         self._text = ""
 
     def feed(self, text: str) -> Parsed:
-        self._text += text
-        return Parsed()
+        if self.name is None:
+            self._text += text
+            return Parsed()
+        if not text:
+            return Parsed()
+        if self.calls:
+            return Parsed(arguments=text)
+        self.calls.append(ToolCall(self.name, text))  # opened; its arguments go on
+        return Parsed(calls=(self.calls[0],))
 
     def finish(self) -> Parsed:
         text, self._text = self._text, ""
+        if self.name is not None:
+            return Parsed()
         try:
             value = json.loads(text)
         except (ValueError, RecursionError):
             return Parsed(text)
-        if self.name is not None:
-            calls = [ToolCall(self.name, text.strip())] if isinstance(value, dict) else []
-        elif isinstance(value, list):
+        if isinstance(value, list):
             calls = [_forced(v) for v in value if isinstance(v, dict)
                      and isinstance(v.get("name"), str)]  # fmt: skip
         else:
