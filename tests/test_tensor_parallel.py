@@ -103,6 +103,24 @@ def test_serial_schedule_and_sampling_match(tiny_model_dir):
     assert out == ref
 
 
+def test_structured_outputs_tp2_equal_tp1(tiny_with_tokenizer):
+    """Rank 0 holds the forms' matchers and masks the gathered logits; under the overlap
+    schedule it reads each step's tokens while the next forward runs on every rank."""
+    pytest.importorskip("xgrammar")
+    forms = [{"regex": "(ab|ba)[xy]{3}|c[0-9]{2}"}, {"choice": ["yes", "no", "maybe so"]}]
+    params = [SamplingParams(max_tokens=12, temperature=0.0, structured_outputs=f) for f in forms]
+    batch = prompts(3, seed=6)
+    runs = []
+    for tp in (1, 2):
+        with make_llm(tiny_with_tokenizer, distributed_timeout_s=TIMEOUT,
+                      tensor_parallel_size=tp) as llm:  # fmt: skip
+            outs = llm.generate(batch, params + [GREEDY])
+            assert all(o.ok for o in outs), [o.error for o in outs]
+            runs.append([(o.token_ids, o.text) for o in outs])
+    assert runs[0] == runs[1]
+    assert runs[1][1][1] in ("yes", "no", "maybe so")
+
+
 def test_each_rank_reports_its_memory(tiny_model_dir):
     with make_llm(tiny_model_dir("qwen3"), tensor_parallel_size=2) as llm:
         reports = llm.engine.rank_memory
