@@ -130,7 +130,7 @@ def forced(name: str | None, *pieces: str) -> tuple[str, list[tuple[str, str]], 
     return content, [tuple(c) for c in calls], deltas
 
 
-def test_a_named_call_streams_its_arguments_and_a_required_list_comes_whole():
+def test_a_named_call_streams_its_arguments_and_a_required_list_each_item():
     args = '{"city": "Paris"}'
     assert forced("weather", *args) == ("", [("weather", args)], len(args))
     assert forced("weather", "", args[:3], args[3:]) == ("", [("weather", args)], 2)
@@ -139,6 +139,13 @@ def test_a_named_call_streams_its_arguments_and_a_required_list_comes_whole():
     listed = '[{"name": "weather", "parameters": {"city": "Paris"}}]'
     assert forced(None, *listed) == ("", [("weather", '{"city": "Paris"}')], 1)
     assert forced(None, listed[:-2]) == (listed[:-2], [], 0)  # a cut list stays text
+    tricky = {"city": 'P"}]{[ar\\is'}  # brackets, quotes and backslashes in a string
+    two = json.dumps([{"name": "weather", "parameters": tricky}, {"name": "clock",
+                                                                  "parameters": {}}])  # fmt: skip
+    calls = [("weather", json.dumps(tricky)), ("clock", "{}")]
+    assert forced(None, *two) == ("", calls, 2)  # a character at a time: a call as each closes
+    assert forced(None, two) == ("", calls, 1)
+    assert forced(None, two[:-8]) == ("", calls[:1], 1)  # cut in the second: the first call
 
 
 FRAGMENTS = [START, END, WEATHER, TIME, "<", "tool", "_call>", "</", "\n", " ", "Hi", "{", "é"]
@@ -207,8 +214,17 @@ def streamed(base: str, **kwargs) -> dict[int, dict]:
     for chunk in ask(base, stream=True, **kwargs):
         for c in chunk.choices:
             got = choices.setdefault(
-                c.index, {"content": "", "tool_calls": [], "finish": None, "chunks": []}
-            )  # chunks: each call's, the opening one included
+                c.index,
+                {
+                    "content": "",
+                    "tool_calls": [],
+                    "finish": None,
+                    "chunks": [],
+                    "seen": 0,
+                    "opened_at": [],
+                },
+            )  # chunks: each call's, the opening one included; opened_at: the chunk it opened in
+            got["seen"] += 1
             got["content"] += c.delta.content or ""
             for call in c.delta.tool_calls or []:
                 if call.id is None:  # OpenAI's continuation: more arguments of that call
@@ -220,6 +236,7 @@ def streamed(base: str, **kwargs) -> dict[int, dict]:
                     assert call.index == len(got["tool_calls"]) and call.function.name
                     got["tool_calls"].append(call)
                     got["chunks"].append(1)
+                    got["opened_at"].append(got["seen"])
             got["finish"] = c.finish_reason or got["finish"]
     return choices
 
@@ -367,7 +384,8 @@ def test_a_named_tool_choice_constrains_the_answer_to_its_arguments(request, ser
 
 def test_required_tool_choice_gives_one_call_or_more(hermes):
     """tool_choice "required": the answer is a JSON list of {"name", "parameters"} of the
-    tools (at least one), each a call; a length cut leaves text and no call."""
+    tools (at least one), each a call, streamed as its object closes; a list cut before its
+    first item closed leaves text and no call."""
     base, front = hermes
     calls = [{"name": "weather", "parameters": {"city": "Paris"}}, {"name": "clock",
                                                                    "parameters": {}}]  # fmt: skip
@@ -381,6 +399,12 @@ def test_required_tool_choice_gives_one_call_or_more(hermes):
     ]
     got = [(c.function.name, json.loads(c.function.arguments)) for c in choice.message.tool_calls]
     assert got == [("weather", {"city": "Paris"}), ("clock", {})]
+    front.answer(json.dumps(calls))
+    stream = streamed(base, tools=[TOOL, CLOCK], tool_choice="required")[0]
+    assert [(c.function.name, json.loads(c.function.arguments))
+            for c in stream["tool_calls"]] == got  # fmt: skip
+    first, second = stream["opened_at"]
+    assert first < second  # the first call came as soon as its object closed
     front.answer('[{"name": "weather", "param', finish_reason="length")
     cut = ask(base, tools=[TOOL], tool_choice="required").choices[0]
     assert cut.message.tool_calls is None and cut.finish_reason == "length"

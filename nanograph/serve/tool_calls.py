@@ -19,7 +19,7 @@ Invariants:
   constrained to the calls' JSON (a structured output; ``ForcedCalls``). A named function's
   answer is its arguments, streamed as they come (the call opens with the first text, then
   ``Parsed.arguments`` continue it), and stays a call even when cut short (vLLM's choice);
-  ``"required"``'s list is read whole at the end.
+  each item of ``"required"``'s list is a call once its object closes.
 """
 
 from __future__ import annotations
@@ -107,19 +107,24 @@ class ForcedCalls:
     themselves in JSON (``protocol.forced_tool_schema``). A named function's answer is its
     arguments object: the call opens with the first text and its arguments stream (a length
     cut leaves them cut, as vLLM's). ``"required"``'s is a list of ``{"name",
-    "parameters"}``, read whole: nothing streams before the end, then every call at once; a
-    list that does not parse (a length cut) stays text. The same interface as
+    "parameters"}``: each item is a call as soon as its object closes (a scan that skips
+    strings finds it); a list cut before its first item closed stays text, and what follows
+    the last whole item of a cut list is dropped. The same interface as
     ``ToolCallParser``."""
 
     def __init__(self, name: str | None) -> None:
         self.name = name  # the named function; None: "required"
         self.calls: list[ToolCall] = []
         self._text = ""
+        # "required"'s scan: where it is, the nesting there, inside a string or after its
+        # backslash, and where the list's current item began
+        self._at = self._depth = self._item = 0
+        self._in_string = self._escaped = False
 
     def feed(self, text: str) -> Parsed:
         if self.name is None:
             self._text += text
-            return Parsed()
+            return Parsed(calls=self._closed_items())
         if not text:
             return Parsed()
         if self.calls:
@@ -127,23 +132,47 @@ class ForcedCalls:
         self.calls.append(ToolCall(self.name, text))  # opened; its arguments go on
         return Parsed(calls=(self.calls[0],))
 
-    def finish(self) -> Parsed:
-        text, self._text = self._text, ""
-        if self.name is not None:
-            return Parsed()
-        try:
-            value = json.loads(text)
-        except (ValueError, RecursionError):
-            return Parsed(text)
-        if isinstance(value, list):
-            calls = [_forced(v) for v in value if isinstance(v, dict)
-                     and isinstance(v.get("name"), str)]  # fmt: skip
-        else:
-            calls = []
-        if not calls:
-            return Parsed(text)
+    def _closed_items(self) -> tuple[ToolCall, ...]:
+        calls, text = [], self._text
+        for at in range(self._at, len(text)):
+            c = text[at]
+            if self._in_string:
+                if self._escaped:
+                    self._escaped = False
+                elif c == "\\":
+                    self._escaped = True
+                elif c == '"':
+                    self._in_string = False
+            elif c == '"':
+                self._in_string = True
+            elif c in "[{":
+                self._depth += 1
+                if self._depth == 2:
+                    self._item = at
+            elif c in "]}":
+                if self._depth == 2 and c == "}":
+                    call = _forced_item(text[self._item : at + 1])
+                    if call is not None:
+                        calls.append(call)
+                self._depth -= 1
+        self._at = len(text)
         self.calls += calls
-        return Parsed(calls=tuple(calls))
+        return tuple(calls)
+
+    def finish(self) -> Parsed:
+        if self.name is not None or self.calls:
+            return Parsed()
+        return Parsed(self._text)  # no item closed: not a call
+
+
+def _forced_item(text: str) -> ToolCall | None:
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(value, dict) or not isinstance(value.get("name"), str):
+        return None
+    return _forced(value)
 
 
 def _forced(value: dict) -> ToolCall:
