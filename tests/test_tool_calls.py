@@ -148,6 +148,18 @@ def test_a_named_call_streams_its_arguments_and_a_required_list_each_item():
     assert forced(None, two[:-8]) == ("", calls[:1], 1)  # cut in the second: the first call
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from([None, "weather"]), st.integers(10, 90), st.data())
+def test_forced_calls_do_not_depend_on_the_split(name, length, data):
+    """Streamed (any split) equals whole, for a list cut anywhere or an arguments object."""
+    text = json.dumps([{"name": "weather", "parameters": {"city": 'Pa"}r{is'}},
+                       {"name": "clock", "parameters": {"at": [1, {"x": "]"}]}}])  # fmt: skip
+    text = text[:length] if name is None else text[length // 3 :][:length]
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(text)), max_size=6)))
+    pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+    assert forced(name, *pieces)[:2] == forced(name, text)[:2]
+
+
 FRAGMENTS = [START, END, WEATHER, TIME, "<", "tool", "_call>", "</", "\n", " ", "Hi", "{", "é"]
 
 
