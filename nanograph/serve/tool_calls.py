@@ -114,7 +114,7 @@ class ForcedCalls:
 
     def __init__(self, name: str | None) -> None:
         self.name = name  # the named function; None: "required"
-        self.calls: list[ToolCall] = []
+        self.calls: list[ToolCall] = []  # opened so far (a streamed one: its first arguments)
         self._text = ""
         # "required"'s scan: where it is, the nesting there, inside a string or after its
         # backslash, and where the list's current item began
