@@ -407,7 +407,6 @@ class Engine:
         or of this one (``disable_overlap_schedule``); returns the requests that finished."""
         if self.speculative is not None:
             return self._speculative_step()
-        finished = []
         previous = self._in_flight
         if previous is not None and self.grammars.any_in(previous.requests):
             # a structured output's next mask needs its token in flight: the next forward is
@@ -418,7 +417,7 @@ class Engine:
         finally:  # read or not (nothing was scheduled), it is not the next step's to read
             self._read_ahead = None
         previous, self._in_flight = self._in_flight, launched
-        finished += failed + (self._resolve(previous) if previous is not None else [])
+        finished = failed + (self._resolve(previous) if previous is not None else [])
         if self.config.disable_overlap_schedule and launched is not None:
             self._in_flight = None
             finished += self._resolve(launched)
