@@ -42,7 +42,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from persistent_chain_probe import gemv_chain, make  # noqa: E402
 
 _tma_copy_in = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
-TILE = (8, 256)  # weight rows x K a ring slot (4 KiB)
+PART = 1024  # K of a weight part: every product is stored as [parts, N, PART]
+ROWS = 8  # weight rows a ring slot (8 x 1024 bf16: 16 KiB, one TMA box)
 
 
 @gluon.jit
@@ -57,22 +58,22 @@ def _grid_sync(counter_ptr, target):
 
 
 @gluon.jit
-def _issue(desc, ring, ready, empty, i, row0, R: gl.constexpr, K: gl.constexpr):
-    """Load this program's R rows of one product from row ``row0``, rows outer, SUB tiles
-    along K a ring slot (one ready barrier for all of them)."""
-    STAGES: gl.constexpr = ready.shape[0]
-    SUB: gl.constexpr = ring.shape[0] // STAGES
-    TR: gl.constexpr = ring.shape[1]
-    TK: gl.constexpr = ring.shape[2]
-    for rb in gl.static_range(R // TR):
-        for kq in gl.static_range(K // TK // SUB):
+def _issue(desc, ring, ready, empty, i, layer, row0, N: gl.constexpr, R: gl.constexpr,
+           PARTS: gl.constexpr):  # fmt: skip
+    """Load this program's R rows (from ``row0``) of one product, ROWS rows x one part a slot,
+    rows outer. The descriptor reads [L, PARTS, N, PART] as [L * PARTS * N * C, 256] rows of
+    256 (C = PART / 256), so a slot is one box of contiguous memory."""
+    STAGES: gl.constexpr = ring.shape[0]
+    C: gl.constexpr = 1024 // ring.shape[2]
+    RB: gl.constexpr = ring.shape[1] // C  # weight rows a slot
+    for rb in gl.static_range(R // RB):
+        for part in gl.static_range(PARTS):
             slot = i % STAGES
             # a fresh mbarrier counts as having completed the phase before 0
             mbarrier.wait(empty.index(slot), ((i // STAGES) & 1) ^ 1)
-            mbarrier.expect(ready.index(slot), SUB * desc.block_type.nbytes)
-            for j in gl.static_range(SUB):
-                _tma_copy_in(desc, [row0 + rb * TR, (kq * SUB + j) * TK], ready.index(slot),
-                             ring.index(slot * SUB + j))  # fmt: skip
+            mbarrier.expect(ready.index(slot), desc.block_type.nbytes)
+            row = ((layer * PARTS + part) * N + row0 + rb * RB) * C
+            _tma_copy_in(desc, [row, 0], ready.index(slot), ring.index(slot))
             i += 1
     return i
 
@@ -83,89 +84,96 @@ def _producer(wa, wb, wc, wd, ring, ready, empty, L, H: gl.constexpr, QKV: gl.co
     pid = gl.program_id(0)
     i = 0
     for layer in range(L):
-        i = _issue(wa, ring, ready, empty, i, layer * QKV + pid * (QKV // P), QKV // P, H)
-        i = _issue(wb, ring, ready, empty, i, layer * H + pid * (H // P), H // P, AO)
-        i = _issue(wc, ring, ready, empty, i, layer * I2 + pid * (I2 // P), I2 // P, H)
-        i = _issue(wd, ring, ready, empty, i, layer * H + pid * (H // P), H // P, I2 // 2)
+        i = _issue(wa, ring, ready, empty, i, layer, pid * (QKV // P), QKV, QKV // P, H // 1024)
+        i = _issue(wb, ring, ready, empty, i, layer, pid * (H // P), H, H // P, AO // 1024)
+        i = _issue(wc, ring, ready, empty, i, layer, pid * (I2 // P), I2, I2 // P, H // 1024)
+        i = _issue(wd, ring, ready, empty, i, layer, pid * (H // P), H, H // P, I2 // 2048)
 
 
 @gluon.jit
 def _product(ring, ready, empty, xs, i, x_ptr, out_ptr, row0, R: gl.constexpr,
-             K: gl.constexpr, SILU_MUL: gl.constexpr, RESIDUAL: gl.constexpr):  # fmt: skip
-    """out[row0 : row0 + R] (+)= W . x from the ring's next tiles; rounds as the GEMV does.
-    x is read past the L1 (other programs wrote it) into ``xs`` once, in the layout it is read
-    back in (each thread reads only what it wrote: no barrier)."""
-    STAGES: gl.constexpr = ready.shape[0]
-    SUB: gl.constexpr = ring.shape[0] // STAGES
-    TR: gl.constexpr = ring.shape[1]
-    TK: gl.constexpr = ring.shape[2]
+             PARTS: gl.constexpr, SILU_MUL: gl.constexpr, RESIDUAL: gl.constexpr,
+             MODE: gl.constexpr):  # fmt: skip
+    """out[row0 : row0 + R] (+)= W . x from the ring's next slots; rounds as the GEMV does.
+    x ([PARTS * 1024]) is read past the L1 (other programs wrote it) into ``xs`` once, in the
+    layout it is read back in (each thread reads only what it wrote: no barrier)."""
+    STAGES: gl.constexpr = ring.shape[0]
+    BOX: gl.constexpr = ring.shape[1]
+    W: gl.constexpr = ring.shape[2]  # 256
+    C: gl.constexpr = 1024 // W
+    RB: gl.constexpr = BOX // C  # weight rows a slot
     WARPS: gl.constexpr = gl.num_warps()
-    layout: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [WARPS, 1], [1, 0])
+    layout: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 1, 32], [WARPS, 1, 1], [2, 1, 0])
     x_layout: gl.constexpr = gl.SliceLayout(0, layout)
-    offs = gl.arange(0, TK, layout=x_layout)
-    for kb in gl.static_range(K // TK):
-        x = gl.load(x_ptr + kb * TK + offs, cache_modifier=".cg")
-        if SILU_MUL:
-            gate = x.to(gl.float32)
-            up = gl.load(x_ptr + K + kb * TK + offs, cache_modifier=".cg").to(gl.float32)
-            x = (gate / (1.0 + gl.exp(-gate)) * up).to(gl.bfloat16)
-        xs.index(kb).store(x)
-    for rb in gl.static_range(R // TR):
-        acc = gl.zeros([TR, TK], gl.float32, layout)
-        for kq in gl.static_range(K // TK // SUB):
+    y_layout: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, layout))
+    if MODE < 2:
+        cols = gl.expand_dims(gl.arange(0, C, layout=gl.SliceLayout(1, x_layout)), 1) * W
+        cols = cols + gl.expand_dims(gl.arange(0, W, layout=gl.SliceLayout(0, x_layout)), 0)
+        for part in gl.static_range(PARTS):
+            x = gl.load(x_ptr + part * 1024 + cols, cache_modifier=".cg")
+            if SILU_MUL:
+                gate = x.to(gl.float32)
+                up = gl.load(x_ptr + PARTS * 1024 + part * 1024 + cols, cache_modifier=".cg")
+                x = (gate / (1.0 + gl.exp(-gate)) * up.to(gl.float32)).to(gl.bfloat16)
+            xs.index(part).store(x)
+    for rb in gl.static_range(R // RB):
+        y = gl.zeros([RB], gl.float32, y_layout)
+        for part in gl.static_range(PARTS):
             slot = i % STAGES
             mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
-            for j in gl.static_range(SUB):
-                w = ring.index(slot * SUB + j).load(layout)
-                x = xs.index(kq * SUB + j).load(x_layout)
-                acc += w.to(gl.float32) * gl.expand_dims(x.to(gl.float32), 0)
+            if MODE < 2:
+                w = ring.index(slot).reshape([RB, C, W]).load(layout)
+                x = xs.index(part).load(x_layout)
+                y += gl.sum(gl.sum(w.to(gl.float32) * gl.expand_dims(x.to(gl.float32), 0), 2), 1)
             mbarrier.arrive(empty.index(slot))
             i += 1
-        y = gl.sum(acc, axis=1)
-        rows = row0 + rb * TR + gl.arange(0, TR, layout=gl.SliceLayout(1, layout))
-        if RESIDUAL:
-            y = y.to(gl.bfloat16).to(gl.float32)
-            y += gl.load(out_ptr + rows, cache_modifier=".cg").to(gl.float32)
-        gl.store(out_ptr + rows, y.to(gl.bfloat16))
+        if MODE < 2:
+            rows = row0 + rb * RB + gl.arange(0, RB, layout=y_layout)
+            if RESIDUAL:
+                y = y.to(gl.bfloat16).to(gl.float32)
+                y += gl.load(out_ptr + rows, cache_modifier=".cg").to(gl.float32)
+            gl.store(out_ptr + rows, y.to(gl.bfloat16))
     return i
 
 
 @gluon.jit
 def _consumer(stream_ptr, h_ptr, g_ptr, counter_ptr, ring, ready, empty, xs, L,
               H: gl.constexpr, QKV: gl.constexpr, AO: gl.constexpr, I2: gl.constexpr,
-              P: gl.constexpr, SYNC: gl.constexpr):  # fmt: skip
+              P: gl.constexpr, MODE: gl.constexpr):  # fmt: skip
+    """MODE 0: the chain; 1: no grid barriers (the streaming bound, wrong results); 2: no
+    barriers and no products (the slots waited for and released: the TMA stream alone)."""
     pid = gl.program_id(0)
     i = 0
     for layer in range(L):
         step = layer * 4
         i = _product(ring, ready, empty, xs, i, stream_ptr, h_ptr, pid * (QKV // P), QKV // P,
-                     H, False, False)  # fmt: skip
-        if SYNC:
+                     H // 1024, False, False, MODE)  # fmt: skip
+        if MODE == 0:
             _grid_sync(counter_ptr, (step + 1) * P)
-        i = _product(ring, ready, empty, xs, i, h_ptr, stream_ptr, pid * (H // P), H // P, AO,
-                     False, True)  # fmt: skip
-        if SYNC:
+        i = _product(ring, ready, empty, xs, i, h_ptr, stream_ptr, pid * (H // P), H // P,
+                     AO // 1024, False, True, MODE)  # fmt: skip
+        if MODE == 0:
             _grid_sync(counter_ptr, (step + 2) * P)
         i = _product(ring, ready, empty, xs, i, stream_ptr, g_ptr, pid * (I2 // P), I2 // P,
-                     H, False, False)  # fmt: skip
-        if SYNC:
+                     H // 1024, False, False, MODE)  # fmt: skip
+        if MODE == 0:
             _grid_sync(counter_ptr, (step + 3) * P)
         i = _product(ring, ready, empty, xs, i, g_ptr, stream_ptr, pid * (H // P), H // P,
-                     I2 // 2, True, True)  # fmt: skip
-        if SYNC:
+                     I2 // 2048, True, True, MODE)  # fmt: skip
+        if MODE == 0:
             _grid_sync(counter_ptr, (step + 4) * P)
 
 
 @gluon.jit
 def _chain_fwd(stream_ptr, h_ptr, g_ptr, counter_ptr, wa, wb, wc, wd, L, H: gl.constexpr,
                QKV: gl.constexpr, AO: gl.constexpr, I2: gl.constexpr, P: gl.constexpr,
-               STAGES: gl.constexpr, SUB: gl.constexpr, SYNC: gl.constexpr):  # fmt: skip
-    TR: gl.constexpr = wa.block_type.shape[0]
-    TK: gl.constexpr = wa.block_type.shape[1]
-    XB: gl.constexpr = max(H, AO, I2 // 2) // TK
-    ring = gl.allocate_shared_memory(wa.dtype, [STAGES * SUB, TR, TK], wa.layout)
-    xs = gl.allocate_shared_memory(wa.dtype, [XB, TK],
-                                   gl.SwizzledSharedLayout(1, 1, 1, order=[0]))  # fmt: skip
+               STAGES: gl.constexpr, MODE: gl.constexpr):  # fmt: skip
+    BOX: gl.constexpr = wa.block_type.shape[0]
+    W: gl.constexpr = wa.block_type.shape[1]
+    XP: gl.constexpr = max(H, AO, I2 // 2) // 1024
+    ring = gl.allocate_shared_memory(wa.dtype, [STAGES, BOX, W], wa.layout)
+    xs = gl.allocate_shared_memory(wa.dtype, [XP, 1024 // W, W],
+                                   gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))  # fmt: skip
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(STAGES):
@@ -174,31 +182,33 @@ def _chain_fwd(stream_ptr, h_ptr, g_ptr, counter_ptr, wa, wb, wc, wd, L, H: gl.c
     fence_async_shared()
     gl.warp_specialize([
         (_consumer, (stream_ptr, h_ptr, g_ptr, counter_ptr, ring, ready, empty, xs, L, H, QKV,
-                     AO, I2, P, SYNC)),
+                     AO, I2, P, MODE)),
         (_producer, (wa, wb, wc, wd, ring, ready, empty, L, H, QKV, AO, I2, P)),
     ], [1], [24])  # fmt: skip
 
 
 def descriptors(w: torch.Tensor, layers: int, dims) -> list[TensorDescriptor]:
-    """Each product's weights, stacked over the layers as one [L * N, K] tensor."""
+    """Each product's weights as [L, parts, N, 1024] (K split into 1024-wide parts), read as
+    rows of 256: a slot of ROWS weight rows of one part is one box of contiguous memory."""
     hidden, qkv, ao, i2 = dims
     shapes = [(qkv, hidden), (hidden, ao), (i2, hidden), (hidden, i2 // 2)]
-    layout = gl.NVMMASharedLayout.get_default_for(list(TILE), gl.bfloat16)
-    parts = w.split([n * k for n, k in shapes], dim=1)
+    box = [ROWS * PART // 256, 256]
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
     out = []
-    for part, (n, k) in zip(parts, shapes):
-        stacked = part.contiguous().view(layers * n, k)
-        out.append(TensorDescriptor(stacked, list(stacked.shape), [k, 1], list(TILE), layout))
+    for part, (n, k) in zip(w.split([n * k for n, k in shapes], dim=1), shapes):
+        parts = part.reshape(layers, n, k // PART, PART).transpose(1, 2).contiguous()
+        rows = parts.view(-1, 256)
+        out.append(TensorDescriptor(rows, list(rows.shape), [256, 1], box, layout))
     return out
 
 
-def gluon_chain(stream, h, g, counter, descs, layers, dims, p=128, stages=12, sub=4, sync=True,
+def gluon_chain(stream, h, g, counter, descs, layers, dims, p=128, stages=12, mode=0,
                 warps=4):  # fmt: skip
-    """``stages`` ring slots of ``sub`` [8, 256] tiles each (12 x 4: 192 KiB)."""
+    """``stages`` ring slots of 16 KiB each (12: 192 KiB)."""
     hidden, qkv, ao, i2 = dims
     counter.zero_()
     _chain_fwd[(p,)](stream, h, g, counter, *descs, layers, H=hidden, QKV=qkv, AO=ao, I2=i2,
-                     P=p, STAGES=stages, SUB=sub, SYNC=sync, num_warps=warps)  # fmt: skip
+                     P=p, STAGES=stages, MODE=mode, num_warps=warps)  # fmt: skip
 
 
 def compile_only() -> None:
@@ -210,12 +220,13 @@ def compile_only() -> None:
     dims, layers = (1024, 4096, 2048, 6144), 2
     stream, w, h, g, counter = make(layers, dims, "cpu")
     descs = descriptors(w, layers, dims)
-    for stages, sub in ((12, 4), (24, 2), (48, 1)):
-        for sync in (True, False):
-            sm90_compile.CompileOnly(_chain_fwd)[(128,)](
-                stream, h, g, counter, *descs, layers, H=1024, QKV=4096, AO=2048, I2=6144,
-                P=128, STAGES=stages, SUB=sub, SYNC=sync, num_warps=4)  # fmt: skip
-            print(f"compiled stages={stages} sub={sub} sync={sync}", flush=True)
+    for stages in (6, 12):
+        for mode in (0, 1, 2):
+            for warps in (4, 8):
+                sm90_compile.CompileOnly(_chain_fwd)[(128,)](
+                    stream, h, g, counter, *descs, layers, H=1024, QKV=4096, AO=2048, I2=6144,
+                    P=128, STAGES=stages, MODE=mode, num_warps=warps)  # fmt: skip
+                print(f"compiled stages={stages} mode={mode} warps={warps}", flush=True)
 
 
 def main() -> None:
@@ -230,12 +241,12 @@ def main() -> None:
     want = stream0.clone()
     gemv_chain(want, w, h, g, layers, dims)
     arms = {"gemv": lambda s: gemv_chain(s, w, h, g, layers, dims)}
-    for arm in os.environ.get("ARMS", "12x4,24x2,48x1,6x4").split(","):
-        stages, sub = (int(x) for x in arm.split("x"))
-        for sync in (True, False):
-            arms[f"{'gluon' if sync else 'stream'} {arm}"] = lambda s, n=stages, b=sub, y=sync: (
-                gluon_chain(s, h, g, counter, descs, layers, dims, p, stages=n, sub=b, sync=y)
-            )
+    modes = {0: "gluon", 1: "no-sync", 2: "tma-only"}
+    for arm in os.environ.get("ARMS", "12w4,12w8,6w4").split(","):
+        stages, warps = (int(x) for x in arm.split("w"))
+        for mode, label in modes.items():
+            arms[f"{label} {arm}"] = lambda s, n=stages, m=mode, w=warps: gluon_chain(
+                s, h, g, counter, descs, layers, dims, p, stages=n, mode=m, warps=w)  # fmt: skip
     for name, run in arms.items():
         stream = stream0.clone()
         try:
