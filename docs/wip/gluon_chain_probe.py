@@ -44,6 +44,7 @@ from persistent_chain_probe import gemv_chain, make  # noqa: E402
 _tma_copy_in = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 PART = 1024  # K of a weight part: every product is stored as [parts, N, PART]
 ROWS = 8  # weight rows a ring slot (8 x 1024 bf16: 16 KiB, one TMA box)
+PROFILE = ("all", "x", "wait", "slots", "out", "sync")  # what the consumer's clocks count
 
 
 @gluon.jit
@@ -55,6 +56,12 @@ def _grid_sync(counter_ptr, target):
     while seen < target:
         seen = gl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
     gl.thread_barrier()
+
+
+@gluon.jit
+def _clock():
+    return gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l", [], dtype=gl.int64,
+                                     is_pure=False, pack=1)  # fmt: skip
 
 
 @gluon.jit
@@ -80,10 +87,11 @@ def _issue(desc, ring, ready, empty, i, layer, row0, N: gl.constexpr, R: gl.cons
 
 @gluon.jit
 def _producer(wa, wb, wc, wd, ring, ready, empty, L, H: gl.constexpr, QKV: gl.constexpr,
-              AO: gl.constexpr, I2: gl.constexpr, P: gl.constexpr):  # fmt: skip
+              AO: gl.constexpr, I2: gl.constexpr, P: gl.constexpr,
+              MODE: gl.constexpr):  # fmt: skip
     pid = gl.program_id(0)
     i = 0
-    for layer in range(L):
+    for layer in range(L * (MODE != 3)):
         i = _issue(wa, ring, ready, empty, i, layer, pid * (QKV // P), QKV, QKV // P, H // 1024)
         i = _issue(wb, ring, ready, empty, i, layer, pid * (H // P), H, H // P, AO // 1024)
         i = _issue(wc, ring, ready, empty, i, layer, pid * (I2 // P), I2, I2 // P, H // 1024)
@@ -93,7 +101,7 @@ def _producer(wa, wb, wc, wd, ring, ready, empty, L, H: gl.constexpr, QKV: gl.co
 @gluon.jit
 def _product(ring, ready, empty, xs, i, x_ptr, out_ptr, row0, R: gl.constexpr,
              PARTS: gl.constexpr, SILU_MUL: gl.constexpr, RESIDUAL: gl.constexpr,
-             MODE: gl.constexpr):  # fmt: skip
+             MODE: gl.constexpr, t_x, t_wait, t_slot, t_out):  # fmt: skip
     """out[row0 : row0 + R] (+)= W . x from the ring's next slots; rounds as the GEMV does.
     x ([PARTS * 1024]) is read past the L1 (other programs wrote it) into ``xs`` once, in the
     layout it is read back in (each thread reads only what it wrote: no barrier)."""
@@ -106,7 +114,8 @@ def _product(ring, ready, empty, xs, i, x_ptr, out_ptr, row0, R: gl.constexpr,
     layout: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 1, 32], [WARPS, 1, 1], [2, 1, 0])
     x_layout: gl.constexpr = gl.SliceLayout(0, layout)
     y_layout: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, layout))
-    if MODE < 2:
+    t0 = _clock()
+    if MODE != 2:
         cols = gl.expand_dims(gl.arange(0, C, layout=gl.SliceLayout(1, x_layout)), 1) * W
         cols = cols + gl.expand_dims(gl.arange(0, W, layout=gl.SliceLayout(0, x_layout)), 0)
         for part in gl.static_range(PARTS):
@@ -116,56 +125,93 @@ def _product(ring, ready, empty, xs, i, x_ptr, out_ptr, row0, R: gl.constexpr,
                 up = gl.load(x_ptr + PARTS * 1024 + part * 1024 + cols, cache_modifier=".cg")
                 x = (gate / (1.0 + gl.exp(-gate)) * up.to(gl.float32)).to(gl.bfloat16)
             xs.index(part).store(x)
+    t1 = _clock()
+    t_x += t1 - t0
     for rb in gl.static_range(R // RB):
         y = gl.zeros([RB], gl.float32, y_layout)
         for part in gl.static_range(PARTS):
             slot = i % STAGES
-            mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
-            if MODE < 2:
+            ta = _clock()
+            if MODE != 3:
+                mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
+            tb = _clock()
+            t_wait += tb - ta
+            if MODE != 2:
                 w = ring.index(slot).reshape([RB, C, W]).load(layout)
                 x = xs.index(part).load(x_layout)
-                y += gl.sum(gl.sum(w.to(gl.float32) * gl.expand_dims(x.to(gl.float32), 0), 2), 1)
-            mbarrier.arrive(empty.index(slot))
+                y += gl.sum(gl.sum(w.to(gl.float32) * gl.expand_dims(x.to(gl.float32), 0), 1), 1)
+            if MODE != 3:
+                mbarrier.arrive(empty.index(slot))
             i += 1
-        if MODE < 2:
+            tc = _clock()
+            t_slot += tc - tb
+        if MODE != 2:
             rows = row0 + rb * RB + gl.arange(0, RB, layout=y_layout)
             if RESIDUAL:
                 y = y.to(gl.bfloat16).to(gl.float32)
                 y += gl.load(out_ptr + rows, cache_modifier=".cg").to(gl.float32)
             gl.store(out_ptr + rows, y.to(gl.bfloat16))
-    return i
+        t_out += _clock() - tc
+    return i, t_x, t_wait, t_slot, t_out
 
 
 @gluon.jit
-def _consumer(stream_ptr, h_ptr, g_ptr, counter_ptr, ring, ready, empty, xs, L,
+def _consumer(stream_ptr, h_ptr, g_ptr, counter_ptr, prof_ptr, ring, ready, empty, xs, L,
               H: gl.constexpr, QKV: gl.constexpr, AO: gl.constexpr, I2: gl.constexpr,
               P: gl.constexpr, MODE: gl.constexpr):  # fmt: skip
     """MODE 0: the chain; 1: no grid barriers (the streaming bound, wrong results); 2: no
-    barriers and no products (the slots waited for and released: the TMA stream alone)."""
+    barriers and no products (the slots waited for and released: the TMA stream alone); 3: no
+    barriers and no loads (the products of whatever the slots hold: the consumer alone)."""
     pid = gl.program_id(0)
     i = 0
+    t_x = _clock() * 0
+    t_wait = t_x
+    t_slot = t_x
+    t_out = t_x
+    t_sync = t_x
+    t_start = _clock()
     for layer in range(L):
         step = layer * 4
-        i = _product(ring, ready, empty, xs, i, stream_ptr, h_ptr, pid * (QKV // P), QKV // P,
-                     H // 1024, False, False, MODE)  # fmt: skip
+        i, t_x, t_wait, t_slot, t_out = _product(
+            ring, ready, empty, xs, i, stream_ptr, h_ptr, pid * (QKV // P), QKV // P, H // 1024,
+            False, False, MODE, t_x, t_wait, t_slot, t_out)  # fmt: skip
+        ts = _clock()
         if MODE == 0:
             _grid_sync(counter_ptr, (step + 1) * P)
-        i = _product(ring, ready, empty, xs, i, h_ptr, stream_ptr, pid * (H // P), H // P,
-                     AO // 1024, False, True, MODE)  # fmt: skip
+        t_sync += _clock() - ts
+        i, t_x, t_wait, t_slot, t_out = _product(
+            ring, ready, empty, xs, i, h_ptr, stream_ptr, pid * (H // P), H // P, AO // 1024,
+            False, True, MODE, t_x, t_wait, t_slot, t_out)  # fmt: skip
+        ts = _clock()
         if MODE == 0:
             _grid_sync(counter_ptr, (step + 2) * P)
-        i = _product(ring, ready, empty, xs, i, stream_ptr, g_ptr, pid * (I2 // P), I2 // P,
-                     H // 1024, False, False, MODE)  # fmt: skip
+        t_sync += _clock() - ts
+        i, t_x, t_wait, t_slot, t_out = _product(
+            ring, ready, empty, xs, i, stream_ptr, g_ptr, pid * (I2 // P), I2 // P, H // 1024,
+            False, False, MODE, t_x, t_wait, t_slot, t_out)  # fmt: skip
+        ts = _clock()
         if MODE == 0:
             _grid_sync(counter_ptr, (step + 3) * P)
-        i = _product(ring, ready, empty, xs, i, g_ptr, stream_ptr, pid * (H // P), H // P,
-                     I2 // 2048, True, True, MODE)  # fmt: skip
+        t_sync += _clock() - ts
+        i, t_x, t_wait, t_slot, t_out = _product(
+            ring, ready, empty, xs, i, g_ptr, stream_ptr, pid * (H // P), H // P, I2 // 2048,
+            True, True, MODE, t_x, t_wait, t_slot, t_out)  # fmt: skip
+        ts = _clock()
         if MODE == 0:
             _grid_sync(counter_ptr, (step + 4) * P)
+        t_sync += _clock() - ts
+    # cycles a program spent: in all, loading x, waiting for slots, on slots, writing, syncing
+    base = prof_ptr + pid * 8
+    gl.store(base, _clock() - t_start)
+    gl.store(base + 1, t_x)
+    gl.store(base + 2, t_wait)
+    gl.store(base + 3, t_slot)
+    gl.store(base + 4, t_out)
+    gl.store(base + 5, t_sync)
 
 
 @gluon.jit
-def _chain_fwd(stream_ptr, h_ptr, g_ptr, counter_ptr, wa, wb, wc, wd, L, H: gl.constexpr,
+def _chain_fwd(stream_ptr, h_ptr, g_ptr, counter_ptr, prof_ptr, wa, wb, wc, wd, L, H: gl.constexpr,
                QKV: gl.constexpr, AO: gl.constexpr, I2: gl.constexpr, P: gl.constexpr,
                STAGES: gl.constexpr, MODE: gl.constexpr):  # fmt: skip
     BOX: gl.constexpr = wa.block_type.shape[0]
@@ -181,9 +227,9 @@ def _chain_fwd(stream_ptr, h_ptr, g_ptr, counter_ptr, wa, wb, wc, wd, L, H: gl.c
         mbarrier.init(empty.index(s), count=1)
     fence_async_shared()
     gl.warp_specialize([
-        (_consumer, (stream_ptr, h_ptr, g_ptr, counter_ptr, ring, ready, empty, xs, L, H, QKV,
-                     AO, I2, P, MODE)),
-        (_producer, (wa, wb, wc, wd, ring, ready, empty, L, H, QKV, AO, I2, P)),
+        (_consumer, (stream_ptr, h_ptr, g_ptr, counter_ptr, prof_ptr, ring, ready, empty, xs, L,
+                     H, QKV, AO, I2, P, MODE)),
+        (_producer, (wa, wb, wc, wd, ring, ready, empty, L, H, QKV, AO, I2, P, MODE)),
     ], [1], [24])  # fmt: skip
 
 
@@ -202,12 +248,12 @@ def descriptors(w: torch.Tensor, layers: int, dims) -> list[TensorDescriptor]:
     return out
 
 
-def gluon_chain(stream, h, g, counter, descs, layers, dims, p=128, stages=12, mode=0,
+def gluon_chain(stream, h, g, counter, prof, descs, layers, dims, p=128, stages=12, mode=0,
                 warps=4):  # fmt: skip
     """``stages`` ring slots of 16 KiB each (12: 192 KiB)."""
     hidden, qkv, ao, i2 = dims
     counter.zero_()
-    _chain_fwd[(p,)](stream, h, g, counter, *descs, layers, H=hidden, QKV=qkv, AO=ao, I2=i2,
+    _chain_fwd[(p,)](stream, h, g, counter, prof, *descs, layers, H=hidden, QKV=qkv, AO=ao, I2=i2,
                      P=p, STAGES=stages, MODE=mode, num_warps=warps)  # fmt: skip
 
 
@@ -220,11 +266,12 @@ def compile_only() -> None:
     dims, layers = (1024, 4096, 2048, 6144), 2
     stream, w, h, g, counter = make(layers, dims, "cpu")
     descs = descriptors(w, layers, dims)
+    prof = torch.zeros(128, 8, dtype=torch.int64)
     for stages in (6, 12):
-        for mode in (0, 1, 2):
+        for mode in (0, 1, 2, 3):
             for warps in (4, 8):
                 sm90_compile.CompileOnly(_chain_fwd)[(128,)](
-                    stream, h, g, counter, *descs, layers, H=1024, QKV=4096, AO=2048, I2=6144,
+                    stream, h, g, counter, prof, *descs, layers, H=1024, QKV=4096, AO=2048, I2=6144,
                     P=128, STAGES=stages, MODE=mode, num_warps=warps)  # fmt: skip
                 print(f"compiled stages={stages} mode={mode} warps={warps}", flush=True)
 
@@ -238,17 +285,20 @@ def main() -> None:
     print(torch.cuda.get_device_name(), f"SMs {sms}", flush=True)
     stream0, w, h, g, counter = make(layers, dims, "cuda")
     descs = descriptors(w, layers, dims)
+    prof = torch.zeros(p, 8, dtype=torch.int64, device="cuda")
     want = stream0.clone()
     gemv_chain(want, w, h, g, layers, dims)
     arms = {"gemv": lambda s: gemv_chain(s, w, h, g, layers, dims)}
-    modes = {0: "gluon", 1: "no-sync", 2: "tma-only"}
+    modes = {0: "gluon", 1: "no-sync", 2: "tma-only", 3: "math-only"}
     for arm in os.environ.get("ARMS", "12w4,12w8,6w4").split(","):
         stages, warps = (int(x) for x in arm.split("w"))
         for mode, label in modes.items():
             arms[f"{label} {arm}"] = lambda s, n=stages, m=mode, w=warps: gluon_chain(
-                s, h, g, counter, descs, layers, dims, p, stages=n, mode=m, warps=w)  # fmt: skip
+                s, h, g, counter, prof, descs, layers, dims, p, stages=n, mode=m, warps=w
+            )
     for name, run in arms.items():
         stream = stream0.clone()
+        prof.zero_()
         try:
             run(stream)
             torch.cuda.synchronize()
@@ -261,6 +311,10 @@ def main() -> None:
         print(f"{name:14s} {1000 * ms / layers:6.2f} us a layer ({ms:.3f} ms for {layers}), "
               f"max err against gemv {err:.2g} of the largest, counter {counter.item()}",
               flush=True)  # fmt: skip
+        if name != "gemv":  # a program's cycles a layer (median over programs; one cold run)
+            parts = prof[:, :6].float().median(dim=0).values / layers
+            print("    cycles a layer: " + ", ".join(
+                f"{k} {v:.0f}" for k, v in zip(PROFILE, parts.tolist())), flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":
