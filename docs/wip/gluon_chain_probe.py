@@ -113,7 +113,7 @@ def _product(ring, ready, empty, xs, i, x_ptr, out_ptr, row0, R: gl.constexpr,
     WARPS: gl.constexpr = gl.num_warps()
     layout: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 1, 32], [WARPS, 1, 1], [2, 1, 0])
     x_layout: gl.constexpr = gl.SliceLayout(0, layout)
-    y_layout: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, layout))
+    y_layout: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(1, layout))
     t0 = _clock()
     if MODE != 2:
         cols = gl.expand_dims(gl.arange(0, C, layout=gl.SliceLayout(1, x_layout)), 1) * W
