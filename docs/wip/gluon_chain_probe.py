@@ -48,13 +48,26 @@ PROFILE = ("all", "x", "wait", "slots", "out", "sync")  # what the consumer's cl
 
 
 @gluon.jit
-def _grid_sync(counter_ptr, target):
-    """Every program's writes so far are visible to every program after this."""
+def _load_acquire(ptr):
+    return gl.inline_asm_elementwise("ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [ptr],
+                                     dtype=gl.int32, is_pure=False, pack=1)  # fmt: skip
+
+
+@gluon.jit
+def _grid_sync(counter_ptr, target, LOAD_POLL: gl.constexpr):
+    """Every program's writes so far are visible to every program after this: one release add
+    a program, then polling by atomic adds of 0 or (LOAD_POLL) by acquire loads, which do not
+    queue behind each other at the counter's L2 slice."""
     gl.thread_barrier()
     gl.atomic_add(counter_ptr, 1, sem="release", scope="gpu")
-    seen = gl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
-    while seen < target:
+    if LOAD_POLL:
+        seen = _load_acquire(counter_ptr)
+        while seen < target:
+            seen = _load_acquire(counter_ptr)
+    else:
         seen = gl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
+        while seen < target:
+            seen = gl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
     gl.thread_barrier()
 
 
@@ -99,69 +112,92 @@ def _producer(wa, wb, wc, wd, ring, ready, empty, L, H: gl.constexpr, QKV: gl.co
 
 
 @gluon.jit
-def _product(ring, ready, empty, xs, i, x_ptr, out_ptr, row0, R: gl.constexpr,
+def _x_part(x_ptr, part, cols, PARTS: gl.constexpr, SILU_MUL: gl.constexpr):
+    """Part ``part`` of the product's input row in fp32, read past the L1 (other programs
+    wrote it); with SILU_MUL silu(gate) * up, rounded to bf16 as the GEMV's prologue does."""
+    x = gl.load(x_ptr + part * 1024 + cols, cache_modifier=".cg").to(gl.float32)
+    if SILU_MUL:
+        up = gl.load(x_ptr + PARTS * 1024 + part * 1024 + cols, cache_modifier=".cg")
+        x = (x / (1.0 + gl.exp(-x)) * up.to(gl.float32)).to(gl.bfloat16).to(gl.float32)
+    return x
+
+
+@gluon.jit
+def _slot_load(ring, ready, j, layout: gl.constexpr, MODE: gl.constexpr):
+    """Slot j's weights in registers, once its TMA has landed."""
+    STAGES: gl.constexpr = ring.shape[0]
+    C: gl.constexpr = 1024 // ring.shape[2]
+    if MODE != 3:
+        mbarrier.wait(ready.index(j % STAGES), (j // STAGES) & 1)
+    return ring.index(j % STAGES).reshape([ring.shape[1] // C, C, ring.shape[2]]).load(layout)
+
+
+@gluon.jit
+def _product(ring, ready, empty, i, x_ptr, out_ptr, row0, R: gl.constexpr,
              PARTS: gl.constexpr, SILU_MUL: gl.constexpr, RESIDUAL: gl.constexpr,
              MODE: gl.constexpr, t_x, t_wait, t_slot, t_out):  # fmt: skip
     """out[row0 : row0 + R] (+)= W . x from the ring's next slots; rounds as the GEMV does.
-    x ([PARTS * 1024]) is read past the L1 (other programs wrote it) into ``xs`` once, in the
-    layout it is read back in (each thread reads only what it wrote: no barrier)."""
-    STAGES: gl.constexpr = ring.shape[0]
-    BOX: gl.constexpr = ring.shape[1]
+    The input row (up to three 1024-wide parts) is loaded into registers at once; each slot's
+    weights are loaded from shared memory one slot ahead of its sums; a residual row block is
+    loaded with its first part."""
     W: gl.constexpr = ring.shape[2]  # 256
     C: gl.constexpr = 1024 // W
-    RB: gl.constexpr = BOX // C  # weight rows a slot
+    RB: gl.constexpr = ring.shape[1] // C  # weight rows a slot
+    NS: gl.constexpr = R // RB * PARTS  # slots of this product
     WARPS: gl.constexpr = gl.num_warps()
     layout: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 1, 32], [WARPS, 1, 1], [2, 1, 0])
     x_layout: gl.constexpr = gl.SliceLayout(0, layout)
     y_layout: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(1, layout))
     t0 = _clock()
-    if MODE != 2:
-        cols = gl.expand_dims(gl.arange(0, C, layout=gl.SliceLayout(1, x_layout)), 1) * W
-        cols = cols + gl.expand_dims(gl.arange(0, W, layout=gl.SliceLayout(0, x_layout)), 0)
-        for part in gl.static_range(PARTS):
-            x = gl.load(x_ptr + part * 1024 + cols, cache_modifier=".cg")
-            if SILU_MUL:
-                gate = x.to(gl.float32)
-                up = gl.load(x_ptr + PARTS * 1024 + part * 1024 + cols, cache_modifier=".cg")
-                x = (gate / (1.0 + gl.exp(-gate)) * up.to(gl.float32)).to(gl.bfloat16)
-            xs.index(part).store(x)
+    cols = gl.expand_dims(gl.arange(0, C, layout=gl.SliceLayout(1, x_layout)), 1) * W
+    cols = cols + gl.expand_dims(gl.arange(0, W, layout=gl.SliceLayout(0, x_layout)), 0)
+    x0 = _x_part(x_ptr, 0, cols, PARTS, SILU_MUL)
+    x1 = x0
+    x2 = x0
+    if PARTS > 1:
+        x1 = _x_part(x_ptr, 1, cols, PARTS, SILU_MUL)
+    if PARTS > 2:
+        x2 = _x_part(x_ptr, 2, cols, PARTS, SILU_MUL)
     t1 = _clock()
     t_x += t1 - t0
-    for rb in gl.static_range(R // RB):
-        y = gl.zeros([RB], gl.float32, y_layout)
-        for part in gl.static_range(PARTS):
-            slot = i % STAGES
-            ta = _clock()
-            if MODE != 3:
-                mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
-            tb = _clock()
-            t_wait += tb - ta
-            if MODE != 2:
-                w = ring.index(slot).reshape([RB, C, W]).load(layout)
-                x = xs.index(part).load(x_layout)
-                y += gl.sum(gl.sum(w.to(gl.float32) * gl.expand_dims(x.to(gl.float32), 0), 1), 1)
-            if MODE != 3:
-                mbarrier.arrive(empty.index(slot))
-            i += 1
-            tc = _clock()
-            t_slot += tc - tb
+    w_next = _slot_load(ring, ready, i, layout, MODE)
+    t2 = _clock()
+    t_wait += t2 - t1
+    y = gl.zeros([RB], gl.float32, y_layout)
+    res = y
+    for s in gl.static_range(NS):
+        rows = row0 + (s // PARTS) * RB + gl.arange(0, RB, layout=y_layout)
+        if RESIDUAL and s % PARTS == 0:
+            res = gl.load(out_ptr + rows, cache_modifier=".cg").to(gl.float32)
+        w = w_next
+        if s + 1 < NS:
+            w_next = _slot_load(ring, ready, i + s + 1, layout, MODE)
+        if MODE != 3:
+            mbarrier.arrive(empty.index((i + s) % ring.shape[0]))
         if MODE != 2:
-            rows = row0 + rb * RB + gl.arange(0, RB, layout=y_layout)
-            if RESIDUAL:
-                y = y.to(gl.bfloat16).to(gl.float32)
-                y += gl.load(out_ptr + rows, cache_modifier=".cg").to(gl.float32)
-            gl.store(out_ptr + rows, y.to(gl.bfloat16))
-        t_out += _clock() - tc
-    return i, t_x, t_wait, t_slot, t_out
+            x = x0
+            if s % PARTS == 1:
+                x = x1
+            if s % PARTS == 2:
+                x = x2
+            y += gl.sum(gl.sum(w.to(gl.float32) * gl.expand_dims(x, 0), 1), 1)
+            if s % PARTS == PARTS - 1:
+                if RESIDUAL:
+                    y = y.to(gl.bfloat16).to(gl.float32) + res
+                gl.store(out_ptr + rows, y.to(gl.bfloat16))
+                y = gl.zeros([RB], gl.float32, y_layout)
+    t_slot += _clock() - t2
+    return i + NS, t_x, t_wait, t_slot, t_out
 
 
 @gluon.jit
-def _consumer(stream_ptr, h_ptr, g_ptr, counter_ptr, prof_ptr, ring, ready, empty, xs, L,
+def _consumer(stream_ptr, h_ptr, g_ptr, counter_ptr, prof_ptr, ring, ready, empty, L,
               H: gl.constexpr, QKV: gl.constexpr, AO: gl.constexpr, I2: gl.constexpr,
               P: gl.constexpr, MODE: gl.constexpr):  # fmt: skip
     """MODE 0: the chain; 1: no grid barriers (the streaming bound, wrong results); 2: no
     barriers and no products (the slots waited for and released: the TMA stream alone); 3: no
-    barriers and no loads (the products of whatever the slots hold: the consumer alone)."""
+    barriers and no loads (the products of whatever the slots hold: the consumer alone); 4: the
+    chain, its barriers polled by acquire loads."""
     pid = gl.program_id(0)
     i = 0
     t_x = _clock() * 0
@@ -173,32 +209,32 @@ def _consumer(stream_ptr, h_ptr, g_ptr, counter_ptr, prof_ptr, ring, ready, empt
     for layer in range(L):
         step = layer * 4
         i, t_x, t_wait, t_slot, t_out = _product(
-            ring, ready, empty, xs, i, stream_ptr, h_ptr, pid * (QKV // P), QKV // P, H // 1024,
+            ring, ready, empty, i, stream_ptr, h_ptr, pid * (QKV // P), QKV // P, H // 1024,
             False, False, MODE, t_x, t_wait, t_slot, t_out)  # fmt: skip
         ts = _clock()
-        if MODE == 0:
-            _grid_sync(counter_ptr, (step + 1) * P)
+        if MODE == 0 or MODE == 4:
+            _grid_sync(counter_ptr, (step + 1) * P, MODE == 4)
         t_sync += _clock() - ts
         i, t_x, t_wait, t_slot, t_out = _product(
-            ring, ready, empty, xs, i, h_ptr, stream_ptr, pid * (H // P), H // P, AO // 1024,
+            ring, ready, empty, i, h_ptr, stream_ptr, pid * (H // P), H // P, AO // 1024,
             False, True, MODE, t_x, t_wait, t_slot, t_out)  # fmt: skip
         ts = _clock()
-        if MODE == 0:
-            _grid_sync(counter_ptr, (step + 2) * P)
+        if MODE == 0 or MODE == 4:
+            _grid_sync(counter_ptr, (step + 2) * P, MODE == 4)
         t_sync += _clock() - ts
         i, t_x, t_wait, t_slot, t_out = _product(
-            ring, ready, empty, xs, i, stream_ptr, g_ptr, pid * (I2 // P), I2 // P, H // 1024,
+            ring, ready, empty, i, stream_ptr, g_ptr, pid * (I2 // P), I2 // P, H // 1024,
             False, False, MODE, t_x, t_wait, t_slot, t_out)  # fmt: skip
         ts = _clock()
-        if MODE == 0:
-            _grid_sync(counter_ptr, (step + 3) * P)
+        if MODE == 0 or MODE == 4:
+            _grid_sync(counter_ptr, (step + 3) * P, MODE == 4)
         t_sync += _clock() - ts
         i, t_x, t_wait, t_slot, t_out = _product(
-            ring, ready, empty, xs, i, g_ptr, stream_ptr, pid * (H // P), H // P, I2 // 2048,
+            ring, ready, empty, i, g_ptr, stream_ptr, pid * (H // P), H // P, I2 // 2048,
             True, True, MODE, t_x, t_wait, t_slot, t_out)  # fmt: skip
         ts = _clock()
-        if MODE == 0:
-            _grid_sync(counter_ptr, (step + 4) * P)
+        if MODE == 0 or MODE == 4:
+            _grid_sync(counter_ptr, (step + 4) * P, MODE == 4)
         t_sync += _clock() - ts
     # cycles a program spent: in all, loading x, waiting for slots, on slots, writing, syncing
     base = prof_ptr + pid * 8
@@ -216,10 +252,7 @@ def _chain_fwd(stream_ptr, h_ptr, g_ptr, counter_ptr, prof_ptr, wa, wb, wc, wd, 
                STAGES: gl.constexpr, MODE: gl.constexpr):  # fmt: skip
     BOX: gl.constexpr = wa.block_type.shape[0]
     W: gl.constexpr = wa.block_type.shape[1]
-    XP: gl.constexpr = max(H, AO, I2 // 2) // 1024
     ring = gl.allocate_shared_memory(wa.dtype, [STAGES, BOX, W], wa.layout)
-    xs = gl.allocate_shared_memory(wa.dtype, [XP, 1024 // W, W],
-                                   gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))  # fmt: skip
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(STAGES):
@@ -227,7 +260,7 @@ def _chain_fwd(stream_ptr, h_ptr, g_ptr, counter_ptr, prof_ptr, wa, wb, wc, wd, 
         mbarrier.init(empty.index(s), count=1)
     fence_async_shared()
     gl.warp_specialize([
-        (_consumer, (stream_ptr, h_ptr, g_ptr, counter_ptr, prof_ptr, ring, ready, empty, xs, L,
+        (_consumer, (stream_ptr, h_ptr, g_ptr, counter_ptr, prof_ptr, ring, ready, empty, L,
                      H, QKV, AO, I2, P, MODE)),
         (_producer, (wa, wb, wc, wd, ring, ready, empty, L, H, QKV, AO, I2, P, MODE)),
     ], [1], [24])  # fmt: skip
@@ -268,7 +301,7 @@ def compile_only() -> None:
     descs = descriptors(w, layers, dims)
     prof = torch.zeros(128, 8, dtype=torch.int64)
     for stages in (6, 12):
-        for mode in (0, 1, 2, 3):
+        for mode in (0, 1, 2, 3, 4):
             for warps in (4, 8):
                 sm90_compile.CompileOnly(_chain_fwd)[(128,)](
                     stream, h, g, counter, prof, *descs, layers, H=1024, QKV=4096, AO=2048, I2=6144,
@@ -289,7 +322,7 @@ def main() -> None:
     want = stream0.clone()
     gemv_chain(want, w, h, g, layers, dims)
     arms = {"gemv": lambda s: gemv_chain(s, w, h, g, layers, dims)}
-    modes = {0: "gluon", 1: "no-sync", 2: "tma-only", 3: "math-only"}
+    modes = {0: "gluon", 4: "gluon-ld", 1: "no-sync", 2: "tma-only", 3: "math-only"}
     for arm in os.environ.get("ARMS", "12w4,12w8,6w4").split(","):
         stages, warps = (int(x) for x in arm.split("w"))
         for mode, label in modes.items():
