@@ -99,7 +99,7 @@ def _issue(desc, ring, ready, empty, i, layer, row0, N: gl.constexpr, R: gl.cons
 
 
 @gluon.jit
-def _producer(wa, wb, wc, wd, ring, ready, empty, L, H: gl.constexpr, QKV: gl.constexpr,
+def _producer(wa, wb, wc, wc_act, wd, ring, ready, empty, L, H: gl.constexpr, QKV: gl.constexpr,
               AO: gl.constexpr, I2: gl.constexpr, P: gl.constexpr,
               MODE: gl.constexpr):  # fmt: skip
     pid = gl.program_id(0)
@@ -107,7 +107,11 @@ def _producer(wa, wb, wc, wd, ring, ready, empty, L, H: gl.constexpr, QKV: gl.co
     for layer in range(L * (MODE != 3)):
         i = _issue(wa, ring, ready, empty, i, layer, pid * (QKV // P), QKV, QKV // P, H // 1024)
         i = _issue(wb, ring, ready, empty, i, layer, pid * (H // P), H, H // P, AO // 1024)
-        i = _issue(wc, ring, ready, empty, i, layer, pid * (I2 // P), I2, I2 // P, H // 1024)
+        if MODE == 5:
+            i = _issue(wc_act, ring, ready, empty, i, layer, pid * (I2 // P), I2, I2 // P,
+                       H // 1024)  # fmt: skip
+        else:
+            i = _issue(wc, ring, ready, empty, i, layer, pid * (I2 // P), I2, I2 // P, H // 1024)
         i = _issue(wd, ring, ready, empty, i, layer, pid * (H // P), H, H // P, I2 // 2048)
 
 
@@ -135,11 +139,13 @@ def _slot_load(ring, ready, j, layout: gl.constexpr, MODE: gl.constexpr):
 @gluon.jit
 def _product(ring, ready, empty, i, x_ptr, out_ptr, row0, R: gl.constexpr,
              PARTS: gl.constexpr, SILU_MUL: gl.constexpr, RESIDUAL: gl.constexpr,
-             MODE: gl.constexpr, t_x, t_wait, t_slot, t_out):  # fmt: skip
+             MODE: gl.constexpr, t_x, t_wait, t_slot, t_out,
+             ACT: gl.constexpr = False):  # fmt: skip
     """out[row0 : row0 + R] (+)= W . x from the ring's next slots; rounds as the GEMV does.
     The input row (up to three 1024-wide parts) is loaded into registers at once; each slot's
     weights are loaded from shared memory one slot ahead of its sums; a residual row block is
-    loaded with its first part."""
+    loaded with its first part. With ACT the program's rows are gate rows then the matching up
+    rows (the gate/up weight's rows ordered so), and it writes silu(gate) * up (R / 2 rows)."""
     W: gl.constexpr = ring.shape[2]  # 256
     C: gl.constexpr = 1024 // W
     RB: gl.constexpr = ring.shape[1] // C  # weight rows a slot
@@ -165,6 +171,9 @@ def _product(ring, ready, empty, i, x_ptr, out_ptr, row0, R: gl.constexpr,
     t_wait += t2 - t1
     y = gl.zeros([RB], gl.float32, y_layout)
     res = y
+    g0 = y
+    g1 = y
+    g2 = y
     for s in gl.static_range(NS):
         rows = row0 + (s // PARTS) * RB + gl.arange(0, RB, layout=y_layout)
         if RESIDUAL and s % PARTS == 0:
@@ -181,7 +190,25 @@ def _product(ring, ready, empty, i, x_ptr, out_ptr, row0, R: gl.constexpr,
             if s % PARTS == 2:
                 x = x2
             y += gl.sum(gl.sum(w.to(gl.float32) * gl.expand_dims(x, 0), 1), 1)
-            if s % PARTS == PARTS - 1:
+            if ACT:  # PARTS == 1: a slot is a row block
+                y = y.to(gl.bfloat16).to(gl.float32)
+                if s == 0:
+                    g0 = y
+                if s == 1:
+                    g1 = y
+                if s == 2:
+                    g2 = y
+                if s >= NS // 2:
+                    gate = g0
+                    if s - NS // 2 == 1:
+                        gate = g1
+                    if s - NS // 2 == 2:
+                        gate = g2
+                    act = gate / (1.0 + gl.exp(-gate)) * y
+                    rows = row0 // 2 + (s - NS // 2) * RB + gl.arange(0, RB, layout=y_layout)
+                    gl.store(out_ptr + rows, act.to(gl.bfloat16))
+                y = gl.zeros([RB], gl.float32, y_layout)
+            elif s % PARTS == PARTS - 1:
                 if RESIDUAL:
                     y = y.to(gl.bfloat16).to(gl.float32) + res
                 gl.store(out_ptr + rows, y.to(gl.bfloat16))
@@ -197,7 +224,8 @@ def _consumer(stream_ptr, h_ptr, g_ptr, counter_ptr, prof_ptr, ring, ready, empt
     """MODE 0: the chain; 1: no grid barriers (the streaming bound, wrong results); 2: no
     barriers and no products (the slots waited for and released: the TMA stream alone); 3: no
     barriers and no loads (the products of whatever the slots hold: the consumer alone); 4: the
-    chain, its barriers polled by acquire loads."""
+    chain, its barriers polled by acquire loads; 5: the chain, gate/up writing silu(gate) * up
+    (its weight rows ordered so that a program has matching gate and up rows)."""
     pid = gl.program_id(0)
     i = 0
     t_x = _clock() * 0
@@ -212,28 +240,28 @@ def _consumer(stream_ptr, h_ptr, g_ptr, counter_ptr, prof_ptr, ring, ready, empt
             ring, ready, empty, i, stream_ptr, h_ptr, pid * (QKV // P), QKV // P, H // 1024,
             False, False, MODE, t_x, t_wait, t_slot, t_out)  # fmt: skip
         ts = _clock()
-        if MODE == 0 or MODE == 4:
+        if MODE == 0 or MODE >= 4:
             _grid_sync(counter_ptr, (step + 1) * P, MODE == 4)
         t_sync += _clock() - ts
         i, t_x, t_wait, t_slot, t_out = _product(
             ring, ready, empty, i, h_ptr, stream_ptr, pid * (H // P), H // P, AO // 1024,
             False, True, MODE, t_x, t_wait, t_slot, t_out)  # fmt: skip
         ts = _clock()
-        if MODE == 0 or MODE == 4:
+        if MODE == 0 or MODE >= 4:
             _grid_sync(counter_ptr, (step + 2) * P, MODE == 4)
         t_sync += _clock() - ts
         i, t_x, t_wait, t_slot, t_out = _product(
             ring, ready, empty, i, stream_ptr, g_ptr, pid * (I2 // P), I2 // P, H // 1024,
-            False, False, MODE, t_x, t_wait, t_slot, t_out)  # fmt: skip
+            False, False, MODE, t_x, t_wait, t_slot, t_out, MODE == 5)  # fmt: skip
         ts = _clock()
-        if MODE == 0 or MODE == 4:
+        if MODE == 0 or MODE >= 4:
             _grid_sync(counter_ptr, (step + 3) * P, MODE == 4)
         t_sync += _clock() - ts
         i, t_x, t_wait, t_slot, t_out = _product(
             ring, ready, empty, i, g_ptr, stream_ptr, pid * (H // P), H // P, I2 // 2048,
-            True, True, MODE, t_x, t_wait, t_slot, t_out)  # fmt: skip
+            MODE != 5, True, MODE, t_x, t_wait, t_slot, t_out)  # fmt: skip
         ts = _clock()
-        if MODE == 0 or MODE == 4:
+        if MODE == 0 or MODE >= 4:
             _grid_sync(counter_ptr, (step + 4) * P, MODE == 4)
         t_sync += _clock() - ts
     # cycles a program spent: in all, loading x, waiting for slots, on slots, writing, syncing
@@ -247,9 +275,9 @@ def _consumer(stream_ptr, h_ptr, g_ptr, counter_ptr, prof_ptr, ring, ready, empt
 
 
 @gluon.jit
-def _chain_fwd(stream_ptr, h_ptr, g_ptr, counter_ptr, prof_ptr, wa, wb, wc, wd, L, H: gl.constexpr,
-               QKV: gl.constexpr, AO: gl.constexpr, I2: gl.constexpr, P: gl.constexpr,
-               STAGES: gl.constexpr, MODE: gl.constexpr):  # fmt: skip
+def _chain_fwd(stream_ptr, h_ptr, g_ptr, counter_ptr, prof_ptr, wa, wb, wc, wc_act, wd, L,
+               H: gl.constexpr, QKV: gl.constexpr, AO: gl.constexpr, I2: gl.constexpr,
+               P: gl.constexpr, STAGES: gl.constexpr, MODE: gl.constexpr):  # fmt: skip
     BOX: gl.constexpr = wa.block_type.shape[0]
     W: gl.constexpr = wa.block_type.shape[1]
     ring = gl.allocate_shared_memory(wa.dtype, [STAGES, BOX, W], wa.layout)
@@ -262,11 +290,11 @@ def _chain_fwd(stream_ptr, h_ptr, g_ptr, counter_ptr, prof_ptr, wa, wb, wc, wd, 
     gl.warp_specialize([
         (_consumer, (stream_ptr, h_ptr, g_ptr, counter_ptr, prof_ptr, ring, ready, empty, L,
                      H, QKV, AO, I2, P, MODE)),
-        (_producer, (wa, wb, wc, wd, ring, ready, empty, L, H, QKV, AO, I2, P, MODE)),
+        (_producer, (wa, wb, wc, wc_act, wd, ring, ready, empty, L, H, QKV, AO, I2, P, MODE)),
     ], [1], [24])  # fmt: skip
 
 
-def descriptors(w: torch.Tensor, layers: int, dims) -> list[TensorDescriptor]:
+def descriptors(w: torch.Tensor, layers: int, dims, p: int = 128) -> list[TensorDescriptor]:
     """Each product's weights as [L, parts, N, 1024] (K split into 1024-wide parts), read as
     rows of 256: a slot of ROWS weight rows of one part is one box of contiguous memory."""
     hidden, qkv, ao, i2 = dims
@@ -274,7 +302,15 @@ def descriptors(w: torch.Tensor, layers: int, dims) -> list[TensorDescriptor]:
     box = [ROWS * PART // 256, 256]
     layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
     out = []
-    for part, (n, k) in zip(w.split([n * k for n, k in shapes], dim=1), shapes):
+    weights = list(w.split([n * k for n, k in shapes], dim=1))
+    # gate/up again, its rows ordered so that program p's are gate's and up's [p * I / P, ...)
+    inter = i2 // 2
+    per = inter // p
+    order = torch.arange(inter).view(p, per)
+    order = torch.cat([order, order + inter], dim=1).flatten()
+    weights.insert(3, weights[2].view(layers, i2, hidden)[:, order.to(w.device)].flatten(1))
+    shapes.insert(3, shapes[2])
+    for part, (n, k) in zip(weights, shapes):
         parts = part.reshape(layers, n, k // PART, PART).transpose(1, 2).contiguous()
         rows = parts.view(-1, 256)
         out.append(TensorDescriptor(rows, list(rows.shape), [256, 1], box, layout))
@@ -301,7 +337,7 @@ def compile_only() -> None:
     descs = descriptors(w, layers, dims)
     prof = torch.zeros(128, 8, dtype=torch.int64)
     for stages in (6, 12):
-        for mode in (0, 1, 2, 3, 4):
+        for mode in (0, 1, 2, 3, 4, 5):
             for warps in (4, 8):
                 sm90_compile.CompileOnly(_chain_fwd)[(128,)](
                     stream, h, g, counter, prof, *descs, layers, H=1024, QKV=4096, AO=2048, I2=6144,
@@ -322,7 +358,7 @@ def main() -> None:
     want = stream0.clone()
     gemv_chain(want, w, h, g, layers, dims)
     arms = {"gemv": lambda s: gemv_chain(s, w, h, g, layers, dims)}
-    modes = {0: "gluon", 4: "gluon-ld", 1: "no-sync", 2: "tma-only", 3: "math-only"}
+    modes = {0: "gluon", 5: "gluon-act", 1: "no-sync", 3: "math-only"}
     for arm in os.environ.get("ARMS", "12w4,12w8,6w4").split(","):
         stages, warps = (int(x) for x in arm.split("w"))
         for mode, label in modes.items():
