@@ -381,9 +381,12 @@ def main() -> None:
               f"max err against gemv {err:.2g} of the largest, counter {counter.item()}",
               flush=True)  # fmt: skip
         if name != "gemv":  # a program's cycles a layer (median over programs; one cold run)
-            parts = prof[:, :6].float().median(dim=0).values / layers
-            print("    cycles a layer: " + ", ".join(
-                f"{k} {v:.0f}" for k, v in zip(PROFILE, parts.tolist())), flush=True)  # fmt: skip
+            counts = prof[:, :6].float() / layers
+            for label, parts in (("median", counts.median(dim=0).values),
+                                 ("min", counts.min(dim=0).values),
+                                 ("max", counts.max(dim=0).values)):  # fmt: skip
+                cells = ", ".join(f"{k} {v:.0f}" for k, v in zip(PROFILE, parts.tolist()))
+                print(f"    cycles a layer, {label} over programs: {cells}", flush=True)
 
 
 if __name__ == "__main__":
