@@ -104,7 +104,7 @@ def _producer(wa, wb, wc, wc_act, wd, ring, ready, empty, L, H: gl.constexpr, QK
               MODE: gl.constexpr):  # fmt: skip
     pid = gl.program_id(0)
     i = 0
-    for layer in range(L * (MODE != 3)):
+    for layer in range(L * (MODE != 3) * (MODE != 6)):
         i = _issue(wa, ring, ready, empty, i, layer, pid * (QKV // P), QKV, QKV // P, H // 1024)
         i = _issue(wb, ring, ready, empty, i, layer, pid * (H // P), H, H // P, AO // 1024)
         if MODE == 5:
@@ -225,7 +225,8 @@ def _consumer(stream_ptr, h_ptr, g_ptr, counter_ptr, prof_ptr, ring, ready, empt
     barriers and no products (the slots waited for and released: the TMA stream alone); 3: no
     barriers and no loads (the products of whatever the slots hold: the consumer alone); 4: the
     chain, its barriers polled by acquire loads; 5: the chain, gate/up writing silu(gate) * up
-    (its weight rows ordered so that a program has matching gate and up rows)."""
+    (its weight rows ordered so that a program has matching gate and up rows); 6: the barriers
+    alone."""
     pid = gl.program_id(0)
     i = 0
     t_x = _clock() * 0
@@ -236,30 +237,34 @@ def _consumer(stream_ptr, h_ptr, g_ptr, counter_ptr, prof_ptr, ring, ready, empt
     t_start = _clock()
     for layer in range(L):
         step = layer * 4
-        i, t_x, t_wait, t_slot, t_out = _product(
-            ring, ready, empty, i, stream_ptr, h_ptr, pid * (QKV // P), QKV // P, H // 1024,
-            False, False, MODE, t_x, t_wait, t_slot, t_out)  # fmt: skip
+        if MODE != 6:
+            i, t_x, t_wait, t_slot, t_out = _product(
+                ring, ready, empty, i, stream_ptr, h_ptr, pid * (QKV // P), QKV // P, H // 1024,
+                False, False, MODE, t_x, t_wait, t_slot, t_out)  # fmt: skip
         ts = _clock()
         if MODE == 0 or MODE >= 4:
             _grid_sync(counter_ptr, (step + 1) * P, MODE == 4)
         t_sync += _clock() - ts
-        i, t_x, t_wait, t_slot, t_out = _product(
-            ring, ready, empty, i, h_ptr, stream_ptr, pid * (H // P), H // P, AO // 1024,
-            False, True, MODE, t_x, t_wait, t_slot, t_out)  # fmt: skip
+        if MODE != 6:
+            i, t_x, t_wait, t_slot, t_out = _product(
+                ring, ready, empty, i, h_ptr, stream_ptr, pid * (H // P), H // P, AO // 1024,
+                False, True, MODE, t_x, t_wait, t_slot, t_out)  # fmt: skip
         ts = _clock()
         if MODE == 0 or MODE >= 4:
             _grid_sync(counter_ptr, (step + 2) * P, MODE == 4)
         t_sync += _clock() - ts
-        i, t_x, t_wait, t_slot, t_out = _product(
-            ring, ready, empty, i, stream_ptr, g_ptr, pid * (I2 // P), I2 // P, H // 1024,
-            False, False, MODE, t_x, t_wait, t_slot, t_out, MODE == 5)  # fmt: skip
+        if MODE != 6:
+            i, t_x, t_wait, t_slot, t_out = _product(
+                ring, ready, empty, i, stream_ptr, g_ptr, pid * (I2 // P), I2 // P, H // 1024,
+                False, False, MODE, t_x, t_wait, t_slot, t_out, MODE == 5)  # fmt: skip
         ts = _clock()
         if MODE == 0 or MODE >= 4:
             _grid_sync(counter_ptr, (step + 3) * P, MODE == 4)
         t_sync += _clock() - ts
-        i, t_x, t_wait, t_slot, t_out = _product(
-            ring, ready, empty, i, g_ptr, stream_ptr, pid * (H // P), H // P, I2 // 2048,
-            MODE != 5, True, MODE, t_x, t_wait, t_slot, t_out)  # fmt: skip
+        if MODE != 6:
+            i, t_x, t_wait, t_slot, t_out = _product(
+                ring, ready, empty, i, g_ptr, stream_ptr, pid * (H // P), H // P, I2 // 2048,
+                MODE != 5, True, MODE, t_x, t_wait, t_slot, t_out)  # fmt: skip
         ts = _clock()
         if MODE == 0 or MODE >= 4:
             _grid_sync(counter_ptr, (step + 4) * P, MODE == 4)
@@ -337,7 +342,7 @@ def compile_only() -> None:
     descs = descriptors(w, layers, dims)
     prof = torch.zeros(128, 8, dtype=torch.int64)
     for stages in (6, 12):
-        for mode in (0, 1, 2, 3, 4, 5):
+        for mode in (0, 1, 2, 3, 4, 5, 6):
             for warps in (4, 8):
                 sm90_compile.CompileOnly(_chain_fwd)[(128,)](
                     stream, h, g, counter, prof, *descs, layers, H=1024, QKV=4096, AO=2048, I2=6144,
@@ -358,7 +363,7 @@ def main() -> None:
     want = stream0.clone()
     gemv_chain(want, w, h, g, layers, dims)
     arms = {"gemv": lambda s: gemv_chain(s, w, h, g, layers, dims)}
-    modes = {0: "gluon", 5: "gluon-act", 1: "no-sync", 3: "math-only"}
+    modes = {0: "gluon", 5: "gluon-act", 1: "no-sync", 6: "barriers"}
     for arm in os.environ.get("ARMS", "12w4,12w8,6w4").split(","):
         stages, warps = (int(x) for x in arm.split("w"))
         for mode, label in modes.items():
