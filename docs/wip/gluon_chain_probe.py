@@ -107,7 +107,7 @@ def _producer(wa, wb, wc, wc_act, wd, ring, ready, empty, L, H: gl.constexpr, QK
     for layer in range(L * (MODE != 3) * (MODE != 6)):
         i = _issue(wa, ring, ready, empty, i, layer, pid * (QKV // P), QKV, QKV // P, H // 1024)
         i = _issue(wb, ring, ready, empty, i, layer, pid * (H // P), H, H // P, AO // 1024)
-        if MODE == 5:
+        if MODE == 5 or MODE == 7:
             i = _issue(wc_act, ring, ready, empty, i, layer, pid * (I2 // P), I2, I2 // P,
                        H // 1024)  # fmt: skip
         else:
@@ -218,6 +218,163 @@ def _product(ring, ready, empty, i, x_ptr, out_ptr, row0, R: gl.constexpr,
 
 
 @gluon.jit
+def _words_bad(words, epoch):
+    """How many of these words do not carry ``epoch`` in their high half."""
+    return gl.sum(gl.sum(((words >> 32).to(gl.int32) != epoch).to(gl.int32), 1), 0)
+
+
+@gluon.jit
+def _x_words(ptr, part, epoch, SPIN: gl.constexpr, x_layout: gl.constexpr):
+    """Part ``part`` (1024 values) of a row published as words (two bf16 in the low half, the
+    epoch in the high half: 8-byte stores are single-copy atomic, so a word's flag vouches for
+    its values), read until every word carries ``epoch``; fp32 in ``x_layout``. Each warp reads
+    and checks the whole part itself: no barrier. Returns (values, 1 if it gave up)."""
+    WARPS: gl.constexpr = gl.num_warps()
+    wl: gl.constexpr = gl.SliceLayout(0, gl.BlockedLayout([1, 1, 4], [1, 1, 32], [WARPS, 1, 1],
+                                                          [2, 1, 0]))  # fmt: skip
+    offs = gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(1, wl)), 1) * 128
+    offs = offs + gl.expand_dims(gl.arange(0, 128, layout=gl.SliceLayout(0, wl)), 0)
+    ptrs = ptr + part * 512 + offs
+    words = gl.load(ptrs, volatile=True)
+    bad = _words_bad(words, epoch)
+    tries = 0
+    while (bad > 0) & (tries < SPIN):
+        words = gl.load(ptrs, volatile=True)
+        bad = _words_bad(words, epoch)
+        tries += 1
+    lo = (words & 0xFFFF).to(gl.int16).to(gl.bfloat16, bitcast=True).to(gl.float32)
+    hi = ((words >> 16) & 0xFFFF).to(gl.int16).to(gl.bfloat16, bitcast=True).to(gl.float32)
+    x = gl.reshape(gl.join(lo, hi), [4, 256])
+    return gl.convert_layout(x, x_layout), (bad > 0).to(gl.int64)
+
+
+@gluon.jit
+def _publish(ptr, first, y, epoch):
+    """Values ``y`` (fp32, rounded to bf16 here) at row ``first`` on of a row published as words
+    (pairs of bf16 and the epoch: ``_x_words``)."""
+    RB: gl.constexpr = y.shape[0]
+    pairs: gl.constexpr = gl.BlockedLayout([2], [32], [gl.num_warps()], [0])  # a pair a thread
+    v = y.to(gl.bfloat16).to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF
+    v = gl.convert_layout(v, pairs)
+    idx = first + gl.arange(0, RB, layout=pairs)
+    lo, hi = gl.split(gl.reshape(v, [RB // 2, 2]))
+    at, _ = gl.split(gl.reshape(idx, [RB // 2, 2]))
+    word = (epoch.to(gl.int64) << 32) | (hi.to(gl.int64) << 16) | lo.to(gl.int64)
+    gl.store(ptr + at // 2, word)
+
+
+@gluon.jit
+def _product_ll(ring, ready, empty, i, x_ptr, x_epoch, out_ptr, out_epoch, row0, res,
+                R: gl.constexpr, PARTS: gl.constexpr, RESIDUAL: gl.constexpr,
+                ACT: gl.constexpr, SPIN: gl.constexpr):  # fmt: skip
+    """``_product`` with rows published as words (no grid barrier: a program starts a product
+    once every word of its input carries the input's epoch). A residual product's rows are the
+    program's own rows of the stream, kept in ``res`` (one row block: R == ROWS)."""
+    W: gl.constexpr = ring.shape[2]  # 256
+    C: gl.constexpr = 1024 // W
+    RB: gl.constexpr = ring.shape[1] // C  # weight rows a slot
+    NS: gl.constexpr = R // RB * PARTS  # slots of this product
+    WARPS: gl.constexpr = gl.num_warps()
+    layout: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 1, 32], [WARPS, 1, 1], [2, 1, 0])
+    x_layout: gl.constexpr = gl.SliceLayout(0, layout)
+    y_layout: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(1, layout))
+    x0, stuck = _x_words(x_ptr, 0, x_epoch, SPIN, x_layout)
+    x1 = x0
+    x2 = x0
+    if PARTS > 1:
+        x1, stuck1 = _x_words(x_ptr, 1, x_epoch, SPIN, x_layout)
+        stuck += stuck1
+    if PARTS > 2:
+        x2, stuck2 = _x_words(x_ptr, 2, x_epoch, SPIN, x_layout)
+        stuck += stuck2
+    w_next = _slot_load(ring, ready, i, layout, 0)
+    y = gl.zeros([RB], gl.float32, y_layout)
+    g0 = y
+    g1 = y
+    g2 = y
+    for s in gl.static_range(NS):
+        w = w_next
+        if s + 1 < NS:
+            w_next = _slot_load(ring, ready, i + s + 1, layout, 0)
+        mbarrier.arrive(empty.index((i + s) % ring.shape[0]))
+        x = x0
+        if s % PARTS == 1:
+            x = x1
+        if s % PARTS == 2:
+            x = x2
+        y += gl.sum(gl.sum(w.to(gl.float32) * gl.expand_dims(x, 0), 1), 1)
+        if ACT:  # PARTS == 1: a slot is a row block
+            y = y.to(gl.bfloat16).to(gl.float32)
+            if s == 0:
+                g0 = y
+            if s == 1:
+                g1 = y
+            if s == 2:
+                g2 = y
+            if s >= NS // 2:
+                gate = g0
+                if s - NS // 2 == 1:
+                    gate = g1
+                if s - NS // 2 == 2:
+                    gate = g2
+                act = gate / (1.0 + gl.exp(-gate)) * y
+                _publish(out_ptr, row0 // 2 + (s - NS // 2) * RB, act, out_epoch)
+            y = gl.zeros([RB], gl.float32, y_layout)
+        elif s % PARTS == PARTS - 1:
+            if RESIDUAL:
+                y = (y.to(gl.bfloat16).to(gl.float32) + res).to(gl.bfloat16).to(gl.float32)
+                res = y
+            _publish(out_ptr, row0 + (s // PARTS) * RB, y, out_epoch)
+            y = gl.zeros([RB], gl.float32, y_layout)
+    return i + NS, res, stuck
+
+
+@gluon.jit
+def _consumer_ll(stream_ptr, counter_ptr, prof_ptr, stream_w, h_w, act_w, ring, ready, empty,
+                 L, H: gl.constexpr, QKV: gl.constexpr, AO: gl.constexpr, I2: gl.constexpr,
+                 P: gl.constexpr, SPIN: gl.constexpr):  # fmt: skip
+    """MODE 7: the chain with rows published as words (``_x_words``): product k of layer l
+    publishes epoch base + 4 l + k (the stream before layer 0: base), base counted on from the
+    launch count (``counter``), so a replay never reads a word an earlier launch left. Every
+    buffer is written once a layer; a program overwrites one only after it has read the next
+    product's whole input, which every program wrote after reading this buffer."""
+    pid = gl.program_id(0)
+    WARPS: gl.constexpr = gl.num_warps()
+    y_layout: gl.constexpr = gl.SliceLayout(
+        1, gl.SliceLayout(1, gl.BlockedLayout([1, 1, 8], [1, 1, 32], [WARPS, 1, 1], [2, 1, 0]))
+    )
+    RB: gl.constexpr = H // P
+    base = gl.load(counter_ptr) * (4 * L + 2) + 1
+    rows = pid * RB + gl.arange(0, RB, layout=y_layout)
+    res = gl.load(stream_ptr + rows).to(gl.float32)
+    _publish(stream_w, pid * RB, res, base)
+    t_start = _clock()
+    i = 0
+    stuck = (t_start * 0).to(gl.int64)
+    for layer in range(L):
+        e = base + 4 * layer
+        i, res, k = _product_ll(ring, ready, empty, i, stream_w, e, h_w, e + 1, pid * (QKV // P),
+                                res, QKV // P, H // 1024, False, False, SPIN)  # fmt: skip
+        stuck += k
+        i, res, k = _product_ll(ring, ready, empty, i, h_w, e + 1, stream_w, e + 2, pid * RB, res,
+                                RB, AO // 1024, True, False, SPIN)  # fmt: skip
+        stuck += k
+        i, res, k = _product_ll(ring, ready, empty, i, stream_w, e + 2, act_w, e + 3,
+                                pid * (I2 // P), res, I2 // P, H // 1024, False, True,
+                                SPIN)  # fmt: skip
+        stuck += k
+        i, res, k = _product_ll(ring, ready, empty, i, act_w, e + 3, stream_w, e + 4, pid * RB,
+                                res, RB, I2 // 2048, True, False, SPIN)  # fmt: skip
+        stuck += k
+    gl.store(stream_ptr + rows, res.to(gl.bfloat16))
+    base_ptr = prof_ptr + pid * 8
+    gl.store(base_ptr, _clock() - t_start)
+    gl.store(base_ptr + 4, stuck)
+    if pid == 0:  # every program has read the launch count by now (see above)
+        gl.atomic_add(counter_ptr, 1)
+
+
+@gluon.jit
 def _consumer(stream_ptr, h_ptr, g_ptr, counter_ptr, prof_ptr, ring, ready, empty, L,
               H: gl.constexpr, QKV: gl.constexpr, AO: gl.constexpr, I2: gl.constexpr,
               P: gl.constexpr, MODE: gl.constexpr):  # fmt: skip
@@ -280,7 +437,8 @@ def _consumer(stream_ptr, h_ptr, g_ptr, counter_ptr, prof_ptr, ring, ready, empt
 
 
 @gluon.jit
-def _chain_fwd(stream_ptr, h_ptr, g_ptr, counter_ptr, prof_ptr, wa, wb, wc, wc_act, wd, L,
+def _chain_fwd(stream_ptr, h_ptr, g_ptr, counter_ptr, prof_ptr, stream_w, h_w, act_w, wa, wb,
+               wc, wc_act, wd, L,
                H: gl.constexpr, QKV: gl.constexpr, AO: gl.constexpr, I2: gl.constexpr,
                P: gl.constexpr, STAGES: gl.constexpr, MODE: gl.constexpr):  # fmt: skip
     BOX: gl.constexpr = wa.block_type.shape[0]
@@ -292,11 +450,18 @@ def _chain_fwd(stream_ptr, h_ptr, g_ptr, counter_ptr, prof_ptr, wa, wb, wc, wc_a
         mbarrier.init(ready.index(s), count=1)
         mbarrier.init(empty.index(s), count=1)
     fence_async_shared()
-    gl.warp_specialize([
-        (_consumer, (stream_ptr, h_ptr, g_ptr, counter_ptr, prof_ptr, ring, ready, empty, L,
-                     H, QKV, AO, I2, P, MODE)),
-        (_producer, (wa, wb, wc, wc_act, wd, ring, ready, empty, L, H, QKV, AO, I2, P, MODE)),
-    ], [1], [24])  # fmt: skip
+    if MODE == 7:
+        gl.warp_specialize([
+            (_consumer_ll, (stream_ptr, counter_ptr, prof_ptr, stream_w, h_w, act_w, ring, ready,
+                            empty, L, H, QKV, AO, I2, P, 1 << 16)),
+            (_producer, (wa, wb, wc, wc_act, wd, ring, ready, empty, L, H, QKV, AO, I2, P, MODE)),
+        ], [1], [24])  # fmt: skip
+    else:
+        gl.warp_specialize([
+            (_consumer, (stream_ptr, h_ptr, g_ptr, counter_ptr, prof_ptr, ring, ready, empty, L,
+                         H, QKV, AO, I2, P, MODE)),
+            (_producer, (wa, wb, wc, wc_act, wd, ring, ready, empty, L, H, QKV, AO, I2, P, MODE)),
+        ], [1], [24])  # fmt: skip
 
 
 def descriptors(w: torch.Tensor, layers: int, dims, p: int = 128) -> list[TensorDescriptor]:
@@ -323,12 +488,22 @@ def descriptors(w: torch.Tensor, layers: int, dims, p: int = 128) -> list[Tensor
 
 
 def gluon_chain(stream, h, g, counter, prof, descs, layers, dims, p=128, stages=12, mode=0,
-                warps=4):  # fmt: skip
-    """``stages`` ring slots of 16 KiB each (12: 192 KiB)."""
+                warps=4, words=None):  # fmt: skip
+    """``stages`` ring slots of 16 KiB each (12: 192 KiB). Mode 7 publishes rows as ``words``
+    (``word_buffers``) and counts launches in ``counter``: it must not be zeroed between them."""
     hidden, qkv, ao, i2 = dims
-    counter.zero_()
-    _chain_fwd[(p,)](stream, h, g, counter, prof, *descs, layers, H=hidden, QKV=qkv, AO=ao, I2=i2,
-                     P=p, STAGES=stages, MODE=mode, num_warps=warps)  # fmt: skip
+    if mode != 7:
+        counter.zero_()
+    words = words if words is not None else (stream, stream, stream)
+    _chain_fwd[(p,)](stream, h, g, counter, prof, *words, *descs, layers, H=hidden, QKV=qkv,
+                     AO=ao, I2=i2, P=p, STAGES=stages, MODE=mode, num_warps=warps)  # fmt: skip
+
+
+def word_buffers(dims, device) -> tuple[torch.Tensor, ...]:
+    """The stream, q/k/v and activation rows as mode 7 publishes them: two bf16 a word."""
+    hidden, qkv, _, i2 = dims
+    return tuple(torch.zeros(n // 2, dtype=torch.int64, device=device)
+                 for n in (hidden, qkv, i2 // 2))  # fmt: skip
 
 
 def compile_only() -> None:
@@ -341,12 +516,13 @@ def compile_only() -> None:
     stream, w, h, g, counter = make(layers, dims, "cpu")
     descs = descriptors(w, layers, dims)
     prof = torch.zeros(128, 8, dtype=torch.int64)
-    for stages in (6, 12):
-        for mode in (0, 1, 2, 3, 4, 5, 6):
+    for stages in (12,):
+        for mode in (0, 1, 2, 3, 4, 5, 6, 7):
             for warps in (4, 8):
                 sm90_compile.CompileOnly(_chain_fwd)[(128,)](
-                    stream, h, g, counter, prof, *descs, layers, H=1024, QKV=4096, AO=2048, I2=6144,
-                    P=128, STAGES=stages, MODE=mode, num_warps=warps)  # fmt: skip
+                    stream, h, g, counter, prof, *word_buffers(dims, "cpu"), *descs, layers,
+                    H=1024, QKV=4096, AO=2048, I2=6144, P=128, STAGES=stages, MODE=mode,
+                    num_warps=warps)  # fmt: skip
                 print(f"compiled stages={stages} mode={mode} warps={warps}", flush=True)
 
 
@@ -363,13 +539,14 @@ def main() -> None:
     want = stream0.clone()
     gemv_chain(want, w, h, g, layers, dims)
     arms = {"gemv": lambda s: gemv_chain(s, w, h, g, layers, dims)}
-    modes = {0: "gluon", 5: "gluon-act", 1: "no-sync", 6: "barriers"}
+    modes = {7: "words", 5: "gluon-act", 0: "gluon"}
+    words = word_buffers(dims, "cuda")
     for arm in os.environ.get("ARMS", "12w4,12w8,6w4").split(","):
         stages, warps = (int(x) for x in arm.split("w"))
         for mode, label in modes.items():
             arms[f"{label} {arm}"] = lambda s, n=stages, m=mode, w=warps: gluon_chain(
-                s, h, g, counter, prof, descs, layers, dims, p, stages=n, mode=m, warps=w
-            )
+                s, h, g, counter, prof, descs, layers, dims, p, stages=n, mode=m, warps=w,
+                words=words)  # fmt: skip
     for name, run in arms.items():
         stream = stream0.clone()
         prof.zero_()
@@ -385,7 +562,9 @@ def main() -> None:
         print(f"{name:14s} {1000 * ms / layers:6.2f} us a layer ({ms:.3f} ms for {layers}), "
               f"max err against gemv {err:.2g} of the largest, counter {counter.item()}",
               flush=True)  # fmt: skip
-        if name != "gemv":  # a program's cycles a layer (median over programs; one cold run)
+        if "words" in name:  # reads that gave up waiting (0 unless the epochs are wrong)
+            print(f"    gave up: {int(prof[:, 4].sum())}", flush=True)
+        elif name != "gemv":  # a program's cycles a layer (median over programs; one cold run)
             counts = prof[:, :6].float() / layers
             for label, parts in (("median", counts.median(dim=0).values),
                                  ("min", counts.min(dim=0).values),
