@@ -1,6 +1,7 @@
 """Does a persistent decode chain pay once its weights stream through shared memory by TMA?
-(stop 71; on the device from the repo root: ``python3 docs/wip/gluon_chain_probe.py``;
-``--compile`` compiles the kernel for sm_90 on a machine without a GPU.)
+(stop 71; on the device from the repo root: ``cp docs/wip/*chain_probe.py /tmp/ &&
+ARMS=12w4 MODES=5,6 python3 /tmp/gluon_chain_probe.py``, ARMS as ``<slots>w<warps>``; ``--compile``
+compiles every variant for sm_90 on a machine without a GPU.)
 
 Why: issue 18 asks qwen3-0.6b batch 1 for 2,000 tok/s (a ~0.5 ms step on the H200; the engine
 is at ~0.72). Stop 60's ``persistent_chain_probe.py`` closed the persistent kernel *in Triton*:
@@ -15,18 +16,50 @@ Here, qwen3-0.6b's four one-row products a layer (q/k/v; o + residual; gate/up; 
 SiLU-and-mul on load + residual), 28 layers of distinct weights (880 MB, streamed from HBM
 every replay), as ``persistent_chain_probe.py`` has them:
 - ``gemv``: the engine's GEMV launches (PDL), 4 x 28 in one graph (its ``gemv_chain``);
-- ``gluon SxB``: one launch of P = 128 programs; program p owns rows [p N / P, (p + 1) N / P) of
-  every product; a 1-warp producer partition loads its [8, 256] weight tiles in consumption
-  order into a ring of S slots of B tiles (a ready and an empty mbarrier a slot); the 4-warp
-  consumer copies the product's input row into shared memory after the grid barrier,
-  multiplies the tiles as they land, writes its rows, and joins the grid barrier (one release
-  add a program, acquire polling);
-- ``stream SxB``: the same without the grid barriers (wrong results; the streaming bound).
-Checks the final residual stream against the GEMV chain's.
+- ``gluon SwW`` (mode 0): one launch of P = 128 programs, S ring slots, W consumer warps.
+  Program p owns rows [p N / P, (p + 1) N / P) of every product; each weight is stored as
+  [parts, N, 1024] (K cut into 1024-wide parts), so a slot (8 rows of one part, 16 KiB) is one
+  TMA box of contiguous memory; a 1-warp producer partition loads the slots in consumption
+  order (a ready and an empty mbarrier a slot); the consumer loads the product's input row
+  into registers, sums each slot as it lands (one slot's weights loaded ahead), writes its
+  rows, and joins a grid barrier (one release add a program, polling).
+- modes: 1 no barriers (wrong results), 2 the TMA stream alone, 3 the sums alone (no loads),
+  4 barriers polled by acquire loads, 5 = 0 with gate/up writing silu(gate) * up (its rows
+  ordered so that a program holds matching gate and up rows; down reads the activation), 6 the
+  barriers alone, 7 = 5 without barriers: rows published as 8-byte words of two bf16 and an
+  epoch, read until every word carries the expected epoch.
+Each program's clocks (``PROFILE``) split a layer into: loading the input row, waiting for
+slots, summing slots, the grid barrier. Checks the final residual stream against the GEMV's.
 
 PREDICTED (H100, before any run): gemv ~16.9 us a layer (stop 60); stream ~10.5 (31.5 MB a
 layer at ~3.0 TB/s); gluon ~11-12 (the barriers hidden by the ring, ~0.8 of a layer ahead at
 192 KiB), i.e. ~5 us a layer (~0.15 ms a 0.6b step) off the products.
+
+MEASURED (stop 71, H100 SXM, 1,980 MHz, ``benchmarks/results/h100/stop71_*/probe.log``; every
+chain equal to the GEMV's to 0.0078 of the largest value, the register probe's sum order):
+- gemv 16.9 us a layer in every run.
+- The TMA stream alone (mode 2) **9.99 us a layer: 3.15 TB/s**, the HBM rate, with one 16 KiB
+  box a slot. The first form ([8, 256] boxes under a 128-byte swizzle, 4 KiB slots;
+  ``stop71_123114a``) streamed at 16-27 us a layer: its consumer, not TMA, was the limit.
+- Best chain: mode 5, **18.5 us a layer** (mode 0 20.8-20.9; ``stop71_bef50f5``). Its clocks
+  a layer (median program, cycles): input rows 6.0k, waiting for slots 1.4k, summing 7.1k,
+  barriers **21.4k**. The barriers alone cost 7.9k a layer (**1.06 us each, as in Triton**),
+  so under the stream a barrier costs ~2.7 us: ~0.8 us of skew (the slowest program's rows,
+  min-max of the work ~3k cycles) and the rest the release add and polls queueing behind the
+  stream. An input row's L2 round trip ~0.75 us (1.5k cycles; 2.6k while down's activation
+  was computed on load by every warp, which mode 5 removed). 8 consumer warps were slower
+  everywhere (each warp loads the whole row).
+- Polling by acquire loads (mode 4): no change (the counter is not contended by the polls).
+- Words (mode 7, no barrier at all): **26.4 us a layer** at 4 warps, 39.2 at 8 (correct, no
+  read gave up): every warp of every program re-reads the whole input row until its epochs
+  match, 128 x 4 readers of up to 12 KiB each, whose traffic slows everything.
+Wrong about the barriers: hidden behind the stream they were not; a product boundary costs
+~3.5-4.5 us under the stream (barrier + input row + the sums of what landed), about what a
+PDL kernel boundary and its ramp cost, and four a layer take longer than the layer's bytes.
+For qwen3-0.6b-sized layers (31.5 MB, ~10 us of HBM) a persistent chain with grid-wide
+hand-offs does not beat the GEMV launches on an H100; what would is a cheaper hand-off (under
+~1 us while HBM streams: e.g. clusters exchanging through distributed shared memory, which
+Triton 3.6's Gluon does not expose), not more bytes in flight.
 """
 
 import os
@@ -539,7 +572,9 @@ def main() -> None:
     want = stream0.clone()
     gemv_chain(want, w, h, g, layers, dims)
     arms = {"gemv": lambda s: gemv_chain(s, w, h, g, layers, dims)}
-    modes = {7: "words", 5: "gluon-act", 0: "gluon"}
+    labels = {0: "gluon", 1: "no-sync", 2: "tma-only", 3: "math-only", 4: "gluon-ld",
+              5: "gluon-act", 6: "barriers", 7: "words"}  # fmt: skip
+    modes = {int(m): labels[int(m)] for m in os.environ.get("MODES", "7,5,0").split(",")}
     words = word_buffers(dims, "cuda")
     for arm in os.environ.get("ARMS", "12w4,12w8,6w4").split(","):
         stages, warps = (int(x) for x in arm.split("w"))
