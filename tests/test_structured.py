@@ -160,6 +160,79 @@ def test_a_form_that_does_not_compile_fails_alone(tiny_with_tokenizer, tiny_mode
     assert spec.finish_reason == "error" and "speculative decoding" in spec.error
 
 
+@pytest.fixture
+def held_compiles(monkeypatch):
+    """Structured outputs' compiles wait on the worker thread until the event is set."""
+    import threading
+
+    from nanograph.engine.structured import Grammars
+
+    release, compile_ = threading.Event(), Grammars._compile
+    monkeypatch.setattr(Grammars, "_compile",
+                        lambda self, g: release.wait(30) and compile_(self, g))  # fmt: skip
+    yield release
+    release.set()
+
+
+def test_a_compiling_form_holds_up_no_other_request(tiny_with_tokenizer, held_compiles):
+    """A form compiles on a worker thread: the requests beside it run meanwhile, and it starts
+    once compiled, with the answer it has alone."""
+    llm = make_llm(tiny_with_tokenizer)
+    engine = llm.engine
+    form, language = FORMS["grammar"]
+    params = SamplingParams(max_tokens=16, temperature=0.0, structured_outputs=form)
+    structured = engine.add_request(PROMPTS[0], params)
+    plain = engine.add_request(PROMPTS[1], SamplingParams(max_tokens=8, ignore_eos=True))
+    assert engine.has_work() and engine.num_waiting == 2
+    for _ in range(40):
+        if plain.status.name == "FINISHED":
+            break
+        engine.step()
+    assert plain.finish_reason == "length" and len(plain.output_ids) == 8
+    assert structured.status.name == "WAITING" and not structured.output_ids
+    assert engine.has_work() and engine.num_waiting == 1
+    held_compiles.set()
+    engine.run([structured])
+    alone = llm.generate([PROMPTS[0]], params)[0]
+    assert structured.output_ids == alone.token_ids and alone.text in language
+    assert_pages_back(llm)
+
+
+def test_a_request_aborted_while_its_form_compiles_leaves_nothing(tiny_with_tokenizer,
+                                                                   held_compiles):  # fmt: skip
+    llm = make_llm(tiny_with_tokenizer)
+    engine = llm.engine
+    params = SamplingParams(max_tokens=4, structured_outputs=FORMS["regex"][0])
+    request = engine.add_request(PROMPTS[0], params)
+    engine.abort(request)
+    assert request.finish_reason == "abort" and not engine.has_work()
+    held_compiles.set()
+    assert not engine.grammars.compiled()  # the compile's end is not read by anyone
+    assert not engine.grammars.any_in([request]) and not engine.grammars.compiling(request)
+    out = llm.generate([PROMPTS[0]], params)[0]  # the engine serves the same form after
+    assert out.text in FORMS["regex"][1]
+    assert_pages_back(llm)
+
+
+def test_a_form_that_fails_to_compile_after_parsing_fails_alone(tiny_with_tokenizer,
+                                                                monkeypatch):  # fmt: skip
+    from nanograph.engine.structured import Grammars
+
+    def refuse(self, grammar):
+        raise RuntimeError("no tables for this grammar")
+
+    monkeypatch.setattr(Grammars, "_compile", refuse)
+    llm = make_llm(tiny_with_tokenizer)
+    bad, good = llm.generate(PROMPTS[:2], [
+        SamplingParams(max_tokens=4, structured_outputs=FORMS["choice"][0]),
+        SamplingParams(max_tokens=4, ignore_eos=True),
+    ])  # fmt: skip
+    assert bad.finish_reason == "error"
+    assert bad.error == "structured_outputs could not be compiled: no tables for this grammar"
+    assert good.ok and len(good.token_ids) == 4
+    assert_pages_back(llm)
+
+
 @pytest.mark.parametrize(
     "form,message",
     [

@@ -70,6 +70,10 @@ from nanograph.spec.proposal import Drafter
 
 logger = logging.getLogger("nanograph")
 
+# how long a step with nothing but structured outputs compiling waits for one to finish: new
+# requests reach the engine between steps, so this bounds their wait too
+COMPILE_POLL_S = 0.005
+
 
 class _Launch(NamedTuple):
     """What a forward and its sampling put on the device: the sampled tokens, their packed
@@ -185,6 +189,7 @@ class Engine:
         tensor-parallel ranks (nothing to do with one rank)."""
         if self.live_capture is not None:
             self.live_capture.close()
+        self.grammars.close()
         launch.shutdown(self.tp)
 
     def _start(self, config: EngineConfig) -> None:
@@ -222,6 +227,9 @@ class Engine:
         self.speculative = self._speculative_decoder()
         self.stops = StopChecker(eos_token_ids, self.tokenizer, self.max_model_len)
         self.grammars = Grammars(self.tokenizer, vocab, eos_token_ids)
+        # requests whose structured output is compiling: the scheduler gets them once it is
+        # done (``_admit_compiled``), so no step waits for a compile
+        self._compiling: dict[int, Request] = {}
         self._ids = itertools.count()
         self._in_flight: _InFlight | None = None  # launched, its tokens not read yet
         # the step in flight whose structured outputs' tokens the next launch reads between
@@ -294,7 +302,10 @@ class Engine:
             request.finish("error", problem)
             logger.debug("request %d rejected: %s", request.request_id, problem)
         else:
-            self.scheduler.add(request)
+            if self.grammars.compiling(request):
+                self._compiling[request.request_id] = request
+            else:
+                self.scheduler.add(request)
             self.penalties.admit(request)
             if request.params.prompt_logprobs is not None:
                 self._scoring.add(request.request_id)
@@ -366,7 +377,13 @@ class Engine:
         return None
 
     def has_work(self) -> bool:
-        return self.scheduler.has_work() or self._in_flight is not None
+        return self.scheduler.has_work() or self._in_flight is not None or bool(self._compiling)
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests admitted and not yet running: the scheduler's queue and the structured
+        outputs still compiling."""
+        return len(self.scheduler.waiting) + len(self._compiling)
 
     def abort(self, request: Request, reason: str = "abort", error: str | None = None) -> None:
         """Ends a request now (a client went away, a caller gave up): its pages go back to the
@@ -381,7 +398,8 @@ class Engine:
 
     def _forget(self, request: Request) -> None:
         """Releases what the engine holds for a finished request."""
-        self.scheduler.finish(request)
+        if self._compiling.pop(request.request_id, None) is None:
+            self.scheduler.finish(request)
         self.sampler.release(request.request_id)
         self.penalties.release(request.request_id)
         if self.speculative is not None:
@@ -405,8 +423,30 @@ class Engine:
     def step(self) -> list[Request]:
         """Launches one forward and reads the tokens of the one before it (overlap schedule)
         or of this one (``disable_overlap_schedule``); returns the requests that finished."""
+        failed = self._admit_compiled() if self._compiling else []
         if self.speculative is not None:
-            return self._speculative_step()
+            return failed + self._speculative_step()
+        finished = failed + self._step()
+        if self._compiling and self._in_flight is None and not self.scheduler.has_work():
+            self.grammars.wait(COMPILE_POLL_S)  # only compiles are left: no spinning on them
+        return finished
+
+    def _admit_compiled(self) -> list[Request]:
+        """Hands the requests whose structured output has compiled to the scheduler; fails
+        those whose form did not compile. Returns the failed ones."""
+        failed = []
+        for request_id, problem in self.grammars.compiled():
+            request = self._compiling[request_id]
+            if problem is None:
+                del self._compiling[request_id]
+                self.scheduler.add(request)
+            else:
+                request.finish("error", problem)
+                self._forget(request)
+                failed.append(request)
+        return failed
+
+    def _step(self) -> list[Request]:
         previous = self._in_flight
         if previous is not None and self.grammars.any_in(previous.requests):
             # a structured output's next mask needs its token in flight: the next forward is

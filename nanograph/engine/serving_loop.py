@@ -26,8 +26,9 @@ Invariants:
   aborted; ``run`` returns once none is live.
 - An exception from ``Engine.step`` fails every live request (``finish_reason == "error"``) and
   the loop goes on serving the next ones.
-- Stats are a fresh immutable snapshot after every turn; ``waiting`` counts the scheduler's queue
-  only, and ``adds_seen`` the add commands taken so far, from which the caller counts the adds
+- Stats are a fresh immutable snapshot after every turn; ``waiting`` counts the requests
+  admitted and not yet running (the scheduler's queue and the structured outputs still
+  compiling), and ``adds_seen`` the add commands taken so far, from which the caller counts the adds
   still on their way (submitted minus seen) consistently with that snapshot.
 """
 
@@ -222,7 +223,7 @@ class ServingLoop:
         allocator = engine.kv_cache.allocator
         return FrontStats(
             running=len(engine.scheduler.running),
-            waiting=len(engine.scheduler.waiting),
+            waiting=engine.num_waiting,
             kv_pages_total=allocator.num_usable,
             kv_pages_free=allocator.num_free,
             kv_pages_available=engine.scheduler.num_available_pages,
