@@ -170,6 +170,50 @@ def _slot_load(ring, ready, j, layout: gl.constexpr, MODE: gl.constexpr):
 
 
 @gluon.jit
+def _x_parts(x_ptr, cols, PARTS: gl.constexpr, SILU_MUL: gl.constexpr):
+    """The product's input row, its (up to three) 1024-wide parts in registers at once."""
+    x0 = _x_part(x_ptr, 0, cols, PARTS, SILU_MUL)
+    x1 = x0
+    x2 = x0
+    if PARTS > 1:
+        x1 = _x_part(x_ptr, 1, cols, PARTS, SILU_MUL)
+    if PARTS > 2:
+        x2 = _x_part(x_ptr, 2, cols, PARTS, SILU_MUL)
+    return x0, x1, x2
+
+
+@gluon.jit
+def _slot_sum(y, w, s: gl.constexpr, PARTS: gl.constexpr, x0, x1, x2):
+    """``y`` plus slot ``s``'s weights times its part of the input row."""
+    x = x0
+    if s % PARTS == 1:
+        x = x1
+    if s % PARTS == 2:
+        x = x2
+    return y + gl.sum(gl.sum(w.to(gl.float32) * gl.expand_dims(x, 0), 1), 1)
+
+
+@gluon.jit
+def _gated(y, s: gl.constexpr, NS: gl.constexpr, g0, g1, g2):
+    """ACT's row block ``s`` (``y`` its sums, rounded here): a gate block (s < NS / 2) is kept
+    in g0..g2; an up block gives silu(gate) * up with its gate block. Returns (g0, g1, g2,
+    the activation: meaningful for an up block only)."""
+    y = y.to(gl.bfloat16).to(gl.float32)
+    if s == 0:
+        g0 = y
+    if s == 1:
+        g1 = y
+    if s == 2:
+        g2 = y
+    gate = g0
+    if s - NS // 2 == 1:
+        gate = g1
+    if s - NS // 2 == 2:
+        gate = g2
+    return g0, g1, g2, gate / (1.0 + gl.exp(-gate)) * y
+
+
+@gluon.jit
 def _product(ring, ready, empty, i, x_ptr, out_ptr, row0, R: gl.constexpr,
              PARTS: gl.constexpr, SILU_MUL: gl.constexpr, RESIDUAL: gl.constexpr,
              MODE: gl.constexpr, t_x, t_wait, t_slot, t_out,
@@ -190,13 +234,7 @@ def _product(ring, ready, empty, i, x_ptr, out_ptr, row0, R: gl.constexpr,
     t0 = _clock()
     cols = gl.expand_dims(gl.arange(0, C, layout=gl.SliceLayout(1, x_layout)), 1) * W
     cols = cols + gl.expand_dims(gl.arange(0, W, layout=gl.SliceLayout(0, x_layout)), 0)
-    x0 = _x_part(x_ptr, 0, cols, PARTS, SILU_MUL)
-    x1 = x0
-    x2 = x0
-    if PARTS > 1:
-        x1 = _x_part(x_ptr, 1, cols, PARTS, SILU_MUL)
-    if PARTS > 2:
-        x2 = _x_part(x_ptr, 2, cols, PARTS, SILU_MUL)
+    x0, x1, x2 = _x_parts(x_ptr, cols, PARTS, SILU_MUL)
     t1 = _clock()
     t_x += t1 - t0
     w_next = _slot_load(ring, ready, i, layout, MODE)
@@ -217,27 +255,10 @@ def _product(ring, ready, empty, i, x_ptr, out_ptr, row0, R: gl.constexpr,
         if MODE != 3:
             mbarrier.arrive(empty.index((i + s) % ring.shape[0]))
         if MODE != 2:
-            x = x0
-            if s % PARTS == 1:
-                x = x1
-            if s % PARTS == 2:
-                x = x2
-            y += gl.sum(gl.sum(w.to(gl.float32) * gl.expand_dims(x, 0), 1), 1)
+            y = _slot_sum(y, w, s, PARTS, x0, x1, x2)
             if ACT:  # PARTS == 1: a slot is a row block
-                y = y.to(gl.bfloat16).to(gl.float32)
-                if s == 0:
-                    g0 = y
-                if s == 1:
-                    g1 = y
-                if s == 2:
-                    g2 = y
+                g0, g1, g2, act = _gated(y, s, NS, g0, g1, g2)
                 if s >= NS // 2:
-                    gate = g0
-                    if s - NS // 2 == 1:
-                        gate = g1
-                    if s - NS // 2 == 2:
-                        gate = g2
-                    act = gate / (1.0 + gl.exp(-gate)) * y
                     rows = row0 // 2 + (s - NS // 2) * RB + gl.arange(0, RB, layout=y_layout)
                     gl.store(out_ptr + rows, act.to(gl.bfloat16))
                 y = gl.zeros([RB], gl.float32, y_layout)
@@ -330,27 +351,10 @@ def _product_ll(ring, ready, empty, i, x_ptr, x_epoch, out_ptr, out_epoch, row0,
         if s + 1 < NS:
             w_next = _slot_load(ring, ready, i + s + 1, layout, 0)
         mbarrier.arrive(empty.index((i + s) % ring.shape[0]))
-        x = x0
-        if s % PARTS == 1:
-            x = x1
-        if s % PARTS == 2:
-            x = x2
-        y += gl.sum(gl.sum(w.to(gl.float32) * gl.expand_dims(x, 0), 1), 1)
+        y = _slot_sum(y, w, s, PARTS, x0, x1, x2)
         if ACT:  # PARTS == 1: a slot is a row block
-            y = y.to(gl.bfloat16).to(gl.float32)
-            if s == 0:
-                g0 = y
-            if s == 1:
-                g1 = y
-            if s == 2:
-                g2 = y
+            g0, g1, g2, act = _gated(y, s, NS, g0, g1, g2)
             if s >= NS // 2:
-                gate = g0
-                if s - NS // 2 == 1:
-                    gate = g1
-                if s - NS // 2 == 2:
-                    gate = g2
-                act = gate / (1.0 + gl.exp(-gate)) * y
                 _publish(out_ptr, row0 // 2 + (s - NS // 2) * RB, act, out_epoch)
             y = gl.zeros([RB], gl.float32, y_layout)
         elif s % PARTS == PARTS - 1:

@@ -28,6 +28,8 @@ every chain equal to the GEMV's to 0.0078 of the largest value. Wrong: with each
 weights in shared memory at its wait, a product still costs ~4.4 us (the hand-off, the input
 row's L2 round trip, the sums, the stores, in series); the GEMV launches already sit at that
 floor. The four products' time is their dependency chain's, not their bytes'.
+Since the run its sums share ``gluon_chain_probe``'s helpers (the same operations; ptxas
+orders a few differently: its SASS differs from aad276e's, the chain kernel's does not).
 """
 
 import os
@@ -39,7 +41,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gluon_chain_probe import _tma_copy_in, _x_part, descriptors  # noqa: E402
+from gluon_chain_probe import _gated, _slot_sum, _tma_copy_in, _x_parts, descriptors  # noqa: E402
 from persistent_chain_probe import gemv_chain, make  # noqa: E402
 
 
@@ -87,13 +89,7 @@ def _gemv_fwd(desc, x_ptr, out_ptr, layer, N: gl.constexpr, R: gl.constexpr,
         _gdc_wait()
     cols = gl.expand_dims(gl.arange(0, C, layout=gl.SliceLayout(1, x_layout)), 1) * W
     cols = cols + gl.expand_dims(gl.arange(0, W, layout=gl.SliceLayout(0, x_layout)), 0)
-    x0 = _x_part(x_ptr, 0, cols, PARTS, False)
-    x1 = x0
-    x2 = x0
-    if PARTS > 1:
-        x1 = _x_part(x_ptr, 1, cols, PARTS, False)
-    if PARTS > 2:
-        x2 = _x_part(x_ptr, 2, cols, PARTS, False)
+    x0, x1, x2 = _x_parts(x_ptr, cols, PARTS, False)
     y = gl.zeros([RB], gl.float32, y_layout)
     res = y
     g0 = y
@@ -105,27 +101,10 @@ def _gemv_fwd(desc, x_ptr, out_ptr, layer, N: gl.constexpr, R: gl.constexpr,
             res = gl.load(out_ptr + rows).to(gl.float32)
         mbarrier.wait(bars.index(s), 0)
         w = slab.index(s).reshape([RB, C, W]).load(layout)
-        x = x0
-        if s % PARTS == 1:
-            x = x1
-        if s % PARTS == 2:
-            x = x2
-        y += gl.sum(gl.sum(w.to(gl.float32) * gl.expand_dims(x, 0), 1), 1)
+        y = _slot_sum(y, w, s, PARTS, x0, x1, x2)
         if ACT:  # PARTS == 1: a slot is a row block
-            y = y.to(gl.bfloat16).to(gl.float32)
-            if s == 0:
-                g0 = y
-            if s == 1:
-                g1 = y
-            if s == 2:
-                g2 = y
+            g0, g1, g2, act = _gated(y, s, NS, g0, g1, g2)
             if s >= NS // 2:
-                gate = g0
-                if s - NS // 2 == 1:
-                    gate = g1
-                if s - NS // 2 == 2:
-                    gate = g2
-                act = gate / (1.0 + gl.exp(-gate)) * y
                 at = row0 // 2 + (s - NS // 2) * RB + gl.arange(0, RB, layout=y_layout)
                 gl.store(out_ptr + at, act.to(gl.bfloat16))
             y = gl.zeros([RB], gl.float32, y_layout)
