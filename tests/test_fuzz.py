@@ -206,8 +206,7 @@ def test_arbitrary_requests_never_poison_the_engine(fuzz_llm, alone, data):
                     assert len(out.logprobs) == len(out.token_ids)
                     assert all(len(lp.top) == params.logprobs for lp in out.logprobs)
     assert not engine.has_work() and not engine.grammars._matchers  # no matcher left behind
-    assert not engine.grammars._ahead and not engine.grammars._compiling
-    assert not engine._compiling
+    assert not engine.grammars._ahead and not engine.grammars.num_compiling
     assert engine.scheduler.num_available_pages == free_before == allocator.num_usable
     again = fuzz_llm.generate(VALID_TEXTS[0], VALID)[0]
     assert again.token_ids == alone[VALID_TEXTS[0]]

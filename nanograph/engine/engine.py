@@ -227,9 +227,6 @@ class Engine:
         self.speculative = self._speculative_decoder()
         self.stops = StopChecker(eos_token_ids, self.tokenizer, self.max_model_len)
         self.grammars = Grammars(self.tokenizer, vocab, eos_token_ids)
-        # requests whose structured output is compiling: the scheduler gets them once it is
-        # done (``_admit_compiled``), so no step waits for a compile
-        self._compiling: dict[int, Request] = {}
         self._ids = itertools.count()
         self._in_flight: _InFlight | None = None  # launched, its tokens not read yet
         # the step in flight whose structured outputs' tokens the next launch reads between
@@ -302,9 +299,9 @@ class Engine:
             request.finish("error", problem)
             logger.debug("request %d rejected: %s", request.request_id, problem)
         else:
-            if self.grammars.compiling(request):
-                self._compiling[request.request_id] = request
-            else:
+            # a structured output reaches the scheduler once its form has compiled
+            # (``_admit_compiled``): no step waits for a compile
+            if not self.grammars.compiling(request):
                 self.scheduler.add(request)
             self.penalties.admit(request)
             if request.params.prompt_logprobs is not None:
@@ -377,13 +374,16 @@ class Engine:
         return None
 
     def has_work(self) -> bool:
-        return self.scheduler.has_work() or self._in_flight is not None or bool(self._compiling)
+        return (
+            self.scheduler.has_work() or self._in_flight is not None
+            or self.grammars.num_compiling > 0
+        )  # fmt: skip
 
     @property
     def num_waiting(self) -> int:
         """Requests admitted and not yet running: the scheduler's queue and the structured
         outputs still compiling."""
-        return len(self.scheduler.waiting) + len(self._compiling)
+        return len(self.scheduler.waiting) + self.grammars.num_compiling
 
     def abort(self, request: Request, reason: str = "abort", error: str | None = None) -> None:
         """Ends a request now (a client went away, a caller gave up): its pages go back to the
@@ -398,8 +398,7 @@ class Engine:
 
     def _forget(self, request: Request) -> None:
         """Releases what the engine holds for a finished request."""
-        if self._compiling.pop(request.request_id, None) is None:
-            self.scheduler.finish(request)
+        self.scheduler.finish(request)  # one it never had (a form compiling) has nothing to free
         self.sampler.release(request.request_id)
         self.penalties.release(request.request_id)
         if self.speculative is not None:
@@ -423,11 +422,15 @@ class Engine:
     def step(self) -> list[Request]:
         """Launches one forward and reads the tokens of the one before it (overlap schedule)
         or of this one (``disable_overlap_schedule``); returns the requests that finished."""
-        failed = self._admit_compiled() if self._compiling else []
+        failed = self._admit_compiled() if self.grammars.num_compiling else []
         if self.speculative is not None:
             return failed + self._speculative_step()
         finished = failed + self._step()
-        if self._compiling and self._in_flight is None and not self.scheduler.has_work():
+        if (
+            self.grammars.num_compiling
+            and self._in_flight is None
+            and not self.scheduler.has_work()
+        ):
             self.grammars.wait(COMPILE_POLL_S)  # only compiles are left: no spinning on them
         return finished
 
@@ -435,10 +438,8 @@ class Engine:
         """Hands the requests whose structured output has compiled to the scheduler; fails
         those whose form did not compile. Returns the failed ones."""
         failed = []
-        for request_id, problem in self.grammars.compiled():
-            request = self._compiling[request_id]
+        for request, problem in self.grammars.compiled():
             if problem is None:
-                del self._compiling[request_id]
                 self.scheduler.add(request)
             else:
                 request.finish("error", problem)

@@ -51,7 +51,8 @@ class Grammars:
         self._xgrammar: Any = None  # the module, once a form needed it
         self._compiler: Any = None  # made and used on the worker thread only
         self._pool: ThreadPoolExecutor | None = None
-        self._compiling: dict[int, Future] = {}  # request id -> its grammar's compile
+        # request id -> the request whose form is compiling and the compile (``compiled``)
+        self._compiling: dict[int, tuple[Request, Future]] = {}
         self._matchers: dict[int, Any] = {}  # request id -> its xgrammar GrammarMatcher
         # request id -> what accepting its token in flight gave, read ahead of the rest
         # (``advance``) for the next step's mask: a reason to end, an error, or None
@@ -82,7 +83,7 @@ class Grammars:
         self._xgrammar = xgrammar
         if self._pool is None:  # one worker: xgrammar's compiler runs its own threads
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="nanograph-grammar")
-        self._compiling[request.request_id] = self._pool.submit(self._compile, grammar)
+        self._compiling[request.request_id] = (request, self._pool.submit(self._compile, grammar))
         return None
 
     def _compile(self, grammar: Any) -> Any:
@@ -99,29 +100,34 @@ class Grammars:
     def compiling(self, request: Request) -> bool:
         return request.request_id in self._compiling
 
-    def compiled(self) -> list[tuple[int, str | None]]:
-        """The requests whose form has finished compiling since the last call, as (request id,
-        None) once given their matcher, or (request id, the problem)."""
-        done: list[tuple[int, str | None]] = []
-        for request_id, future in list(self._compiling.items()):
+    @property
+    def num_compiling(self) -> int:
+        return len(self._compiling)
+
+    def compiled(self) -> list[tuple[Request, str | None]]:
+        """The requests whose form has finished compiling since the last call, as (request,
+        None) once given their matcher, or (request, the problem)."""
+        done: list[tuple[Request, str | None]] = []
+        for request_id, (request, future) in list(self._compiling.items()):
             if not future.done():
                 continue
             del self._compiling[request_id]
             try:
                 grammar = future.result()
             except Exception as e:  # what parsing let through: the user's form still
-                done.append((request_id, f"structured_outputs could not be compiled: {e}"))
+                done.append((request, f"structured_outputs could not be compiled: {e}"))
                 continue
             self._matchers[request_id] = self._xgrammar.GrammarMatcher(
                 grammar, override_stop_tokens=self.end_ids or None
             )
-            done.append((request_id, None))
+            done.append((request, None))
         return done
 
     def wait(self, timeout: float) -> None:
         """Until a compile ends or ``timeout`` seconds pass (an engine with nothing else to do)."""
         if self._compiling:
-            wait(list(self._compiling.values()), timeout, return_when=FIRST_COMPLETED)
+            futures = [future for _, future in self._compiling.values()]
+            wait(futures, timeout, return_when=FIRST_COMPLETED)
 
     def close(self) -> None:
         if self._pool is not None:
@@ -205,7 +211,7 @@ class Grammars:
         self._ahead.pop(request_id, None)
         compiling = self._compiling.pop(request_id, None)
         if compiling is not None:  # one already running ends unread
-            compiling.cancel()
+            compiling[1].cancel()
 
 
 def _parse(xgrammar: Any, form: StructuredOutputs) -> Any:
