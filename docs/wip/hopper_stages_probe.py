@@ -12,6 +12,9 @@ times.
 
 PREDICTED: 3 slots 0-3% faster at 1 x 32k (the loads are hidden already in the steady state;
 what more depth buys is the first blocks and the waits behind a slow TMA).
+MEASURED (stop 71, H100, ``benchmarks/results/h100/stop71_b49c8ae/``): outputs identical;
+3 / 2 slots 1.024 (1 x 32k, 8b heads), 0.964 (1 x 32k, 0.6b heads), 1.034 (1 x 8192, 0.6b
+heads), each run of one depth spreading 5-19%: no gain beyond the noise; not landed.
 """
 
 import torch
