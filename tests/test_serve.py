@@ -88,8 +88,18 @@ def reference():
     words = [w for w in chat.text.split() if w.isalpha()][:2]
     banned = llm.generate([QUESTION], SamplingParams(max_tokens=16, temperature=0,
                                                      bad_words=words))[0]  # fmt: skip
+    # a structural tag that the completion's own first token opens: a number must follow (a
+    # token running past the trigger is masked, so the trigger is a whole token)
+    trigger = llm.tokenizer.decode(completion.token_ids[:1])
+    tag = {
+        "type": "structural_tag",
+        "triggers": [trigger],
+        "structures": [{"begin": trigger, "schema": {"type": "integer"}, "end": "."}],
+    }
+    tagged = llm.generate([COMPLETION_PROMPT], SamplingParams(
+        max_tokens=12, temperature=0, structured_outputs={"structural_tag": tag}))[0]  # fmt: skip
     return {"chat": chat, "completion": completion, "penalised": penalised, "banned": banned,
-            "bad_words": words, "person": person}  # fmt: skip
+            "bad_words": words, "person": person, "tagged": (tag, tagged)}  # fmt: skip
 
 
 def test_models_and_health(server, client):
@@ -286,6 +296,11 @@ def test_structured_outputs_equal_offline_in_every_spelling(any_server, referenc
     assert re.fullmatch(body["regex"], r.json()["choices"][0]["text"]) or (
         r.json()["choices"][0]["finish_reason"] == "length"
     )
+    tag, tagged = reference["tagged"]  # vLLM's structural_tag response_format
+    body = {"prompt": COMPLETION_PROMPT, "max_tokens": 12, "temperature": 0, "response_format": tag}
+    r = httpx.post(f"{any_server.base}/v1/completions", headers=_auth(), json=body, timeout=60)
+    text = r.json()["choices"][0]["text"]
+    assert text == tagged.text and re.match(re.escape(tag["triggers"][0]) + r"\s*-?[0-9]", text)
 
 
 def test_a_named_tool_choice_gives_a_call_of_that_function(any_server):
@@ -673,6 +688,12 @@ BAD = [  # (body or raw bytes, endpoint, status, param)
     ),
     (
         {"prompt": "hi", "response_format": {"type": "json_schema", "json_schema": {}}},
+        "completions",
+        400,
+        "response_format",
+    ),
+    (
+        {"prompt": "hi", "response_format": {"type": "structural_tag", "structures": []}},
         "completions",
         400,
         "response_format",

@@ -6,7 +6,9 @@ through preemption; refusals; then SmolLM2's real tokenizer with JSON schemas.""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 
 import pytest
 import torch
@@ -160,6 +162,42 @@ def test_a_form_that_does_not_compile_fails_alone(tiny_with_tokenizer, tiny_mode
     assert spec.finish_reason == "error" and "speculative decoding" in spec.error
 
 
+ANSWER = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+STRUCTURAL_TAGS = {  # "<f>" opens a tag holding ANSWER's JSON, closed by "</f>"
+    "vllm": {"type": "structural_tag", "triggers": ["<f>"],
+             "structures": [{"begin": "<f>", "schema": ANSWER, "end": "</f>"}]},
+    "xgrammar": {"type": "structural_tag", "format": {
+        "type": "triggered_tags", "triggers": ["<f>"],
+        "tags": [{"type": "tag", "begin": "<f>", "end": "</f>",
+                  "content": {"type": "json_schema", "json_schema": ANSWER}}]}},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("form", STRUCTURAL_TAGS)
+def test_a_structural_tag_holds_what_its_trigger_opens(tiny_with_tokenizer, form):
+    """Free text, except that each "<f>" opens a tag whose content keeps ANSWER's schema and
+    which "</f>" closes: the model is biased toward the trigger's bytes to write it at all."""
+    llm = make_llm(tiny_with_tokenizer)
+    encode = lambda c: llm.tokenizer.encode(c, add_special_tokens=False)[0]  # noqa: E731
+    params = SamplingParams(
+        max_tokens=160, temperature=1.0, seed=3, ignore_eos=True,
+        logit_bias={encode(c): 8.0 for c in "<f>"},
+        structured_outputs={"structural_tag": STRUCTURAL_TAGS[form]},
+    )  # fmt: skip
+    texts = [out.text for out in llm.generate(PROMPTS, params)]
+    tags = [inside for text in texts for inside in re.findall("<f>(.*?)</f>", text, re.S)]
+    assert tags, texts
+    for inside in tags:
+        answer = json.loads(inside)
+        assert list(answer) == ["a"] and type(answer["a"]) is int, inside
+    # the unconstrained run with the same bias writes "<f>" followed by anything
+    free = [
+        o.text for o in llm.generate(PROMPTS, dataclasses.replace(params, structured_outputs=None))
+    ]
+    opened = [text.split("<f>", 1)[1] for text in free if "<f>" in text]
+    assert opened and not all(re.match(r"\s*\{", rest) for rest in opened), free
+
+
 @pytest.fixture
 def held_compiles(monkeypatch):
     """Structured outputs' compiles wait on the worker thread until the event is set."""
@@ -246,6 +284,21 @@ def test_a_form_that_fails_to_compile_after_parsing_fails_alone(tiny_with_tokeni
         ({"choice": []}, "structured_outputs.choice must hold at least one string"),
         ({"choice": ["a", ""]}, "structured_outputs.choice[1] must be a non-empty string"),
         ({"jsn": {}}, "structured_outputs has no field 'jsn'"),
+        ({"structural_tag": "{x"}, "structured_outputs.structural_tag is not JSON"),
+        ({"structural_tag": {"triggers": ["<f>"]}}, "structured_outputs.structural_tag must be"),
+        (
+            {
+                "structural_tag": {
+                    "structures": [{"begin": "<f>", "end": "</f>"}],
+                    "triggers": ["<"],
+                }
+            },
+            "structured_outputs.structural_tag.structures must be",
+        ),
+        (
+            {"structural_tag": {"structures": STRUCTURAL_TAGS["vllm"]["structures"]}},
+            "structured_outputs.structural_tag.triggers must hold",
+        ),
         ("a+", "structured_outputs must be a StructuredOutputs or a dict"),
     ],
 )

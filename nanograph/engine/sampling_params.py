@@ -29,22 +29,28 @@ MAX_BAD_WORDS = 128  # vLLM's bound
 class StructuredOutputs:
     """What the output must match (vLLM's ``StructuredOutputsParams``): exactly one of a JSON
     schema (``json``: a dict or its JSON text), any JSON object (``json_object``), a regular
-    expression, one of a list of strings (``choice``), or an EBNF grammar (xgrammar's dialect,
-    GBNF-like: ``root ::= ...``). ``engine/structured.py`` compiles it."""
+    expression, one of a list of strings (``choice``), an EBNF grammar (xgrammar's dialect,
+    GBNF-like: ``root ::= ...``), or a structural tag (``structural_tag``, a dict or its JSON
+    text, as vLLM takes it: free text in which each trigger opens a tag whose content is
+    constrained, e.g. a tool call's arguments to their schema; xgrammar's form
+    ``{"type": "structural_tag", "format": {...}}``, or vLLM's first form ``{"structures":
+    [{"begin", "schema", "end"}, ...], "triggers": [...]}``). ``engine/structured.py``
+    compiles it."""
 
     json: str | dict | None = None
     regex: str | None = None
     choice: tuple[str, ...] | None = None
     grammar: str | None = None
     json_object: bool = False
+    structural_tag: str | dict | None = None
 
     def __post_init__(self) -> None:
         set_ = lambda name, value: object.__setattr__(self, name, value)
         given = [f.name for f in fields(self) if getattr(self, f.name) not in (None, False)]
         if len(given) != 1:
             raise ValueError(
-                "structured_outputs must set exactly one of json, regex, choice, grammar and "
-                f"json_object, got {', '.join(given) or 'none'}"
+                "structured_outputs must set exactly one of json, regex, choice, grammar, "
+                f"json_object and structural_tag, got {', '.join(given) or 'none'}"
             )
         if self.json is not None:
             schema = self.json
@@ -72,6 +78,38 @@ class StructuredOutputs:
         if not isinstance(self.json_object, bool):
             raise ValueError(f"structured_outputs.json_object must be true or false, got "
                              f"{self.json_object!r}")  # fmt: skip
+        if self.structural_tag is not None:
+            set_("structural_tag", _structural_tag(self.structural_tag))
+
+
+def _structural_tag(tag: str | dict) -> str:
+    """A structural tag as JSON text, its shape checked: xgrammar's ``format`` (xgrammar
+    checks the rest) or vLLM's first form, whose fields xgrammar would take without a word."""
+    name = "structured_outputs.structural_tag"
+    if isinstance(tag, str):
+        try:
+            tag = json.loads(tag)
+        except ValueError as e:
+            raise ValueError(f"{name} is not JSON: {e}") from None
+    if not isinstance(tag, dict) or ("format" in tag) == ("structures" in tag):
+        raise ValueError(f'{name} must be an object with "format" (xgrammar\'s structural tag) '
+                         'or "structures" and "triggers" (vLLM\'s first form)')  # fmt: skip
+    if "structures" in tag:
+        structures, triggers = tag["structures"], tag.get("triggers")
+        if not isinstance(structures, list) or not structures or not all(
+            isinstance(s, dict) and isinstance(s.get("begin"), str) and s["begin"]
+            and isinstance(s.get("end"), str) and isinstance(s.get("schema"), dict)
+            for s in structures
+        ):  # fmt: skip
+            raise ValueError(f'{name}.structures must be a non-empty list of {{"begin": ..., '
+                             '"schema": {...}, "end": ...}')  # fmt: skip
+        tag = {**tag, "triggers": list(_strings(f"{name}.triggers", triggers))}
+        if not tag["triggers"]:
+            raise ValueError(f"{name}.triggers must hold at least one string")
+    try:
+        return json.dumps(tag, allow_nan=False)
+    except (TypeError, ValueError) as e:  # a value JSON has no form for
+        raise ValueError(f"{name} is not JSON: {e}") from None
 
 
 @dataclass(frozen=True)
@@ -96,7 +134,8 @@ class SamplingParams:
     keeps only the prompt's last that many tokens (-1: as many as the context holds with room
     for one answer token); the engine cuts the prompt when it takes the request.
     ``structured_outputs`` (vLLM's; a ``StructuredOutputs`` or a dict of its fields) keeps
-    the output inside a JSON schema, a regex, a choice or a grammar (``engine/structured.py``).
+    the output inside a JSON schema, a regex, a choice, a grammar or a structural tag
+    (``engine/structured.py``).
     """
 
     max_tokens: int = 128

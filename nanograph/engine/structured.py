@@ -1,7 +1,8 @@
 """Structured outputs (vLLM's ``structured_outputs``, OpenAI's ``response_format``): each
-request's output kept inside a JSON schema, any JSON object, a regex, a choice of strings or an
-EBNF grammar, by xgrammar (the library vLLM and SGLang use): a grammar compiled once per form
-(xgrammar caches them), a matcher per request that says which tokens may come next.
+request's output kept inside a JSON schema, any JSON object, a regex, a choice of strings, an
+EBNF grammar or a structural tag (free text with constrained tags), by xgrammar (the library
+vLLM and SGLang use): a grammar compiled once per form (xgrammar caches them), a matcher per
+request that says which tokens may come next.
 
 Invariants:
 - A request's matcher has accepted its resolved output tokens and at most one more: the token
@@ -27,6 +28,7 @@ Invariants:
 from __future__ import annotations
 
 import json
+import warnings
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING, Any
 
@@ -227,4 +229,17 @@ def _parse(xgrammar: Any, form: StructuredOutputs) -> Any:
         return xgrammar.Grammar.from_ebnf(
             "root ::= " + " | ".join(json.dumps(c) for c in form.choice)
         )
+    if form.structural_tag is not None:
+        tag = json.loads(form.structural_tag)
+        if "structures" not in tag:  # xgrammar's own form
+            return xgrammar.Grammar.from_structural_tag(form.structural_tag)
+        # vLLM's first form, which it compiles by xgrammar's older call (as vLLM does)
+        items = [
+            xgrammar.StructuralTagItem(begin=s["begin"], schema=json.dumps(s["schema"]),
+                                       end=s["end"])
+            for s in tag["structures"]
+        ]  # fmt: skip
+        with warnings.catch_warnings():  # that call is deprecated in xgrammar, not in vLLM
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return xgrammar.Grammar.from_structural_tag(items, tag["triggers"])
     return xgrammar.Grammar.from_ebnf(form.grammar)

@@ -22,7 +22,8 @@ Invariants:
   (``SamplingParams.prompt_logprobs``): what lm-evaluation-harness reads for loglikelihoods.
   vLLM's ``prompt_logprobs: k`` gives each choice vLLM's ``prompt_logprobs`` list.
 - Structured outputs (``engine/structured.py``): OpenAI's ``response_format``
-  (``json_object``, ``json_schema``), vLLM's ``structured_outputs`` and ``guided_json`` /
+  (``json_object``, ``json_schema``; vLLM's ``structural_tag`` in either of its forms), vLLM's
+  ``structured_outputs`` and ``guided_json`` /
   ``guided_regex`` / ``guided_choice`` / ``guided_grammar``, SGLang's ``regex`` /
   ``json_schema`` / ``ebnf``: one of them per request (two: 400), a bad form is a 400 naming
   the field it came in.
@@ -276,7 +277,8 @@ def _asked_forms(request: _Request) -> list[str]:
 
 def structured_outputs(request: _Request) -> dict[str, Any] | None:
     """``SamplingParams.structured_outputs`` of a request: OpenAI's ``response_format``
-    (``json_object``, or ``json_schema`` with its ``schema``), vLLM's ``structured_outputs``
+    (``json_object``, or ``json_schema`` with its ``schema``; vLLM's ``structural_tag``),
+    vLLM's ``structured_outputs``
     and ``guided_*`` fields, SGLang's ``regex``, ``json_schema`` (JSON text) and ``ebnf``; at
     most one of them."""
     asked = _asked_forms(request)
@@ -308,8 +310,10 @@ def _response_format(form: Any) -> dict[str, Any]:
             return {"json": spec["schema"]}
         raise ApiError(400, 'response_format json_schema needs {"json_schema": {"name": ..., '
                        '"schema": {...}}}', param="response_format")  # fmt: skip
-    raise ApiError(400, f"response_format type must be text, json_object or json_schema, got "
-                   f"{kind!r}", param="response_format")  # fmt: skip
+    if kind == "structural_tag":  # vLLM's: the whole object, in either of its two forms
+        return {"structural_tag": form}
+    raise ApiError(400, "response_format type must be text, json_object, json_schema or "
+                   f"structural_tag, got {kind!r}", param="response_format")  # fmt: skip
 
 
 def _refuse_beyond_text(request: ChatRequest, tool_call_parser: str | None) -> None:
