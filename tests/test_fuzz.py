@@ -101,6 +101,28 @@ SAMPLING_FIELDS = {
                 "choice": st.lists(any_text, max_size=2),
                 "json_object": st.booleans(),
                 "grammar": any_value,
+                "structural_tag": st.one_of(
+                    st.just(
+                        {
+                            "triggers": ["<"],
+                            "structures": [
+                                {"begin": "<", "schema": {"type": "integer"}, "end": ">"}
+                            ],
+                        }
+                    ),
+                    st.fixed_dictionaries(
+                        {"triggers": st.lists(any_text, max_size=2)},
+                        optional={
+                            "structures": st.lists(
+                                st.fixed_dictionaries(
+                                    {"begin": any_text, "end": any_text, "schema": any_value}
+                                ),
+                                max_size=2,
+                            )
+                        },
+                    ),
+                    any_value,
+                ),
             },
         ),
         any_value,
