@@ -130,8 +130,9 @@ def test_graph_bad_words_equal_eager(small_qwen3, tmp_path):
 
 def test_graph_structured_outputs_equal_eager(small_qwen3, tmp_path):
     """Structured outputs under captured graphs (each step's tokens read while the next
-    forward runs, then its masks) beside plain requests: a regex, a choice and a grammar,
-    greedy and sampled, equal to eager, each inside its form."""
+    forward runs, then its masks) beside plain requests: a regex, a choice, a grammar and a
+    structural tag, greedy and sampled, equal to eager, each inside its form."""
+    import json
     import re
     import shutil
 
@@ -153,6 +154,18 @@ def test_graph_structured_outputs_equal_eager(small_qwen3, tmp_path):
         SamplingParams(max_tokens=12, temperature=0.9, seed=2, structured_outputs=forms[0])
     )
     params.append(SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))
+    # free text where each "<f>" opens a tag holding {"a": <integer>}; the bias makes the
+    # model write the trigger at all
+    answer = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    tag = {"type": "structural_tag", "format": {
+        "type": "triggered_tags", "triggers": ["<f>"],
+        "tags": [{"type": "tag", "begin": "<f>", "end": "</f>",
+                  "content": {"type": "json_schema", "json_schema": answer}}]}}  # fmt: skip
+    bias = {byte_tokenizer().encode(c, add_special_tokens=False)[0]: 8.0 for c in "<f>"}
+    prompts.append(prompts[1])
+    params.append(SamplingParams(max_tokens=160, temperature=1.0, seed=3, ignore_eos=True,
+                                 logit_bias=bias,
+                                 structured_outputs={"structural_tag": tag}))  # fmt: skip
     got, want, replays = graphs_and_eager(str(path), prompts, params)
     assert sum(c["graph"] for c in replays.values()) > 0, replays
     assert [o.token_ids for o in got] == [o.token_ids for o in want]
@@ -160,3 +173,6 @@ def test_graph_structured_outputs_equal_eager(small_qwen3, tmp_path):
     assert got[1].text in ("yes", "no", "maybe so")
     assert re.fullmatch("n=[0-9]{2};", got[2].text)
     assert len(got[4].token_ids) == 12
+    tags = re.findall("<f>(.*?)</f>", got[5].text, re.S)
+    assert tags, got[5].text
+    assert all(list(json.loads(t)) == ["a"] for t in tags), got[5].text
