@@ -66,6 +66,10 @@ ENGINE_HELP = {
     "speculative_algorithm": "speculative decoding: ngram (prompt lookup) | draft_model "
     "(off when unset)",
     "speculative_num_draft_tokens": "drafts proposed per request and step (k)",
+    "speculative_ngram_min_match_window_size": "ngram: shortest suffix n-gram matched in the "
+    "request's own tokens",
+    "speculative_ngram_max_match_window_size": "ngram: longest suffix n-gram matched (the "
+    "longest with an earlier occurrence wins)",
     "speculative_draft_model_path": "draft model for --speculative-algorithm draft_model (same "
     "tokenizer as the target: a preset, .gguf or Hugging Face folder)",
     "speculative_draft_cuda_graph": "graph backend of the draft model's runners: full | "

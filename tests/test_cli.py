@@ -35,6 +35,10 @@ def test_vllm_and_sglang_flag_names_set_our_settings(capsys, tiny_model_dir):
     assert config("--gpu-memory-utilization", "0.6").mem_fraction == 0.6
     assert config("--mem-fraction-static", "0.7").mem_fraction == 0.7
     assert config().mem_fraction == EngineConfig.mem_fraction
+    window = config("--speculative-algorithm", "ngram", "--prompt-lookup-max", "6",
+                    "--speculative-ngram-min-match-window-size", "2")  # fmt: skip
+    assert (window.speculative_ngram_min_match_window_size,
+            window.speculative_ngram_max_match_window_size) == (2, 6)  # fmt: skip
     named = config("--tp-size", "2", "--context-length", "64", "--max-running-requests", "3",
                    "--block-size", "8", "--disable-radix-cache", "--random-seed", "5")  # fmt: skip
     assert (named.tensor_parallel_size, named.max_model_len, named.max_num_seqs, named.page_size,

@@ -209,11 +209,36 @@ def test_only_accepted_tokens_enter_the_prefix_cache(tiny_model_dir, tiny):
         (dict(speculative_algorithm="ngram", speculative_num_draft_tokens=0), "1..16"),
         (dict(speculative_algorithm="ngram", speculative_num_draft_tokens=17), "1..16"),
         (dict(speculative_algorithm="ngram", tensor_parallel_size=2), "one rank"),
+        (dict(speculative_algorithm="ngram", prompt_lookup_min=0), "1 <= min <= max, got min 0"),
+        (dict(speculative_algorithm="ngram", prompt_lookup_min=3, prompt_lookup_max=2), "max 2"),
+        (dict(speculative_ngram_max_match_window_size=2), "add speculative_algorithm='ngram'"),
     ],
 )
 def test_bad_speculative_settings(kwargs, message):
+    from nanograph.engine.config import resolve_aliases
+
     with pytest.raises(ValueError, match=message):
-        EngineConfig(**kwargs)
+        EngineConfig(**resolve_aliases(kwargs))
+
+
+def test_ngram_window_reaches_the_drafter_and_keeps_outputs(tiny):
+    """The n-gram window (SGLang's names, vLLM's prompt_lookup_* as aliases) is the drafter's:
+    a window of exactly 3 tokens drafts only after a repeated 3-gram, and greedy outputs stay
+    those of speculation off."""
+    g = torch.Generator().manual_seed(11)
+    batch = repetitive_prompts(g, 6)
+    params = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
+    reference = [o.token_ids for o in make_llm(tiny).generate(batch, params)]
+    llm = make_llm(tiny, speculative_algorithm="ngram", prompt_lookup_min=3, prompt_lookup_max=3)
+    drafter = llm.engine.speculative.drafter
+    assert (drafter.min_n, drafter.max_n) == (3, 3)
+    assert [o.token_ids for o in llm.generate(batch, params)] == reference
+    from nanograph.engine.request import Request
+
+    request = Request(0, [1, 2, 3, 9, 1, 2, 3], SamplingParams())
+    assert drafter.propose([request], [2]).drafts == [[9, 1]]
+    request = Request(1, [5, 2, 3, 9, 1, 2, 3], SamplingParams())  # only "2 3" repeats
+    assert drafter.propose([request], [2]).drafts == [[]]
 
 
 def test_draft_cuda_graph_needs_cuda():

@@ -14,6 +14,7 @@ import torch
 
 from nanograph.attention import ATTENTION_BACKENDS
 from nanograph.models.moe import MOE_BACKENDS
+from nanograph.spec.ngram import NGRAM_MAX, NGRAM_MIN
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 GRAPH_CHOICES = ("auto", "full", "breakable", "tc_piecewise", "none")
@@ -92,6 +93,10 @@ class EngineConfig:
     speculative_num_draft_tokens: int = 4
     # the draft model (same tokenizer as the target): a preset, .gguf or Hugging Face folder
     speculative_draft_model_path: str | None = None
+    # ngram: the suffix n-gram matched in the request's own tokens, longest first, of at most
+    # max and at least min tokens (SGLang's names; vLLM's prompt_lookup_max / _min)
+    speculative_ngram_min_match_window_size: int = NGRAM_MIN
+    speculative_ngram_max_match_window_size: int = NGRAM_MAX
     # graph backend of the draft model's runners; auto = as decode_cuda_graph resolves
     speculative_draft_cuda_graph: str = "auto"
     # when graphs are captured: startup (before serving), background (serve at once, capture
@@ -215,6 +220,18 @@ class EngineConfig:
             raise ValueError(
                 "speculative decoding runs on one rank: drop speculative_algorithm or use "
                 "tensor_parallel_size=1 (the draft and verify steps are not sent to other ranks)"
+            )
+        low = self.speculative_ngram_min_match_window_size
+        high = self.speculative_ngram_max_match_window_size
+        if not 1 <= low <= high:
+            raise ValueError(
+                "speculative_ngram_min_match_window_size and _max_ must be 1 <= min <= max, got "
+                f"min {low} and max {high}"
+            )
+        if (low, high) != (NGRAM_MIN, NGRAM_MAX) and algorithm != "ngram":
+            raise ValueError(
+                "speculative_ngram_*_match_window_size set but speculative_algorithm is "
+                f"{algorithm!r}: add speculative_algorithm='ngram' or drop them"
             )
         path = self.speculative_draft_model_path
         if algorithm == "draft_model" and not path:
@@ -364,6 +381,8 @@ ALIASES = {
     "block_size": "page_size",  # vLLM
     "disable_radix_cache": "disable_prefix_caching",  # SGLang
     "random_seed": "seed",  # SGLang
+    "prompt_lookup_min": "speculative_ngram_min_match_window_size",  # vLLM
+    "prompt_lookup_max": "speculative_ngram_max_match_window_size",  # vLLM
 }
 EAGER_SWITCHES = ("enforce_eager", "disable_cuda_graph")
 

@@ -281,7 +281,10 @@ class Engine:
         if self.config.speculative_algorithm is None:
             return None
         if self.draft_runner is None:
-            drafter: Drafter = NgramDrafter()
+            c = self.config
+            drafter: Drafter = NgramDrafter(
+                c.speculative_ngram_min_match_window_size, c.speculative_ngram_max_match_window_size
+            )
         else:
             drafter = DraftModelDrafter(
                 self.draft_runner, self.draft_kv, self.sampler, self.config.chunked_prefill_size

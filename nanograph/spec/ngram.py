@@ -25,8 +25,9 @@ from nanograph.engine.request import Request
 from nanograph.spec.proposal import Proposal
 
 # The longest suffix n-gram with an earlier occurrence wins (more context, better guesses), of
-# at most NGRAM_MAX and at least NGRAM_MIN tokens: the defaults of vLLM's and SGLang's
-# prompt-lookup drafters.
+# at most NGRAM_MAX and at least NGRAM_MIN tokens by default (the engine's
+# speculative_ngram_{max,min}_match_window_size; vLLM's documented prompt-lookup example takes
+# 4, SGLang's tree drafter defaults to 12 and 1).
 NGRAM_MAX = 4
 NGRAM_MIN = 1
 
@@ -80,16 +81,18 @@ class _Tokens:
 
 
 class NgramDrafter:
-    """Prompt-lookup drafts, from each running request's tokens on the host."""
+    """Prompt-lookup drafts, from each running request's tokens on the host, matching suffix
+    n-grams of ``max_n`` down to ``min_n`` tokens."""
 
-    def __init__(self) -> None:
+    def __init__(self, min_n: int = NGRAM_MIN, max_n: int = NGRAM_MAX) -> None:
+        self.min_n, self.max_n = min_n, max_n
         self.states: dict[int, _Tokens] = {}
 
     def propose(self, requests: list[Request], limits: list[int]) -> Proposal:
         drafts = []
         for request, limit in zip(requests, limits):
             tokens = self.states.setdefault(request.request_id, _Tokens()).sync(request)
-            drafts.append(propose_ngram(tokens, limit))
+            drafts.append(propose_ngram(tokens, limit, self.max_n, self.min_n))
         return Proposal(drafts, None)
 
     def accepted(self, request: Request, num_accepted: int) -> None:
