@@ -209,7 +209,7 @@ def test_only_accepted_tokens_enter_the_prefix_cache(tiny_model_dir, tiny):
         (dict(speculative_algorithm="ngram", speculative_num_draft_tokens=0), "1..16"),
         (dict(speculative_algorithm="ngram", speculative_num_draft_tokens=17), "1..16"),
         (dict(speculative_algorithm="ngram", tensor_parallel_size=2), "one rank"),
-        (dict(speculative_algorithm="ngram", prompt_lookup_min=0), "1 <= min <= max, got min 0"),
+        (dict(speculative_algorithm="ngram", prompt_lookup_min=0), "got min 0 and max 4"),
         (dict(speculative_algorithm="ngram", prompt_lookup_min=3, prompt_lookup_max=2), "max 2"),
         (dict(speculative_ngram_max_match_window_size=2), "add speculative_algorithm='ngram'"),
     ],

@@ -225,8 +225,8 @@ class EngineConfig:
         high = self.speculative_ngram_max_match_window_size
         if not 1 <= low <= high:
             raise ValueError(
-                "speculative_ngram_min_match_window_size and _max_ must be 1 <= min <= max, got "
-                f"min {low} and max {high}"
+                "the n-gram window needs 1 <= speculative_ngram_min_match_window_size <= "
+                f"speculative_ngram_max_match_window_size, got min {low} and max {high}"
             )
         if (low, high) != (NGRAM_MIN, NGRAM_MAX) and algorithm != "ngram":
             raise ValueError(
