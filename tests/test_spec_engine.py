@@ -9,7 +9,8 @@ import torch
 from conftest import assert_pages_back, make_llm, requires_smollm2
 
 from nanograph import LLM, SamplingParams
-from nanograph.engine.config import EngineConfig
+from nanograph.engine.config import EngineConfig, resolve_aliases
+from nanograph.engine.request import Request
 
 PER_PAGE = 4 * 2 * 2 * 2 * 16 * 4  # page_size x k/v x layers x kv heads x head_dim x fp32
 
@@ -215,8 +216,6 @@ def test_only_accepted_tokens_enter_the_prefix_cache(tiny_model_dir, tiny):
     ],
 )
 def test_bad_speculative_settings(kwargs, message):
-    from nanograph.engine.config import resolve_aliases
-
     with pytest.raises(ValueError, match=message):
         EngineConfig(**resolve_aliases(kwargs))
 
@@ -233,8 +232,6 @@ def test_ngram_window_reaches_the_drafter_and_keeps_outputs(tiny):
     drafter = llm.engine.speculative.drafter
     assert (drafter.min_n, drafter.max_n) == (3, 3)
     assert [o.token_ids for o in llm.generate(batch, params)] == reference
-    from nanograph.engine.request import Request
-
     request = Request(0, [1, 2, 3, 9, 1, 2, 3], SamplingParams())
     assert drafter.propose([request], [2]).drafts == [[9, 1]]
     request = Request(1, [5, 2, 3, 9, 1, 2, 3], SamplingParams())  # only "2 3" repeats
