@@ -331,6 +331,11 @@ def main() -> int:
                   torch.randn(1024, 3072 if silu_mul else 2048, dtype=torch.bfloat16),
                   silu_mul=silu_mul, residual=torch.zeros(1, 1024, dtype=torch.bfloat16),
                   tiles=tiles)  # fmt: skip
+    # a MoE router's: the post-attention norm on load, the normalised row written for the experts
+    x = torch.randn(1, 2048, dtype=torch.bfloat16)
+    check("gemv norm normed_out", gemv.gemv, x, torch.randn(128, 2048, dtype=torch.bfloat16),
+          norm_weight=torch.ones(2048, dtype=torch.bfloat16), normed_out=torch.empty_like(x),
+          tiles=gemv.GemvTiles(1, 2048, 4, 2))  # fmt: skip
     # the few-row products (a verify, a small decode batch): the tiles choose_tiles takes, one
     # program a weight tile and split-K, plain and with the activation in the epilogue
     # (gate/up: half the rows a program)

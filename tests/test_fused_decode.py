@@ -72,6 +72,33 @@ def test_norm_prologue_matches_float64(dtype, n, k):
     torch.testing.assert_close(out.double(), want, rtol=tol, atol=tol * 8)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("n", "k"), [(37, 70), (128, 48)])
+def test_norm_prologue_writes_the_normed_row(dtype, n, k):
+    """A MoE router's GEMV: gemv(x, w, norm_weight, normed_out) == rmsnorm(x) @ w^T,
+    and ``normed_out`` holds rmsnorm(x) as the norm kernel writes it (the experts' input), in
+    full though each program normalises only the row it multiplies (here 5 and 16 programs
+    over several K blocks)."""
+    g = torch.Generator().manual_seed(n + k)
+    x = (3 * torch.randn(1, k, generator=g)).to(dtype)
+    w = torch.randn(n, k, generator=g).to(dtype)
+    norm_w = (1 + 0.3 * torch.randn(k, generator=g)).to(dtype)
+    normed = torch.full((1, k), float("nan"), dtype=dtype)
+    out = gemv.gemv(x, w, norm_weight=norm_w, eps=1e-5, normed_out=normed, tiles=TILES)
+    want = reference.gemv(_f64(x), _f64(w), norm_weight=_f64(norm_w), eps=1e-5)
+    tol = TOLERANCE[dtype]
+    torch.testing.assert_close(out.double(), want, rtol=tol, atol=tol * 8)
+    # the norm kernel's row: equal in float32, within one unit of the last place in bf16
+    ulp = 0.0 if dtype == torch.float32 else 2.0**-7
+    torch.testing.assert_close(normed, reference.rmsnorm(x, norm_w, 1e-5), rtol=ulp, atol=0)
+    torch.testing.assert_close(normed.double(), reference.rmsnorm(_f64(x), _f64(norm_w), 1e-5),
+                               rtol=tol, atol=tol)  # fmt: skip
+    with pytest.raises(ValueError, match="needs norm_weight"):
+        gemv.gemv(x, w, normed_out=normed)
+    with pytest.raises(ValueError, match=f"normed_out must be a contiguous \\[1, {k}\\]"):
+        gemv.gemv(x, w, norm_weight=norm_w, normed_out=torch.empty(1, k + 1, dtype=dtype))
+
+
 @pytest.mark.parametrize("silu_mul", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_residual_epilogue_matches_float64(dtype, silu_mul):
@@ -137,7 +164,8 @@ def test_fused_decode_gives_the_unfused_greedy_tokens(tiny_model_dir, monkeypatc
     """A tiny random model in float32, two requests decoded one at a time (batch 1) and then
     together: greedy tokens with every one-row forward fused equal those of the unfused path,
     and the fused GEMVs ran only when on (four per layer per one-row forward; a MoE layer: the
-    q/k/v and o GEMVs, then its experts adding into the stream). With Triton attention every
+    q/k/v and o GEMVs, its router's normalising on load, then its experts adding into the
+    stream). With Triton attention every
     decode layer's attention kernel, fused or not, rotates q/k and stores the new key and
     value (``forward_rope``), as often in both modes."""
     from nanograph import LLM, SamplingParams
@@ -183,8 +211,9 @@ def test_fused_decode_gives_the_unfused_greedy_tokens(tiny_model_dir, monkeypatc
         finally:
             ops.set_fused_decode("auto")
         layers = llm.engine.model_config.num_hidden_layers
-        fused_calls = calls["norm_linear"]
-        assert calls["norm_linear"] == calls["linear_add"]
+        fused_calls = calls["linear_add"]  # o and down; o only in a MoE layer
+        # q/k/v and gate/up; a MoE layer: q/k/v and its router, normalising on load
+        assert calls["norm_linear"] == (2 if moe else 1) * fused_calls
         assert (fused_calls > 0) == (mode == "always")
         assert fused_calls % ((1 if moe else 2) * layers) == 0
         assert calls["forward_add"] == (fused_calls if moe else 0)

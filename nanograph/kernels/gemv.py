@@ -29,6 +29,10 @@ Invariants:
 - ``residual`` (residual add in the epilogue): ``residual += product`` in place, the product
   rounded to the dtype before the add and the sum rounded once, as ``add_rmsnorm`` rounds it.
   Each output element is read and written by the one program that owns it, after the wait.
+- ``normed_out`` (with ``norm_weight``): program 0 also writes the normalised row it multiplies
+  (every program computes the same row), so a later kernel can read it: a MoE router takes the
+  post-attention norm this way and its experts read the row, with no norm kernel before it.
+  Nothing reads it in this launch; the kernels after it wait for this one to finish.
 - On sm_90+ it is launched as a programmatic dependent launch (PDL): its programs may start
   while the previous kernel finishes, load their first weight block (the weight never depends
   on that kernel), then wait for it (``gdc_wait``) before reading x. Nothing is written before
@@ -63,6 +67,7 @@ def _gemv_kernel(
     out_ptr,
     norm_w_ptr,
     residual_ptr,
+    normed_ptr,
     N,
     K,
     stride_wn,
@@ -71,6 +76,7 @@ def _gemv_kernel(
     NORM: tl.constexpr,
     SILU_OUT: tl.constexpr,
     RESIDUAL: tl.constexpr,
+    NORMED_OUT: tl.constexpr,  # with NORM: program 0 writes the normalised row to normed_ptr
     ROUND_OUT: tl.constexpr,  # a float32 out: the product rounded to x's dtype first
     PDL: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -92,11 +98,15 @@ def _gemv_kernel(
     if NORM:
         inv_rms = _inv_rms(x_ptr, offs_k, K, eps, BLOCK_K)
     x = _x_block(x_ptr, offs_k, K, SILU_MUL, NORM, norm_w_ptr, inv_rms)
+    if NORMED_OUT:
+        _store_normed(normed_ptr, x, offs_k, K)
     acc = w.to(tl.float32) * x[None, :]
     acc_up = w_up.to(tl.float32) * x[None, :]
     for k0 in range(BLOCK_K, K, BLOCK_K):  # pipelined num_stages deep (a launch option)
         w = _weight_block(w_rows, k0 + offs_k, n_mask, K)
         x = _x_block(x_ptr, k0 + offs_k, K, SILU_MUL, NORM, norm_w_ptr, inv_rms)
+        if NORMED_OUT:
+            _store_normed(normed_ptr, x, k0 + offs_k, K)
         acc += w.to(tl.float32) * x[None, :]
         if SILU_OUT:
             w_up = _weight_block(up_rows, k0 + offs_k, n_mask, K)
@@ -121,6 +131,13 @@ def _weight_block(w_rows, k, n_mask, K):
     # streamed once per step: evict first, keep L2 for the activations
     return tl.load(w_rows + k[None, :], mask=n_mask[:, None] & (k < K)[None, :], other=0.0,
                    eviction_policy="evict_first")  # fmt: skip
+
+
+@triton.jit
+def _store_normed(normed_ptr, x, k, K):
+    """Program 0's block of the normalised row (x: its values, already rounded to the dtype)."""
+    if tl.program_id(0) == 0:
+        tl.store(normed_ptr + k, x.to(normed_ptr.dtype.element_ty), mask=k < K)
 
 
 @triton.jit
@@ -194,6 +211,7 @@ def gemv(
     eps: float = 1e-6,
     silu_out: bool = False,
     residual: torch.Tensor | None = None,
+    normed_out: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     tiles: GemvTiles | None = None,
 ) -> torch.Tensor:
@@ -203,7 +221,8 @@ def gemv(
     ``silu(p[:, :N/2]) * p[:, N/2:]``, ``[1, N/2]``. With ``residual`` the result is added to
     it in place and ``residual`` is returned (``out`` must then be None). A float32 ``out``
     takes the product rounded to x's dtype (what the product in x's dtype, then ``.float()``,
-    gives: the LM head's logits without a cast kernel)."""
+    gives: the LM head's logits without a cast kernel). ``normed_out`` (a ``[1, K]`` of x's
+    dtype, with ``norm_weight``) is given the normalised row the product multiplied."""
     if x.dim() != 2 or weight.dim() != 2:
         raise ValueError(f"gemv needs x [1, K] and weight [N, K], got {tuple(x.shape)} and "
                          f"{tuple(weight.shape)}")  # fmt: skip
@@ -225,6 +244,12 @@ def gemv(
         n //= 2
     if norm_weight is not None and (norm_weight.shape != (k,) or norm_weight.stride(0) != 1):
         raise ValueError(f"norm_weight must be a contiguous [{k}], got {tuple(norm_weight.shape)}")
+    if normed_out is not None:
+        if norm_weight is None:
+            raise ValueError("normed_out is the normalised row: it needs norm_weight")
+        if normed_out.shape != (1, k) or normed_out.dtype != x.dtype or normed_out.stride(1) != 1:
+            raise ValueError(f"normed_out must be a contiguous [1, {k}] of {x.dtype}, got "
+                             f"{tuple(normed_out.shape)} of {normed_out.dtype}")  # fmt: skip
     if residual is not None:
         if residual.shape != (1, n) or residual.dtype != x.dtype or residual.stride(1) != 1:
             raise ValueError(f"residual must be a contiguous [1, {n}] of {x.dtype}, got "
@@ -249,11 +274,12 @@ def gemv(
         (
             x, weight, out, norm_weight if norm_weight is not None else weight,
             residual if residual is not None else out,
+            normed_out if normed_out is not None else x,
         ),
         (n, k, weight.stride(0), eps),
         dict(
             SILU_MUL=silu_mul, NORM=norm_weight is not None, SILU_OUT=silu_out,
-            RESIDUAL=residual is not None, ROUND_OUT=round_out,
+            RESIDUAL=residual is not None, NORMED_OUT=normed_out is not None, ROUND_OUT=round_out,
             PDL=use_pdl, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
             num_stages=tiles.num_stages, num_warps=tiles.num_warps, launch_pdl=use_pdl,
         ),

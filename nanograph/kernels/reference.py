@@ -65,16 +65,20 @@ def gemv(
     eps: float = 1e-6,
     silu_out: bool = False,
     residual: torch.Tensor | None = None,
+    normed_out: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     tiles: object | None = None,
 ) -> torch.Tensor:
     """The one-row product with its optional prologue (silu_and_mul or rmsnorm of x, rounded to
-    x's dtype) and epilogue (silu_and_mul of the product, ``residual +=`` the result), each
-    rounded to the dtype; ``tiles`` is the Triton kernel's launch hint, ignored."""
+    x's dtype, the normalised row copied into ``normed_out``) and epilogue (silu_and_mul of
+    the product, ``residual +=`` the result), each rounded to the dtype; ``tiles`` is the
+    Triton kernel's launch hint, ignored."""
     del tiles
     row = silu_and_mul(x) if silu_mul else x
     if norm_weight is not None:
         row = rmsnorm(row, norm_weight, eps)
+    if normed_out is not None:
+        normed_out.copy_(row)
     y = (row.to(_compute_dtype(x)) @ weight.to(_compute_dtype(x)).T).to(x.dtype)
     if silu_out:
         y = silu_and_mul(y)

@@ -170,8 +170,9 @@ class DecoderLayer(nn.Module):
         gate/up normalise it on load (gate/up writes only the activation), o and down add their
         product to it. Five kernels with Triton attention (which rotates q and stores the new
         k/v itself), six with rope + KV store on their own. A MoE layer normalises once for the
-        router and the experts, whose down projection adds into the stream: eight kernels
-        (norm, router, routing, gate/up, down after the attention half) instead of eleven."""
+        router (in its GEMV, which writes the normalised row) and the experts, whose down
+        projection adds into the stream: seven kernels (router, routing, gate/up, down after
+        the attention half) instead of eleven."""
         attn, mlp = self.self_attn, self.mlp
         pre, post = self.input_layernorm, self.post_attention_layernorm
         qkv = ops.norm_linear(stream, pre.weight, pre.eps, attn.qkv_proj.weight)
@@ -180,7 +181,7 @@ class DecoderLayer(nn.Module):
         attended = attn.attend(positions, qkv, cos_sin_cache, out, one_row=True)
         ops.linear_add(attended, attn.o_proj.weight, stream)
         if isinstance(mlp, MoE):
-            return mlp.forward_add(post(stream), stream)
+            return mlp.forward_add(stream, post.weight, post.eps)
         act = ops.norm_linear(
             stream, post.weight, post.eps, mlp.gate_up_proj.weight, silu_and_mul=True
         )

@@ -18,8 +18,9 @@ Invariants:
   them): sorting the pairs by expert before it and combining them after it have static
   shapes, so graphs capture them. It writes into an output allocated before it (inside the
   graph), like attention, so a break has nothing to copy out.
-- The fused batch-1 decode (``forward_add``, triton experts on one rank) adds the experts'
-  sum into the residual stream in the down projection's kernel.
+- The fused batch-1 decode (``forward_add``, triton experts on one rank) takes the
+  post-attention norm in the router's GEMV (which writes the normalised row for the experts)
+  and adds the experts' sum into the residual stream in the down projection's kernel.
 """
 
 from __future__ import annotations
@@ -304,11 +305,20 @@ class MoE(nn.Module):
 
     @property
     def adds_into_stream(self) -> bool:
-        """Whether ``forward_add`` can run: the triton experts on one rank."""
-        return isinstance(self.backend, TritonMoE) and (self.tp is None or not self.tp.enabled)
+        """Whether ``forward_add`` can run: the triton experts on one rank, a router without a
+        bias (its GEMV takes none)."""
+        return (
+            isinstance(self.backend, TritonMoE) and (self.tp is None or not self.tp.enabled)
+            and self.router.bias is None
+        )  # fmt: skip
 
-    def forward_add(self, x: torch.Tensor, stream: torch.Tensor) -> torch.Tensor:
-        """``stream += self(x)`` in place for one row (the fused decode); returns ``stream``."""
-        logits = ops.linear(x, self.router.weight, self.router.bias)
+    def forward_add(
+        self, stream: torch.Tensor, norm_weight: torch.Tensor, eps: float
+    ) -> torch.Tensor:
+        """``stream += self(rmsnorm(stream, norm_weight, eps))`` in place for one row (the fused
+        decode); returns ``stream``. The router's GEMV takes the norm in its prologue and
+        writes the normalised row the experts read, so no norm kernel runs before it."""
+        x = torch.empty_like(stream)
+        logits = ops.norm_linear(stream, norm_weight, eps, self.router.weight, normed_out=x)
         self.backend.forward_add(self, x, logits, stream)
         return stream
