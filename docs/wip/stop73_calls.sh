@@ -4,6 +4,7 @@
 #   bash docs/wip/stop73_calls.sh ab $OUT/r      # ~8 min: the router's norm on load against
 #     the norm kernel (qwen3-30b-a3b), and the normalising GEMVs' weight loaded before their
 #     PDL wait (docs/wip/gemv_norm_weight_before_wait.patch), alternating
+#   bash docs/wip/stop73_calls.sh grid $OUT/g    # ~4 min: gemv_grid_rows_probe.py (issue 16)
 #   bash docs/wip/stop73_calls.sh floor $OUT/f   # qwen3-30b-a3b's decode kernels at batch 1
 #   bash docs/wip/stop73_calls.sh tests $OUT/t   # the GPU tests its change touches
 # (stop72_calls.sh aims / tests hold the aims and the whole tests/gpu run.)
@@ -33,6 +34,9 @@ case $stage in
         --arms full --batches 1 --repeats 3
       unpatch_arm $arm
     done ;;
+  grid)  # issue 16: the one-row GEMV with a program a (row, block), against the few-row kernel
+    timeout 400 python3 docs/wip/gemv_grid_rows_probe.py qwen3-0.6b,qwen3-8b > "$out/grid.log" 2>&1
+    grep "products a step" "$out/grid.log" ;;
   floor)
     bench floor_30b floor --model qwen3-30b-a3b --decode-batch 1 --graph full ;;
   tests)
