@@ -31,8 +31,19 @@ import triton.language as tl
 
 
 @triton.jit
-def _grid_rows_kernel(x_ptr, w_ptr, out_ptr, N, K, stride_xm, stride_wn, stride_om,
-                      SILU_OUT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _grid_rows_kernel(
+    x_ptr,
+    w_ptr,
+    out_ptr,
+    N,
+    K,
+    stride_xm,
+    stride_wn,
+    stride_om,
+    SILU_OUT: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     row = tl.program_id(0)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
