@@ -18,6 +18,12 @@ of that row exactly.
 PREDICTED (H100, before any run): qwen3-0.6b's products a step at 2 rows 0.50-0.55 ms (one row
 0.479, the few-row kernel 0.626, stop 60); at 4 rows 0.55-0.65; qwen3-8b at 2 rows 4.9-5.2
 (one row 4.84, few-row 5.05).
+MEASURED (stop 73, H100, ``h100/stop73_297b5ac/g/``), products a step at the best tile per
+product: qwen3-0.6b at 2 rows **0.655 ms** against the few-row kernel's 0.626 (one row 0.480);
+at 4 rows 0.892 against 0.627; qwen3-8b at 2 rows 5.854 against 5.065 (one row 4.862). Wrong:
+ahead of the few-row kernel on 0.6b's o (4.2 against 4.5 us), level on down and q/k/v, behind
+on gate/up (8.5 against 7.2); on qwen3-8b a second row costs ~20% of one row's time, so the
+L2 does not serve the second row's weight reads for free. Kept for its numbers; not wired in.
 """
 
 import importlib.util
