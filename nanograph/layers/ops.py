@@ -180,10 +180,10 @@ def norm_linear(
     x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
     *, silu_and_mul: bool = False, normed_out: torch.Tensor | None = None,
 ) -> torch.Tensor:  # fmt: skip
-    """``linear(rmsnorm(x, norm_weight, eps), weight)`` in one kernel (fused decode
-    only); with ``silu_and_mul`` (weight = packed gate/up) only the MLP's activation of it is
-    written; ``normed_out`` is also given ``rmsnorm(x, ...)`` (a MoE router's input, which its
-    experts read next)."""
+    """``linear(rmsnorm(x, norm_weight, eps), weight)`` in one kernel (fused decode only); with
+    ``silu_and_mul`` (weight = packed gate/up) only the MLP's activation of it is written;
+    ``normed_out`` is also given ``rmsnorm(x, ...)`` (a MoE router's input, which its experts
+    read next)."""
     from nanograph.kernels.gemv import gemv
 
     return gemv(x, weight, norm_weight=norm_weight, eps=eps, silu_out=silu_and_mul,
