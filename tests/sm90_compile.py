@@ -331,11 +331,21 @@ def main() -> int:
                   torch.randn(1024, 3072 if silu_mul else 2048, dtype=torch.bfloat16),
                   silu_mul=silu_mul, residual=torch.zeros(1, 1024, dtype=torch.bfloat16),
                   tiles=tiles)  # fmt: skip
-    # a MoE router's: the post-attention norm on load, the normalised row written for the experts
-    x = torch.randn(1, 2048, dtype=torch.bfloat16)
-    check("gemv norm normed_out", gemv.gemv, x, torch.randn(128, 2048, dtype=torch.bfloat16),
-          norm_weight=torch.ones(2048, dtype=torch.bfloat16), normed_out=torch.empty_like(x),
-          tiles=gemv.GemvTiles(1, 2048, 4, 2))  # fmt: skip
+    # a MoE router's: the post-attention norm on load, the normalised row written for the
+    # experts (gpt-oss's with a bias); gpt-oss's biased q/k/v (norm) and o (residual)
+    bf16 = dict(dtype=torch.bfloat16)
+    x, w = torch.randn(1, 2048, **bf16), torch.randn(128, 2048, **bf16)
+    router = gemv.GemvTiles(1, 2048, 4, 2)
+    for bias in (None, torch.zeros(128, **bf16)):
+        check(f"gemv norm normed_out bias={bias is not None}", gemv.gemv, x, w,
+              norm_weight=torch.ones(2048, **bf16), bias=bias, normed_out=torch.empty_like(x),
+              tiles=router)  # fmt: skip
+    x, w = torch.randn(1, 2880, **bf16), torch.randn(5120, 2880, **bf16)
+    check("gemv norm bias", gemv.gemv, x, w, norm_weight=torch.ones(2880, **bf16),
+          bias=torch.zeros(5120, **bf16), tiles=gemv.GemvTiles())  # fmt: skip
+    x, w = torch.randn(1, 4096, **bf16), torch.randn(2880, 4096, **bf16)
+    check("gemv residual bias", gemv.gemv, x, w, bias=torch.zeros(2880, **bf16),
+          residual=torch.zeros(1, 2880, **bf16), tiles=gemv.GemvTiles(4, 1024, 8, 4))  # fmt: skip
     # the few-row products (a verify, a small decode batch): the tiles choose_tiles takes, one
     # program a weight tile and split-K, plain and with the activation in the epilogue
     # (gate/up: half the rows a program)

@@ -99,6 +99,32 @@ def test_norm_prologue_writes_the_normed_row(dtype, n, k):
         gemv.gemv(x, w, norm_weight=norm_w, normed_out=torch.empty(1, k + 1, dtype=dtype))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_bias_epilogue_matches_float64(dtype):
+    """A bias (q/k/v and o of Qwen2 and gpt-oss, gpt-oss's router) is added before the
+    product's one rounding, alone, behind the norm prologue, and before a residual add (which
+    then adds the rounded biased product, as the unfused path adds F.linear's output)."""
+    g = torch.Generator().manual_seed(11)
+    n, k = 45, 50
+    x = (3 * torch.randn(1, k, generator=g)).to(dtype)
+    w = torch.randn(n, k, generator=g).to(dtype)
+    bias = torch.randn(n, generator=g).to(dtype)
+    norm_w = (1 + 0.3 * torch.randn(k, generator=g)).to(dtype)
+    residual = torch.randn(1, n, generator=g).to(dtype)
+    tol = TOLERANCE[dtype]
+    cases = [
+        (dict(), dict()),
+        (dict(norm_weight=norm_w, eps=1e-5), dict(norm_weight=_f64(norm_w), eps=1e-5)),
+        (dict(residual=residual.clone()), dict(residual=_f64(residual))),
+    ]
+    for args, ref_args in cases:
+        out = gemv.gemv(x, w, bias=bias, tiles=TILES, **args)
+        want = reference.gemv(_f64(x), _f64(w), bias=_f64(bias), **ref_args)
+        torch.testing.assert_close(out.double(), want, rtol=tol, atol=tol * 8)
+    with pytest.raises(ValueError, match=f"bias must be a contiguous \\[{n}\\]"):
+        gemv.gemv(x, w, bias=torch.zeros(n + 1, dtype=dtype))
+
+
 @pytest.mark.parametrize("silu_mul", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_residual_epilogue_matches_float64(dtype, silu_mul):
@@ -157,7 +183,7 @@ def test_gemv_refuses_bad_fusion_arguments():
 @pytest.mark.parametrize(
     ("arch", "backend"),
     [("qwen3", "torch_native"), ("llama", "torch_native"), ("qwen3_moe", "torch_native"),
-     ("qwen3", "triton")],
+     ("qwen2", "torch_native"), ("gpt_oss", "torch_native"), ("qwen3", "triton")],
 )  # fmt: skip
 def test_fused_decode_gives_the_unfused_greedy_tokens(tiny_model_dir, monkeypatch, arch,
                                                       backend):  # fmt: skip
@@ -165,9 +191,10 @@ def test_fused_decode_gives_the_unfused_greedy_tokens(tiny_model_dir, monkeypatc
     together: greedy tokens with every one-row forward fused equal those of the unfused path,
     and the fused GEMVs ran only when on (four per layer per one-row forward; a MoE layer: the
     q/k/v and o GEMVs, its router's normalising on load, then its experts adding into the
-    stream). With Triton attention every
-    decode layer's attention kernel, fused or not, rotates q/k and stores the new key and
-    value (``forward_rope``), as often in both modes."""
+    stream; Qwen2's q/k/v and gpt-oss's q/k/v, o and router with their biases, gpt-oss's
+    sliding window and sinks in its attention). With Triton attention every decode layer's
+    attention kernel, fused or not, rotates q/k and stores the new key and value
+    (``forward_rope``), as often in both modes."""
     from nanograph import LLM, SamplingParams
     from nanograph.attention.triton_backend import TritonAttention
     from nanograph.models.moe import MoE
@@ -176,7 +203,7 @@ def test_fused_decode_gives_the_unfused_greedy_tokens(tiny_model_dir, monkeypatc
         # interpreted: the kernel's module, then the one that binds it
         importlib.reload(sys.modules["nanograph.kernels.attention_kernel"])
         importlib.reload(sys.modules["nanograph.kernels.attention"])
-    moe = arch == "qwen3_moe"
+    moe = arch in ("qwen3_moe", "gpt_oss")
     calls = {"norm_linear": 0, "linear_add": 0, "forward_add": 0, "forward_rope": 0}
     real_rope = TritonAttention.forward_rope
 

@@ -29,6 +29,8 @@ Invariants:
 - ``residual`` (residual add in the epilogue): ``residual += product`` in place, the product
   rounded to the dtype before the add and the sum rounded once, as ``add_rmsnorm`` rounds it.
   Each output element is read and written by the one program that owns it, after the wait.
+- ``bias``: added to the fp32 product before its one rounding, as ``F.linear`` adds it (so a
+  ``residual`` then adds the rounded biased product, as the unfused add does).
 - ``normed_out`` (with ``norm_weight``): program 0 also writes the normalised row it multiplies
   (every program computes the same row), so a later kernel can read it: a MoE router takes the
   post-attention norm this way and its experts read the row, with no norm kernel before it.
@@ -67,6 +69,7 @@ def _gemv_kernel(
     out_ptr,
     norm_w_ptr,
     residual_ptr,
+    bias_ptr,
     normed_ptr,
     N,
     K,
@@ -76,6 +79,7 @@ def _gemv_kernel(
     NORM: tl.constexpr,
     SILU_OUT: tl.constexpr,
     RESIDUAL: tl.constexpr,
+    BIAS: tl.constexpr,
     NORMED_OUT: tl.constexpr,  # with NORM: program 0 writes the normalised row to normed_ptr
     ROUND_OUT: tl.constexpr,  # a float32 out: the product rounded to x's dtype first
     PDL: tl.constexpr,
@@ -114,6 +118,8 @@ def _gemv_kernel(
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()  # after the loop: the last wave is running
     y = tl.sum(acc, 1)
+    if BIAS:
+        y += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
     if SILU_OUT:  # gate and up rounded as the unfused product writes them, then silu_and_mul
         gate = y.to(out_ptr.dtype.element_ty).to(tl.float32)
         up = tl.sum(acc_up, 1).to(out_ptr.dtype.element_ty).to(tl.float32)
@@ -211,6 +217,7 @@ def gemv(
     eps: float = 1e-6,
     silu_out: bool = False,
     residual: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
     normed_out: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     tiles: GemvTiles | None = None,
@@ -221,8 +228,9 @@ def gemv(
     ``silu(p[:, :N/2]) * p[:, N/2:]``, ``[1, N/2]``. With ``residual`` the result is added to
     it in place and ``residual`` is returned (``out`` must then be None). A float32 ``out``
     takes the product rounded to x's dtype (what the product in x's dtype, then ``.float()``,
-    gives: the LM head's logits without a cast kernel). ``normed_out`` (a ``[1, K]`` of x's
-    dtype, with ``norm_weight``) is given the normalised row the product multiplied."""
+    gives: the LM head's logits without a cast kernel). ``bias [N]`` is added before the
+    product is rounded. ``normed_out`` (a ``[1, K]`` of x's dtype, with ``norm_weight``) is
+    given the normalised row the product multiplied."""
     if x.dim() != 2 or weight.dim() != 2:
         raise ValueError(f"gemv needs x [1, K] and weight [N, K], got {tuple(x.shape)} and "
                          f"{tuple(weight.shape)}")  # fmt: skip
@@ -244,6 +252,9 @@ def gemv(
         n //= 2
     if norm_weight is not None and (norm_weight.shape != (k,) or norm_weight.stride(0) != 1):
         raise ValueError(f"norm_weight must be a contiguous [{k}], got {tuple(norm_weight.shape)}")
+    if bias is not None and (silu_out or bias.shape != (n,) or bias.stride(0) != 1):
+        raise ValueError(f"bias must be a contiguous [{n}] (and no silu_out), got "
+                         f"{tuple(bias.shape)}")  # fmt: skip
     if normed_out is not None:
         if norm_weight is None:
             raise ValueError("normed_out is the normalised row: it needs norm_weight")
@@ -274,12 +285,14 @@ def gemv(
         (
             x, weight, out, norm_weight if norm_weight is not None else weight,
             residual if residual is not None else out,
+            bias if bias is not None else weight,
             normed_out if normed_out is not None else x,
         ),
         (n, k, weight.stride(0), eps),
         dict(
             SILU_MUL=silu_mul, NORM=norm_weight is not None, SILU_OUT=silu_out,
-            RESIDUAL=residual is not None, NORMED_OUT=normed_out is not None, ROUND_OUT=round_out,
+            RESIDUAL=residual is not None, BIAS=bias is not None,
+            NORMED_OUT=normed_out is not None, ROUND_OUT=round_out,
             PDL=use_pdl, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
             num_stages=tiles.num_stages, num_warps=tiles.num_warps, launch_pdl=use_pdl,
         ),

@@ -65,13 +65,15 @@ def gemv(
     eps: float = 1e-6,
     silu_out: bool = False,
     residual: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
     normed_out: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     tiles: object | None = None,
 ) -> torch.Tensor:
     """The one-row product with its optional prologue (silu_and_mul or rmsnorm of x, rounded to
-    x's dtype, the normalised row copied into ``normed_out``) and epilogue (silu_and_mul of
-    the product, ``residual +=`` the result), each rounded to the dtype; ``tiles`` is the
+    x's dtype, the normalised row copied into ``normed_out``) and epilogue (``bias`` added
+    before the product's rounding, silu_and_mul of the product, ``residual +=`` the result),
+    each rounded to the dtype; ``tiles`` is the
     Triton kernel's launch hint, ignored."""
     del tiles
     row = silu_and_mul(x) if silu_mul else x
@@ -79,7 +81,8 @@ def gemv(
         row = rmsnorm(row, norm_weight, eps)
     if normed_out is not None:
         normed_out.copy_(row)
-    y = (row.to(_compute_dtype(x)) @ weight.to(_compute_dtype(x)).T).to(x.dtype)
+    y = row.to(_compute_dtype(x)) @ weight.to(_compute_dtype(x)).T
+    y = (y if bias is None else y + bias.to(y.dtype)).to(x.dtype)
     if silu_out:
         y = silu_and_mul(y)
     if residual is not None:

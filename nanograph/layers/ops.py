@@ -178,26 +178,28 @@ def rows_linear_add(
 
 def norm_linear(
     x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
-    *, silu_and_mul: bool = False, normed_out: torch.Tensor | None = None,
+    *, silu_and_mul: bool = False, bias: torch.Tensor | None = None,
+    normed_out: torch.Tensor | None = None,
 ) -> torch.Tensor:  # fmt: skip
-    """``linear(rmsnorm(x, norm_weight, eps), weight)`` in one kernel (fused decode only); with
-    ``silu_and_mul`` (weight = packed gate/up) only the MLP's activation of it is written;
-    ``normed_out`` is also given ``rmsnorm(x, ...)`` (a MoE router's input, which its experts
-    read next)."""
+    """``linear(rmsnorm(x, norm_weight, eps), weight, bias)`` in one kernel (fused decode
+    only); with ``silu_and_mul`` (weight = packed gate/up) only the MLP's activation of it is
+    written; ``normed_out`` is also given ``rmsnorm(x, ...)`` (a MoE router's input, which its
+    experts read next)."""
     from nanograph.kernels.gemv import gemv
 
-    return gemv(x, weight, norm_weight=norm_weight, eps=eps, silu_out=silu_and_mul,
+    return gemv(x, weight, norm_weight=norm_weight, eps=eps, silu_out=silu_and_mul, bias=bias,
                 normed_out=normed_out)  # fmt: skip
 
 
 def linear_add(
-    x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, *, silu_mul: bool = False
-) -> torch.Tensor:
-    """``residual += linear(x, weight)`` in place (of ``silu_and_mul(x)`` with ``silu_mul``), in
-    one kernel (fused decode only); returns ``residual``."""
+    x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, *, silu_mul: bool = False,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:  # fmt: skip
+    """``residual += linear(x, weight, bias)`` in place (of ``silu_and_mul(x)`` with
+    ``silu_mul``), in one kernel (fused decode only); returns ``residual``."""
     from nanograph.kernels.gemv import gemv
 
-    return gemv(x, weight, silu_mul=silu_mul, residual=residual)
+    return gemv(x, weight, silu_mul=silu_mul, residual=residual, bias=bias)
 
 
 def _triton_rows(x: torch.Tensor, weight: torch.Tensor) -> int:

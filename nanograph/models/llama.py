@@ -133,14 +133,15 @@ class DecoderLayer(nn.Module):
         )  # fmt: skip
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        # one-row decode through fused GEMVs (norm prologue, residual epilogue): no projection
-        # biases and no all-reduce between a product and its residual add; a MoE layer only
-        # with experts that add into the stream themselves (triton)
-        self.fusable = (
-            tp is None and not config.attention_bias and not config.o_proj_bias
-            and (moe_backend is None or self.mlp.adds_into_stream)
+        # one-row decode through fused GEMVs (norm prologue, bias and residual epilogue): no
+        # all-reduce between a product and its residual add; a MoE layer only with experts
+        # that add into the stream themselves (triton)
+        self.fusable = tp is None and (moe_backend is None or self.mlp.adds_into_stream)
+        # few rows: dense MLPs, no projection biases (the few-row products take none)
+        self.rows_fusable = (
+            self.fusable and moe_backend is None
+            and not config.attention_bias and not config.o_proj_bias
         )  # fmt: skip
-        self.rows_fusable = self.fusable and moe_backend is None  # few rows: dense MLPs only
 
     def forward(
         self,
@@ -168,18 +169,20 @@ class DecoderLayer(nn.Module):
     ) -> torch.Tensor:
         """Four GEMVs around attention, updating the one-row ``stream`` in place: q/k/v and
         gate/up normalise it on load (gate/up writes only the activation), o and down add their
-        product to it. Five kernels with Triton attention (which rotates q and stores the new
-        k/v itself), six with rope + KV store on their own. A MoE layer normalises once for the
-        router (in its GEMV, which writes the normalised row) and the experts, whose down
-        projection adds into the stream: seven kernels (router, routing, gate/up, down after
-        the attention half) instead of eleven."""
+        product to it (q/k/v and o with their biases, where the model has them). Five kernels
+        with Triton attention (which rotates q and stores the new k/v itself), six with rope +
+        KV store on their own. A MoE layer normalises once for the router (in its GEMV, which
+        writes the normalised row) and the experts, whose down projection adds into the stream:
+        seven kernels (router, routing, gate/up, down after the attention half) instead of
+        eleven."""
         attn, mlp = self.self_attn, self.mlp
         pre, post = self.input_layernorm, self.post_attention_layernorm
-        qkv = ops.norm_linear(stream, pre.weight, pre.eps, attn.qkv_proj.weight)
+        qkv = ops.norm_linear(stream, pre.weight, pre.eps, attn.qkv_proj.weight,
+                              bias=attn.qkv_proj.bias)  # fmt: skip
         # the one row is a live token, which attention writes: no zero fill (a kernel) first
         out = stream.new_empty(1, attn.num_heads, attn.head_dim)
         attended = attn.attend(positions, qkv, cos_sin_cache, out, one_row=True)
-        ops.linear_add(attended, attn.o_proj.weight, stream)
+        ops.linear_add(attended, attn.o_proj.weight, stream, bias=attn.o_proj.bias)
         if isinstance(mlp, MoE):
             return mlp.forward_add(stream, post.weight, post.eps)
         act = ops.norm_linear(

@@ -305,12 +305,8 @@ class MoE(nn.Module):
 
     @property
     def adds_into_stream(self) -> bool:
-        """Whether ``forward_add`` can run: the triton experts on one rank, a router without a
-        bias (its GEMV takes none)."""
-        return (
-            isinstance(self.backend, TritonMoE) and (self.tp is None or not self.tp.enabled)
-            and self.router.bias is None
-        )  # fmt: skip
+        """Whether ``forward_add`` can run: the triton experts on one rank."""
+        return isinstance(self.backend, TritonMoE) and (self.tp is None or not self.tp.enabled)
 
     def forward_add(
         self, stream: torch.Tensor, norm_weight: torch.Tensor, eps: float
@@ -319,6 +315,7 @@ class MoE(nn.Module):
         decode); returns ``stream``. The router's GEMV takes the norm in its prologue and
         writes the normalised row the experts read, so no norm kernel runs before it."""
         x = torch.empty_like(stream)
-        logits = ops.norm_linear(stream, norm_weight, eps, self.router.weight, normed_out=x)
+        logits = ops.norm_linear(stream, norm_weight, eps, self.router.weight,
+                                 bias=self.router.bias, normed_out=x)  # fmt: skip
         self.backend.forward_add(self, x, logits, stream)
         return stream

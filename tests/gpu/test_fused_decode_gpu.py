@@ -73,6 +73,37 @@ def test_residual_epilogue_matches_float64(shape, silu_mul):
     torch.testing.assert_close(residual.double(), want, rtol=1e-2, atol=6e-2)
 
 
+@pytest.mark.parametrize(
+    ("shape", "kind"), [((5120, 2880), "norm"), ((2880, 4096), "residual"), ((32, 2880), "router")]
+)
+def test_bias_epilogue_matches_float64(shape, kind):
+    """gpt-oss's biased products at its shapes: q/k/v (norm prologue + bias), o (bias, then the
+    residual add) and the router (norm + bias, the normalised row written for the experts)."""
+    from nanograph.kernels import reference
+    from nanograph.kernels.gemv import gemv
+
+    n, k = shape
+    x = _randn(1, k, seed=n, scale=3.0)
+    w = _randn(n, k, seed=n + 1, scale=k**-0.5)
+    bias = _randn(n, seed=n + 2)
+    norm_w = _randn(k, seed=n + 3, scale=0.1) + 1
+    args, ref = {"bias": bias}, {"bias": bias.double()}
+    if kind in ("norm", "router"):
+        args |= {"norm_weight": norm_w, "eps": 1e-5}
+        ref |= {"norm_weight": norm_w.double(), "eps": 1e-5}
+    if kind == "router":
+        args["normed_out"], ref["normed_out"] = torch.empty_like(x), torch.empty_like(x).double()
+    if kind == "residual":
+        residual = _randn(1, n, seed=n + 4, scale=4.0)
+        args["residual"], ref["residual"] = residual, residual.double()
+    want = reference.gemv(x.double(), w.double(), **ref)
+    out = gemv(x, w, **args)
+    torch.testing.assert_close(out.double(), want, rtol=1e-2, atol=6e-2)
+    if kind == "router":
+        torch.testing.assert_close(args["normed_out"].double(), ref["normed_out"], rtol=1e-2,
+                                   atol=1e-2)  # fmt: skip
+
+
 def _engine(graph: str):
     from nanograph import LLM
 

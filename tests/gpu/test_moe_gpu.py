@@ -159,9 +159,11 @@ def test_graph_backends_token_identical_to_eager(model_dirs, eager_tokens, arch,
     assert got == expected
 
 
-def test_fused_decode_of_a_moe_layer_matches_unfused(model_dirs, monkeypatch):
-    """Qwen3-MoE in bf16 with the triton experts, full decode graphs, requests decoded alone
-    (batch 1: the fused decode, whose experts add into the residual stream) and together:
+@pytest.mark.parametrize("arch", ARCHS)
+def test_fused_decode_of_a_moe_layer_matches_unfused(model_dirs, monkeypatch, arch):
+    """Qwen3-MoE and gpt-oss (q/k/v, o and router biases, sinks, a sliding window) in bf16 with
+    the triton experts, full decode graphs, requests decoded alone (batch 1: the fused decode,
+    whose router takes the norm and whose experts add into the residual stream) and together:
     greedy tokens fused vs unfused agree for nearly every position (bf16 sums in another order
     may flip a near-tie), and the fused MoE ran only when on."""
     from conftest import fused_decode_agreement
@@ -174,11 +176,11 @@ def test_fused_decode_of_a_moe_layer_matches_unfused(model_dirs, monkeypatch):
     monkeypatch.setattr(MoE, "forward_add", lambda *a: calls.append(1) or real(*a))
 
     def build():
-        return LLM(str(model_dirs["qwen3_moe"]), moe_backend="triton", dtype="bfloat16",
+        return LLM(str(model_dirs[arch]), moe_backend="triton", dtype="bfloat16",
                    decode_cuda_graph="full", prefill_cuda_graph="none", **SMALL)  # fmt: skip
 
     agree = fused_decode_agreement(build, *requests(3, seed=2), calls)
-    print(f"\nqwen3_moe greedy agreement, fused vs unfused: {agree:.3f}")
+    print(f"\n{arch} greedy agreement, fused vs unfused: {agree:.3f}")
     assert agree > 0.9
 
 
