@@ -5,6 +5,7 @@
 #     the norm kernel (qwen3-30b-a3b), and the normalising GEMVs' weight loaded before their
 #     PDL wait (docs/wip/gemv_norm_weight_before_wait.patch), alternating
 #   bash docs/wip/stop73_calls.sh grid $OUT/g    # ~4 min: gemv_grid_rows_probe.py (issue 16)
+#   bash docs/wip/stop73_calls.sh bias $OUT/b    # ~4 min: gpt-oss-20b, fused decode with biases
 #   bash docs/wip/stop73_calls.sh floor $OUT/f   # qwen3-30b-a3b's decode kernels at batch 1
 #   bash docs/wip/stop73_calls.sh tests $OUT/t   # the GPU tests its change touches
 # (stop72_calls.sh aims / tests hold the aims and the whole tests/gpu run.)
@@ -37,6 +38,14 @@ case $stage in
   grid)  # issue 16: the one-row GEMV with a program a (row, block), against the few-row kernel
     timeout 400 python3 docs/wip/gemv_grid_rows_probe.py qwen3-0.6b,qwen3-8b > "$out/grid.log" 2>&1
     grep "products a step" "$out/grid.log" ;;
+  bias)  # gpt-oss-20b at batch 1: the fused decode with biases against the unfused (cuBLAS) path
+    i=0
+    for arm in base bias base bias; do
+      i=$((i + 1)); [ $arm = base ] && ap -R docs/wip/fused_decode_bias_landed.patch
+      echo "== $i $arm"; LIMIT=${LIMIT:-90} bench decode_${i}_$arm decode --models gpt-oss-20b \
+        --arms full --batches 1 --repeats 2
+      [ $arm = base ] && ap '' docs/wip/fused_decode_bias_landed.patch
+    done ;;
   floor)
     bench floor_30b floor --model qwen3-30b-a3b --decode-batch 1 --graph full ;;
   tests)
