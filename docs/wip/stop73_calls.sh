@@ -6,6 +6,9 @@
 #     PDL wait (docs/wip/gemv_norm_weight_before_wait.patch), alternating
 #   bash docs/wip/stop73_calls.sh grid $OUT/g    # ~4 min: gemv_grid_rows_probe.py (issue 16)
 #   bash docs/wip/stop73_calls.sh bias $OUT/b    # ~4 min: gpt-oss-20b, fused decode with biases
+#   bash docs/wip/stop73_calls.sh route $OUT/q   # ~6 min, not run yet: the MoE's routing in the
+#     pairwise gate/up kernel (docs/wip/moe_route_in_pair_gate_up.patch) against the tree; then
+#     tests/gpu/test_moe_gpu.py with the patch applied
 #   bash docs/wip/stop73_calls.sh floor $OUT/f   # qwen3-30b-a3b's decode kernels at batch 1
 #   bash docs/wip/stop73_calls.sh tests $OUT/t   # the GPU tests its change touches
 # (stop72_calls.sh aims / tests hold the aims and the whole tests/gpu run.)
@@ -45,6 +48,14 @@ case $stage in
       echo "== $i $arm"; LIMIT=${LIMIT:-90} bench decode_${i}_$arm decode --models gpt-oss-20b \
         --arms full --batches 1 --repeats 2
       [ $arm = base ] && ap '' docs/wip/fused_decode_bias_landed.patch
+    done ;;
+  route)  # issue 15: routing inside the pairwise gate/up kernel (moe_route_in_pair_gate_up.patch)
+    i=0
+    for arm in tree route tree route; do
+      i=$((i + 1)); [ $arm = route ] && ap '' docs/wip/moe_route_in_pair_gate_up.patch
+      echo "== $i $arm"; bench decode_${i}_$arm decode --models qwen3-30b-a3b,gpt-oss-20b \
+        --arms full --batches 1,8 --repeats 3
+      [ $arm = route ] && ap -R docs/wip/moe_route_in_pair_gate_up.patch
     done ;;
   floor)
     bench floor_30b floor --model qwen3-30b-a3b --decode-batch 1 --graph full ;;
