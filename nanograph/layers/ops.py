@@ -17,11 +17,13 @@ Invariants:
   product is ``F.linear``. ``use_triton_gemv(False)`` turns both Triton products off (set it
   before graphs are captured: a graph replays whichever kernel it recorded). Under
   torch.compile they are off, so tc_piecewise keeps one compiled graph for every size.
-- Fused decode (``fused_decode_applies``): a one-row forward of a dense single-GPU layer (by
+- Fused decode (``fused_decode_applies``): a one-row forward of a single-GPU layer (by
   default of hidden size up to ``FUSED_DECODE_MAX_HIDDEN``) runs
-  ``norm_linear`` (RMSNorm in the GEMV's prologue: q/k/v, and gate/up with SiLU-and-mul in its
-  epilogue) and ``linear_add`` (the residual add in the GEMV's epilogue: o and down), so the
-  residual stream is one tensor updated in place and no norm kernel runs between products.
+  ``norm_linear`` (RMSNorm in the GEMV's prologue: q/k/v, gate/up with SiLU-and-mul in its
+  epilogue, a MoE router writing the normalised row for its experts) and ``linear_add`` (the
+  residual add in the GEMV's epilogue: o and down), projection biases added in the
+  epilogues, so the residual stream is one tensor updated in place and no norm kernel runs
+  between products.
   ``set_fused_decode("off")`` forces the unfused path (the benchmark's ``:unfused`` arm, the
   comparison tests); "always" runs it for any one-row input and dtype, on CPU through the
   Triton interpreter (tests, with ``TRITON_INTERPRET=1``). Like the GEMV switch, set it before
