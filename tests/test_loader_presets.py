@@ -39,6 +39,18 @@ def test_qwen3_presets_match_the_real_models():
     assert 8.1e9 < big.num_params < 8.3e9  # Qwen3-8B: 8.19B parameters
 
 
+def test_qwen2_preset_matches_the_real_model():
+    """Qwen2.5-0.5B-Instruct: q/k/v biases (no o bias), no q/k norm, 0.49B parameters."""
+    c = resolve_model("qwen2.5-0.5b", "dummy").config
+    assert (c.architecture, c.attention_bias, c.o_proj_bias, c.qk_norm) == (
+        "qwen2", True, False, False
+    )  # fmt: skip
+    assert (c.hidden_size, c.num_hidden_layers, c.intermediate_size) == (896, 24, 4864)
+    assert (c.num_attention_heads, c.num_key_value_heads, c.head_dim) == (14, 2, 64)
+    assert (c.vocab_size, c.rope_theta, c.rms_norm_eps) == (151936, 1e6, 1e-6)
+    assert c.tie_word_embeddings and 0.48e9 < c.num_params < 0.50e9
+
+
 def test_a_decoded_token_reads_one_row_of_an_untied_input_embedding():
     """The decode roofline's bytes: the LM head whole, the input embedding one row; a tied
     table is the LM head's, read once."""
@@ -77,7 +89,7 @@ def test_dummy_preset_has_no_tokenizer():
         source.weights()
 
 
-@pytest.mark.parametrize("name", ["qwen3-0.6b", "qwen3-8b", "llama-3.1-8b"])
+@pytest.mark.parametrize("name", ["qwen3-0.6b", "qwen3-8b", "llama-3.1-8b", "qwen2.5-0.5b"])
 def test_weightless_preset_needs_dummy(name):
     with pytest.raises(ModelLoadError, match="ships no weights: use --load-format dummy"):
         resolve_model(name)

@@ -9,6 +9,8 @@
 #   bash docs/wip/stop73_calls.sh route $OUT/q   # ~6 min, not run yet: the MoE's routing in the
 #     pairwise gate/up kernel (docs/wip/moe_route_in_pair_gate_up.patch) against the tree; then
 #     tests/gpu/test_moe_gpu.py with the patch applied
+#   bash docs/wip/stop73_calls.sh qwen2 $OUT/w   # ~3 min, not run yet: qwen2.5-0.5b fused vs
+#     unfused (its q/k/v biases in the GEMV), gpt-oss-20b forced fused vs its default
 #   bash docs/wip/stop73_calls.sh floor $OUT/f   # qwen3-30b-a3b's decode kernels at batch 1
 #   bash docs/wip/stop73_calls.sh tests $OUT/t   # the GPU tests its change touches
 # (stop72_calls.sh aims / tests hold the aims and the whole tests/gpu run.)
@@ -57,6 +59,11 @@ case $stage in
         --arms full --batches 1,8 --repeats 3
       [ $arm = route ] && ap -R docs/wip/moe_route_in_pair_gate_up.patch
     done ;;
+  qwen2)  # not run yet: the biased fused decode where it applies, against the unfused path
+    bench qwen2_fused decode --models qwen2.5-0.5b --arms full,full:unfused --batches 1,8 \
+      --repeats 3
+    bench gptoss_fused decode --models gpt-oss-20b --arms full,full:fused --batches 1 \
+      --repeats 3 ;;
   floor)
     bench floor_30b floor --model qwen3-30b-a3b --decode-batch 1 --graph full ;;
   tests)
