@@ -39,6 +39,16 @@ def test_qwen3_presets_match_the_real_models():
     assert 8.1e9 < big.num_params < 8.3e9  # Qwen3-8B: 8.19B parameters
 
 
+def test_qwen3_4b_preset_matches_the_real_model():
+    """Qwen3-4B: hidden 2560 (between the fused decode's sizes), tied, 4.02B parameters
+    (3.6B past the embedding)."""
+    c = resolve_model("qwen3-4b", "dummy").config
+    assert (c.hidden_size, c.num_hidden_layers, c.intermediate_size) == (2560, 36, 9728)
+    assert (c.num_attention_heads, c.num_key_value_heads, c.head_dim) == (32, 8, 128)
+    assert c.tie_word_embeddings and c.qk_norm and 4.0e9 < c.num_params < 4.05e9
+    assert 3.6e9 < c.num_params - c.vocab_size * c.hidden_size < 3.65e9
+
+
 def test_qwen2_preset_matches_the_real_model():
     """Qwen2.5-0.5B-Instruct: q/k/v biases (no o bias), no q/k norm, 0.49B parameters."""
     c = resolve_model("qwen2.5-0.5b", "dummy").config
@@ -89,7 +99,9 @@ def test_dummy_preset_has_no_tokenizer():
         source.weights()
 
 
-@pytest.mark.parametrize("name", ["qwen3-0.6b", "qwen3-8b", "llama-3.1-8b", "qwen2.5-0.5b"])
+@pytest.mark.parametrize(
+    "name", ["qwen3-0.6b", "qwen3-4b", "qwen3-8b", "llama-3.1-8b", "qwen2.5-0.5b"]
+)
 def test_weightless_preset_needs_dummy(name):
     with pytest.raises(ModelLoadError, match="ships no weights: use --load-format dummy"):
         resolve_model(name)

@@ -18,7 +18,7 @@ Invariants:
   before graphs are captured: a graph replays whichever kernel it recorded). Under
   torch.compile they are off, so tc_piecewise keeps one compiled graph for every size.
 - Fused decode (``fused_decode_applies``): a one-row forward of a single-GPU layer (by
-  default of hidden size up to ``FUSED_DECODE_MAX_HIDDEN``) runs
+  default a MoE layer, or a dense one of hidden size up to ``FUSED_DECODE_MAX_HIDDEN``) runs
   ``norm_linear`` (RMSNorm in the GEMV's prologue: q/k/v, gate/up with SiLU-and-mul in its
   epilogue, a MoE router writing the normalised row for its experts) and ``linear_add`` (the
   residual add in the GEMV's epilogue: o and down), projection biases added in the
@@ -65,18 +65,22 @@ def use_triton_gemv(on: bool) -> None:
 
 FUSED_DECODE_MODES = ("auto", "off", "always")
 _FUSED_DECODE = "auto"
-# "auto" fuses layers up to this hidden size. The normalising GEMV normalises each K block of
-# x in every warp of a program, which slows its stream (ncu, qwen3-8b's gate/up: 58.5 against
-# 53.6 us plain): at 1024-2048 that costs less than the norm kernels fusion removes, at 4096
-# more. H200, decode graph at batch 1 replayed alone, fused against unfused (stop 42):
-# qwen3-0.6b (hidden 1024) 0.704 against 0.773 ms, qwen3-30b-a3b (2048) 2.409 against 2.428,
-# qwen3-8b (4096) 4.066-4.104 against 3.927-3.970.
+# "auto" fuses dense layers up to this hidden size, MoE layers at any. The normalising GEMV
+# normalises each K block of x in every warp of a program, which slows its stream (ncu,
+# qwen3-8b's gate/up: 58.5 against 53.6 us plain): on a dense layer's gate/up at 1024-2048
+# that costs less than the norm kernels fusion removes, at 2560 and 4096 more. A MoE layer
+# normalises only in q/k/v and its router (small products) and fuses its routing and experts.
+# H200, decode graph at batch 1 replayed alone, fused against unfused (stop 42): qwen3-0.6b
+# (hidden 1024) 0.704 against 0.773 ms, qwen3-30b-a3b (2048) 2.409 against 2.428, qwen3-8b
+# (4096) 4.066-4.104 against 3.927-3.970. H100, bench decode at batch 1, fused / unfused tok/s
+# (stop 74): qwen3-4b (2560) 284.7 / 290.0, qwen3-8b 177.8 / 179.3, gpt-oss-20b (MoE, 2880)
+# 327.2 / 298.6.
 FUSED_DECODE_MAX_HIDDEN = 2048
 
 
 def set_fused_decode(mode: str) -> None:
     """Process-wide: "auto" (default: with the Triton GEMV, on CUDA in fp16/bf16, hidden size
-    up to ``FUSED_DECODE_MAX_HIDDEN``), "off", or
+    up to ``FUSED_DECODE_MAX_HIDDEN`` in a dense layer, any in a MoE layer), "off", or
     "always" (every one-row forward; on CPU only under ``TRITON_INTERPRET=1``)."""
     global _FUSED_DECODE
     if mode not in FUSED_DECODE_MODES:
@@ -113,15 +117,16 @@ def _fusable_stream(x: torch.Tensor, low: int, high: int) -> bool:
     return not _UNFUSED_HERE.get()
 
 
-def fused_decode_applies(x: torch.Tensor) -> bool:
-    """Whether a layer fed the one-row residual stream ``x`` takes the fused decode path."""
+def fused_decode_applies(x: torch.Tensor, *, moe: bool = False) -> bool:
+    """Whether a layer (``moe``: with a MoE block for its MLP) fed the one-row residual stream
+    ``x`` takes the fused decode path."""
     if _FUSED_DECODE == "off" or not _fusable_stream(x, 1, 1):
         return False
     if _FUSED_DECODE == "always":
         return True
     return (
         _TRITON_GEMV and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)
-        and x.shape[1] <= FUSED_DECODE_MAX_HIDDEN
+        and (moe or x.shape[1] <= FUSED_DECODE_MAX_HIDDEN)
     )  # fmt: skip
 
 

@@ -153,7 +153,8 @@ class DecoderLayer(nn.Module):
         """``residual`` None: ``hidden`` is the whole residual stream (the first layer, or after
         a fused layer, which returns the updated stream and None); otherwise the stream is
         ``hidden + residual``."""
-        if residual is None and self.fusable and ops.fused_decode_applies(hidden):
+        moe = isinstance(self.mlp, MoE)
+        if residual is None and self.fusable and ops.fused_decode_applies(hidden, moe=moe):
             return self._forward_fused(positions, hidden, cos_sin_cache), None
         if residual is None:
             residual = hidden.clone()  # the fused add+norm updates the residual in place

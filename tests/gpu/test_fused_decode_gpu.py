@@ -247,18 +247,24 @@ def test_fused_decode_launches_two_kernels_fewer_a_layer():
 
 
 def test_auto_fuses_up_to_the_hidden_size_where_fusion_pays():
-    """``auto`` fuses a one-row bf16 layer up to ``FUSED_DECODE_MAX_HIDDEN`` (qwen3-0.6b,
-    qwen3-30b-a3b) and not past it (qwen3-8b's 4096: its normalising GEMVs cost more than the
-    norm kernels they remove); ``always`` fuses at any size, ``off`` at none."""
+    """``auto`` fuses a one-row bf16 dense layer up to ``FUSED_DECODE_MAX_HIDDEN`` (qwen3-0.6b)
+    and not past it (qwen3-4b's 2560, qwen3-8b's 4096: their normalising gate/up GEMVs cost
+    more than the norm kernels they remove), a MoE layer at any size (gpt-oss-20b's 2880);
+    ``always`` fuses at any size, ``off`` at none."""
     from nanograph.layers import ops
 
     small = torch.zeros(1, ops.FUSED_DECODE_MAX_HIDDEN, dtype=torch.bfloat16, device=CUDA)
-    large = torch.zeros(1, 4096, dtype=torch.bfloat16, device=CUDA)
+    large = torch.zeros(1, 2560, dtype=torch.bfloat16, device=CUDA)
     applies = {}
     for mode in ("auto", "always", "off"):
         ops.set_fused_decode(mode)
         try:
-            applies[mode] = (ops.fused_decode_applies(small), ops.fused_decode_applies(large))
+            applies[mode] = (
+                ops.fused_decode_applies(small), ops.fused_decode_applies(large),
+                ops.fused_decode_applies(large, moe=True),
+            )  # fmt: skip
         finally:
             ops.set_fused_decode("auto")
-    assert applies == {"auto": (True, False), "always": (True, True), "off": (False, False)}
+    assert applies == {
+        "auto": (True, False, True), "always": (True, True, True), "off": (False, False, False)
+    }  # fmt: skip
