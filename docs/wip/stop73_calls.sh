@@ -6,10 +6,10 @@
 #     PDL wait (docs/wip/gemv_norm_weight_before_wait.patch), alternating
 #   bash docs/wip/stop73_calls.sh grid $OUT/g    # ~4 min: gemv_grid_rows_probe.py (issue 16)
 #   bash docs/wip/stop73_calls.sh bias $OUT/b    # ~4 min: gpt-oss-20b, fused decode with biases
-#   bash docs/wip/stop73_calls.sh route $OUT/q   # ~6 min, not run yet: the MoE's routing in the
-#     pairwise gate/up kernel (docs/wip/moe_route_in_pair_gate_up.patch) against the tree; then
-#     tests/gpu/test_moe_gpu.py with the patch applied
-#   bash docs/wip/stop73_calls.sh qwen2 $OUT/w   # ~3 min, not run yet: qwen2.5-0.5b fused vs
+#   bash docs/wip/stop73_calls.sh route $OUT/q   # ~3 min (run at stop 74: -2.4%, dropped): the
+#     MoE's routing in the pairwise gate/up kernel (docs/wip/moe_route_in_pair_gate_up.patch)
+#     against the tree
+#   bash docs/wip/stop73_calls.sh qwen2 $OUT/w   # ~3 min (run at stop 74): qwen2.5-0.5b fused vs
 #     unfused (its q/k/v biases in the GEMV), gpt-oss-20b forced fused vs its default
 #   bash docs/wip/stop73_calls.sh floor $OUT/f   # qwen3-30b-a3b's decode kernels at batch 1
 #   bash docs/wip/stop73_calls.sh tests $OUT/t   # the GPU tests its change touches
