@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# What stop 74 owes the device (it ran out of device time before this call), from the repo
+# root with NANOGRAPH_COMMIT exported and stop 73's Triton cache unpacked:
+#   bash docs/wip/stop74_calls.sh verify $OUT/v   # ~3 min on any H100/H200: 5b5c4a7 (`auto`
+#     fuses MoE layers past hidden 2048): gpt-oss-20b at batch 1 under auto against unfused
+#     (expected ~327 against ~299 tok/s on an H100), then the GPU tests it touches
+# On an H200 also `bash docs/wip/stop72_calls.sh aims $OUT/a` (issue 15's 60%, issue 18).
+set -uo pipefail
+stage=$1 out=$(mkdir -p "$2" && cd "$2" && pwd)
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,power.limit --format=csv > "$out/gpu.txt"
+case $stage in
+  verify)
+    timeout 150 python3 -m nanograph bench decode --models gpt-oss-20b --arms full,full:unfused \
+      --batches 1 --repeats 3 --out "$out/gptoss_auto.json" > "$out/gptoss_auto.log" 2>&1
+    grep -E "decode=|best arm" "$out/gptoss_auto.log"
+    timeout "${TEST_TIMEOUT:-400}" python3 -m pytest -q -p no:cacheprovider -rfE \
+      tests/gpu/test_fused_decode_gpu.py tests/gpu/test_moe_gpu.py > "$out/gpu_tests.log" 2>&1
+    grep -E "passed|failed|error" "$out/gpu_tests.log" | tail -4 ;;
+  *) echo "unknown stage $stage"; exit 2 ;;
+esac
