@@ -16,7 +16,8 @@ batch 1 through cuBLAS instead of the Triton GEMV (they combine: ``full:cublas:s
 prologue, the residual add in their epilogue: ``layers.ops.set_fused_decode``) and the
 few-row one of batches 2 to ``ops.FEW_ROWS`` (the RMSNorms in the few-row products:
 ``layers.ops.set_fused_rows``); ``BACKEND:fused`` turns the batch-1 one on whatever the hidden
-size (``auto`` fuses up to ``ops.FUSED_DECODE_MAX_HIDDEN``): the comparison arms of ``full``.
+size (``auto`` fuses MoE layers, and dense ones up to ``ops.FUSED_DECODE_MAX_HIDDEN``): the
+comparison arms of ``full``.
 On CUDA each arm also records, per batch size, the GPU work of one decode step at the prompt's
 context from the profiler: kernels, memsets and copies per forward and the kernels' summed time
 (``step_kernels``; the sampler is not included).
