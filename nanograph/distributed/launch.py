@@ -290,7 +290,6 @@ def shutdown(tp: TensorParallel) -> None:
     if others and tp.peer_failure is None and tp.broken is None:
         _wait_for_keys(launch.store, [LEFT_KEY.format(r) for r in others], EXIT_WAIT_S)
     close_groups(tp)  # the peers are gone: nothing can wait on them
-    tp.store = None  # the store's server thread too (rank 0 hosts it): joined now, not at exit
 
 
 def _wait_for_keys(store: dist.TCPStore, keys: list[str], wait_s: float) -> None:
@@ -311,10 +310,6 @@ def left(tp: TensorParallel) -> None:
 
 
 def close_groups(tp: TensorParallel) -> None:
-    """Ends the groups and lets go of them, so their C++ threads are joined now rather than
-    at interpreter exit, where a user's rank 0 (a torchrun script) once aborted with
-    "terminate called without an active exception" after its work was done."""
     unregister_group(tp.group_name)
     if dist.is_initialized():
         dist.destroy_process_group()
-    tp.device_group = tp.cpu_group = None
