@@ -199,6 +199,9 @@ def _launch_ranks(
         env = dict(
             os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
             LOCAL_RANK=str(rank), WORLD_SIZE=str(len(models)),
+            # a rank that aborts (the rare "terminate called without an active exception" of
+            # rank 0 at exit) prints its threads' Python stacks into the assertion's output
+            PYTHONFAULTHANDLER="1",
             PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
         )  # fmt: skip
         procs.append(
