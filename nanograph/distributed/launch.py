@@ -57,6 +57,8 @@ LEFT_KEY = "nanograph/left/{}"  # a worker closed its groups and is leaving
 POLL_S = 0.05
 # how long shutdown waits for workers to leave on their own before it kills them
 EXIT_WAIT_S = 10.0
+# how long shutdown releases the GIL at its end, for gloo's threads to let go of tensors
+GLOO_RELEASE_S = 0.05
 
 
 class _Launch:
@@ -290,6 +292,13 @@ def shutdown(tp: TensorParallel) -> None:
     if others and tp.peer_failure is None and tp.broken is None:
         _wait_for_keys(launch.store, [LEFT_KEY.format(r) for r in others], EXIT_WAIT_S)
     close_groups(tp)  # the peers are gone: nothing can wait on them
+    # A gloo worker thread lets go of a collective's tensors just after the collective's wait()
+    # returns, and letting go of a tensor Python made takes the GIL. Were the interpreter
+    # finalising by then (a torchrun script ending right after close()), that thread would be
+    # told to exit inside a destructor: "terminate called without an active exception",
+    # SIGABRT. Releasing the GIL a moment lets it finish first (docs/wip/gloo_exit_race.py:
+    # 16 of 120 immediate exits aborted, 0 of 60 after 50 ms).
+    time.sleep(GLOO_RELEASE_S)
 
 
 def _wait_for_keys(store: dist.TCPStore, keys: list[str], wait_s: float) -> None:
