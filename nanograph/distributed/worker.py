@@ -51,9 +51,9 @@ def fail(rank: int, error: BaseException, tp=None) -> NoReturn:
 def leave(code: int) -> NoReturn:
     """Ends the process without interpreter teardown: a rank whose work was done sometimes
     printed "terminate called without an active exception" at exit and ended with SIGABRT (a
-    C++ thread of torch.distributed destroyed while joinable: 2 of ~10 CPU bench runs of
-    spawned workers; ranks started by torchrun, tests/tp_rank.py, 1 of ~25). What it printed
-    is flushed first."""
+    gloo worker thread letting go of a collective's tensors needs the GIL, and during
+    finalisation that ends the thread inside a destructor; rank 0 waits it out instead:
+    ``launch.shutdown``). What it printed is flushed first."""
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
