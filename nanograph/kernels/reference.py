@@ -73,8 +73,7 @@ def gemv(
     """The one-row product with its optional prologue (silu_and_mul or rmsnorm of x, rounded to
     x's dtype, the normalised row copied into ``normed_out``) and epilogue (``bias`` added
     before the product's rounding, silu_and_mul of the product, ``residual +=`` the result),
-    each rounded to the dtype; ``tiles`` is the
-    Triton kernel's launch hint, ignored."""
+    each rounded to the dtype; ``tiles`` is the Triton kernel's launch hint, ignored."""
     del tiles
     row = silu_and_mul(x) if silu_mul else x
     if norm_weight is not None:
