@@ -3,12 +3,15 @@ shapes, by weight layout and BLAS choice: is cuBLAS's small-M efficiency (stop 7
 gpt-oss-20b's 64 addmm a layer at 12.8 us each, ~60% of the bandwidth) a layout or a library
 choice the native loop could make? Each variant's loop over all experts (the rows of a
 256-token prefill, spread evenly) is captured in a CUDA graph and replayed, so the figure is
-GPU time, not the loop's host cost. Median of 20 replays of 5.
+GPU time, not the loop's host cost; ``eager_ms`` is the same loop launched eagerly and synced
+(wall time: the larger of the host's launches and the GPU's work, so whether the break's loop
+is host- or GPU-bound). Medians of 20 (graph: replays of 5).
     PYTHONPATH=$PWD python3 docs/wip/native_products_probe.py [out.json]"""
 
 import json
 import statistics
 import sys
+import time
 
 import torch
 
@@ -51,6 +54,17 @@ def time_graph(*args):
     return statistics.median(times)
 
 
+def time_eager(*args):
+    times = []
+    for _ in range(23):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        loop(*args)
+        torch.cuda.synchronize()
+        times.append(1000 * (time.perf_counter() - start))
+    return statistics.median(times[3:])
+
+
 def main():
     torch.manual_seed(0)
     dev = torch.device("cuda")
@@ -71,14 +85,16 @@ def main():
                 for lib in ("cublas", "cublaslt"):
                     torch.backends.cuda.preferred_blas_library(lib)
                     ms = time_graph(xin, experts, sizes, weights, b, out, nn)
+                    eager_ms = time_eager(xin, experts, sizes, weights, b, out, nn)
                     key = f"{name} {product} {label} {lib}"
                     results[key] = {
                         "ms": ms,
+                        "eager_ms": eager_ms,
                         "us_per_product": 1000 * ms / num_experts,
                         "TB_s": bytes_ / ms / 1e9,
                     }
                     print(f"{key}: {ms:.3f} ms, {1000 * ms / num_experts:.1f} us a product, "
-                          f"{bytes_ / ms / 1e9:.2f} TB/s", flush=True)  # fmt: skip
+                          f"{bytes_ / ms / 1e9:.2f} TB/s; eager {eager_ms:.3f} ms", flush=True)  # fmt: skip
             del w_nk, w_kn
             torch.cuda.empty_cache()
         torch.backends.cuda.preferred_blas_library("cublas")
