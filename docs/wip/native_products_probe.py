@@ -86,15 +86,19 @@ def main():
                     torch.backends.cuda.preferred_blas_library(lib)
                     ms = time_graph(xin, experts, sizes, weights, b, out, nn)
                     eager_ms = time_eager(xin, experts, sizes, weights, b, out, nn)
-                    key = f"{name} {product} {label} {lib}"
+                    key, us, tbs = (
+                        f"{name} {product} {label} {lib}",
+                        1000 * ms / num_experts,
+                        bytes_ / ms / 1e9,
+                    )
                     results[key] = {
                         "ms": ms,
                         "eager_ms": eager_ms,
-                        "us_per_product": 1000 * ms / num_experts,
-                        "TB_s": bytes_ / ms / 1e9,
+                        "us_per_product": us,
+                        "TB_s": tbs,
                     }
-                    print(f"{key}: {ms:.3f} ms, {1000 * ms / num_experts:.1f} us a product, "
-                          f"{bytes_ / ms / 1e9:.2f} TB/s; eager {eager_ms:.3f} ms", flush=True)  # fmt: skip
+                    print(f"{key}: {ms:.3f} ms, {us:.1f} us a product, {tbs:.2f} TB/s; "
+                          f"eager {eager_ms:.3f} ms", flush=True)  # fmt: skip
             del w_nk, w_kn
             torch.cuda.empty_cache()
         torch.backends.cuda.preferred_blas_library("cublas")
