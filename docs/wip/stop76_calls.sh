@@ -7,10 +7,10 @@
 #     with docs/wip/native_experts_nn.patch applied (the probe put the NN loop 8% ahead on
 #     gpt-oss-20b), the patch reverted afterwards
 #   bash docs/wip/stop76_calls.sh bias $OUT/b  # ~5 min, any H100/H200 (+2 on an H200): the
-#     MXFP4 test the `nn` call's timeout cut; test_moe_gpu's native tests with
+#     MXFP4 test the `nn` call's timeout cut and test_moe_gpu's native tests, both with
 #     docs/wip/native_bias_rows.patch (the native loop's products without biases: plain
 #     cuBLAS mm, not cuBLASLt's addmm, the biases added over all rows); gpt-oss-20b's native
-#     breakable prefill at 256 against eager, as committed and patched, alternating twice;
+#     breakable prefill at 256 against eager, patched and as committed, alternating twice;
 #     on an H200, issue 15's and 18's batch-1 decode aims
 set -uo pipefail
 stage=$1 out=$(mkdir -p "$2" && cd "$2" && pwd)
@@ -33,19 +33,20 @@ case $stage in
       bench nn_q30 "${args[@]}" --models qwen3-30b-a3b
       git apply -R docs/wip/native_experts_nn.patch; }
     bench tn_q30 "${args[@]}" --models qwen3-30b-a3b ;;
-  bias)
+  bias)  # the patch applied first: the MXFP4 test runs the triton experts, which it leaves
+    git apply docs/wip/native_bias_rows.patch || exit 1
     timeout 150 python3 -m pytest -q -p no:cacheprovider -rfE tests/gpu/test_moe_gpu.py \
-      -k test_mxfp4_gpt_oss_20b_dummy > "$out/mxfp4_test.log" 2>&1; tail -1 "$out/mxfp4_test.log"
+      -k test_mxfp4_gpt_oss_20b_dummy > "$out/mxfp4_test.log" 2>&1 &
+    timeout 150 python3 -m pytest -q -p no:cacheprovider -rfE tests/gpu/test_moe_gpu.py \
+      -k "torch_native or native_per_layer" > "$out/native_tests.log" 2>&1 &
+    wait; tail -1 "$out/mxfp4_test.log"; tail -1 "$out/native_tests.log"
     args=(prefill --models gpt-oss-20b --lengths 256 --arms breakable --moe-backend torch_native
       --peer-lengths '' --repeats 15 --eager-beside)
     for round in 1 2; do
-      bench "base$round" "${args[@]}"
-      git apply docs/wip/native_bias_rows.patch || break
-      [ $round = 1 ] && { timeout 120 python3 -m pytest -q -p no:cacheprovider -rfE \
-        tests/gpu/test_moe_gpu.py -k "native or torch_native" > "$out/native_tests.log" 2>&1
-        tail -1 "$out/native_tests.log"; }
       bench "bias$round" "${args[@]}"
       git apply -R docs/wip/native_bias_rows.patch
+      bench "base$round" "${args[@]}"
+      [ $round = 1 ] && git apply docs/wip/native_bias_rows.patch
     done
     if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
       bench decode_b1 decode --models qwen3-30b-a3b,qwen3-0.6b,qwen3-8b --arms full \
