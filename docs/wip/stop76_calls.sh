@@ -12,6 +12,10 @@
 #     cuBLAS mm, not cuBLASLt's addmm, the biases added over all rows); gpt-oss-20b's native
 #     breakable prefill at 256 against eager, patched and as committed, alternating twice;
 #     on an H200, issue 15's and 18's batch-1 decode aims
+#   bash docs/wip/stop76_calls.sh both $OUT/o  # ~3 min, any H100/H200: gpt-oss-20b's native
+#     breakable prefill with native_experts_nn.patch and native_bias_rows.patch applied together
+#     (each alone left the breakable arm level: is the loop bound by host and GPU at once?)
+#     against 044565b's loop, alternating twice; the native GPU tests with both first
 set -uo pipefail
 stage=$1 out=$(mkdir -p "$2" && cd "$2" && pwd)
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
@@ -52,5 +56,19 @@ case $stage in
       bench decode_b1 decode --models qwen3-30b-a3b,qwen3-0.6b,qwen3-8b --arms full \
         --batches 1 --repeats 3
     fi ;;
+  both)
+    patches=(docs/wip/native_experts_nn.patch docs/wip/native_bias_rows.patch)
+    for f in "${patches[@]}"; do git apply "$f" || exit 1; done
+    timeout 150 python3 -m pytest -q -p no:cacheprovider -rfE tests/gpu/test_moe_gpu.py \
+      -k "torch_native or native_per_layer" > "$out/native_tests.log" 2>&1
+    tail -1 "$out/native_tests.log"
+    args=(prefill --models gpt-oss-20b --lengths 256 --arms breakable --moe-backend torch_native
+      --peer-lengths '' --repeats 15 --eager-beside)
+    for round in 1 2; do
+      bench "both$round" "${args[@]}"
+      for f in "${patches[@]}"; do git apply -R "$f"; done
+      bench "base$round" "${args[@]}"
+      [ $round = 1 ] && for f in "${patches[@]}"; do git apply "$f"; done
+    done ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
