@@ -16,6 +16,9 @@
 #     breakable prefill with native_experts_nn.patch and native_bias_rows.patch applied together
 #     (each alone left the breakable arm level: is the loop bound by host and GPU at once?)
 #     against 044565b's loop, alternating twice; the native GPU tests with both first
+#   bash docs/wip/stop76_calls.sh gaps $OUT/g  # ~1.5 min, any H100/H200: the GPU's idle gaps in
+#     one profiled gpt-oss-20b native prefill, eager and breakable, by the kernels around them
+#     (native_gaps_profile.py): sync bubbles, a host-bound loop or the activation's launches
 set -uo pipefail
 stage=$1 out=$(mkdir -p "$2" && cd "$2" && pwd)
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
@@ -70,5 +73,8 @@ case $stage in
       bench "base$round" "${args[@]}"
       [ $round = 1 ] && for f in "${patches[@]}"; do git apply "$f"; done
     done ;;
+  gaps)
+    timeout 200 python3 docs/wip/native_gaps_profile.py gpt-oss-20b none,breakable \
+      > "$out/gaps.log" 2>&1; grep -E "^==|^--|^   " "$out/gaps.log" ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
