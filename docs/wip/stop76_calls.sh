@@ -18,7 +18,7 @@
 #     against 044565b's loop, alternating twice; the native GPU tests with both first
 #   bash docs/wip/stop76_calls.sh gaps $OUT/g  # ~1.5 min, any H100/H200: the GPU's idle gaps in
 #     one profiled gpt-oss-20b native prefill, eager and breakable, by the kernels around them
-#     (native_gaps_profile.py): sync bubbles, a host-bound loop or the activation's launches
+#     (native_tc_profile.py's gap report): sync bubbles, a host-bound loop or the activation
 set -uo pipefail
 stage=$1 out=$(mkdir -p "$2" && cd "$2" && pwd)
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
@@ -74,7 +74,7 @@ case $stage in
       [ $round = 1 ] && for f in "${patches[@]}"; do git apply "$f"; done
     done ;;
   gaps)
-    timeout 200 python3 docs/wip/native_gaps_profile.py gpt-oss-20b none,breakable \
-      > "$out/gaps.log" 2>&1; grep -E "^==|^--|^   " "$out/gaps.log" ;;
+    timeout 200 python3 docs/wip/native_tc_profile.py gpt-oss-20b none,breakable \
+      > "$out/gaps.log" 2>&1; grep -E "^==|^-- |^   [a-p]" "$out/gaps.log" ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
