@@ -86,11 +86,8 @@ def main():
                     torch.backends.cuda.preferred_blas_library(lib)
                     ms = time_graph(xin, experts, sizes, weights, b, out, nn)
                     eager_ms = time_eager(xin, experts, sizes, weights, b, out, nn)
-                    key, us, tbs = (
-                        f"{name} {product} {label} {lib}",
-                        1000 * ms / num_experts,
-                        bytes_ / ms / 1e9,
-                    )
+                    key = f"{name} {product} {label} {lib}"
+                    us, tbs = 1000 * ms / num_experts, bytes_ / ms / 1e9
                     results[key] = {
                         "ms": ms,
                         "eager_ms": eager_ms,
