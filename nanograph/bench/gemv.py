@@ -321,12 +321,15 @@ def measure_experts(c, sweep: bool, rep_ms: int, device: str = "cuda") -> dict:
     return result
 
 
+# (block_n, block_k, warps, stages) of the experts' down projection that ``--sweep`` tries
+DOWN_TILES = list(itertools.product((4, 8, 16), (128, 256, 512), (4, 8), (2, 3)))
+
+
 def _sweep_down(run, default, top_k: int) -> dict:
     """Every down-projection tile (``run(tiles)`` -> us) under 32K elements: ``sweep`` (fastest
     first, failures last) and ``best_us``."""
     trials = []
-    for block_n, block_k, warps, stages in itertools.product((4, 8, 16), (128, 256, 512), (4, 8),
-                                                             (2, 3)):  # fmt: skip
+    for block_n, block_k, warps, stages in DOWN_TILES:
         if triton.next_power_of_2(top_k) * block_n * block_k > 32768:
             continue
         tiles = dataclasses.replace(default, down=(block_n, block_k, warps, stages))
