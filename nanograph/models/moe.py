@@ -9,13 +9,17 @@ Invariants:
   its tensors load as transposed views of ours, no copy). With ``mxfp4_experts`` (gpt-oss)
   ``w13`` / ``w2`` hold MXFP4 codes ``[E, N, K / 2]`` uint8 and ``w13_scales`` / ``w2_scales``
   their scales ``[E, N, K / 32]`` (``kernels.moe``'s layout, the checkpoint's pairs as they
-  are); only the triton backend runs them.
+  are); only the triton backend runs them. The native backend's dense ``w13`` / ``w2`` are
+  those shapes as transposed views of ``[E, H, 2I]`` / ``[E, I, H]`` memory, so its per-expert
+  products (rows times a weight transposed) are NN GEMMs (on the H100 8% less GPU time over
+  gpt-oss-20b's two products than the TN ones of the triton layout).
 - ``triton`` is graph-safe (no host reads, static shapes): captured inline by every graph
   backend. ``torch_native`` is the plain per-expert loop: the host reads how many tokens each
   expert got, so it is a ``split_op``: an eager break under ``breakable``, a split point under
   ``tc_piecewise``; ``full`` graphs cannot hold it (the engine refuses that combination).
-- The native MoE's split op holds only the per-expert products (and the activation between
-  them): sorting the pairs by expert before it and combining them after it have static
+- The native MoE's split op holds only the per-expert products (and the gate/up bias and
+  activation between them, each one launch over all rows; the down bias is added after it, in
+  the graph): sorting the pairs by expert before it and combining them after it have static
   shapes, so graphs capture them. It writes into an output allocated before it (inside the
   graph), like attention, so a break has nothing to copy out.
 - The fused batch-1 decode (``forward_add``, triton experts on one rank) takes the
@@ -146,9 +150,11 @@ def native_moe(
     next; -1 makes them every call). Only the loop, whose
     shapes follow the routing, is the split op; the work around it has the same shapes for any
     routing, so graphs capture it: the (token, expert) pairs sorted by expert, each expert's
-    end among them, the rows gathered in that order before the loop; scaled, put back in pair
-    order and summed over k after it. On CUDA the loop is host-bound, so every launch the
-    break leaves to a graph shortens it."""
+    end among them, the rows gathered in that order, and each row's gate/up bias, before the
+    loop; the down bias added, scaled, put back in pair order and summed over k after it. On
+    CUDA the loop is host-bound, so every launch the break leaves to a graph shortens it. The
+    biases are added to the rounded products (as transformers' gpt-oss does), not inside
+    them: a product with a bias is cuBLASLt's, whose every call plans afresh on the host."""
     tokens, top_k = ids.shape
     expert_ids, order = torch.sort(ids.reshape(-1), stable=True)
     experts = torch.arange(w13.shape[0], device=ids.device)
@@ -157,8 +163,11 @@ def native_moe(
     ends = torch.searchsorted(expert_ids, experts, right=True)
     counts = torch.diff(ends, prepend=ends.new_zeros(1))
     rows = x[order // top_k]
+    gate_up_bias = None if b13 is None else b13[expert_ids]
     down = torch.empty_like(rows)  # allocated here, inside the graph: the break only fills it
-    native_experts(rows, counts, w13, w2, b13, b2, activation, alpha, limit, views_key, down)
+    native_experts(rows, counts, w13, w2, gate_up_bias, activation, alpha, limit, views_key, down)
+    if b2 is not None:
+        down = down + b2[expert_ids]
     scales = weights.reshape(-1)[order].to(x.dtype)[:, None]
     # back to pair order, then a sum over k: deterministic (an index_add_ of duplicate token
     # rows would add in any order on CUDA)
@@ -169,20 +178,24 @@ def native_moe(
 @split_op("nanograph::native_experts", fake=lambda *args: None, mutates_args=("out",))
 def native_experts(
     rows: torch.Tensor, counts: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
-    b13: torch.Tensor | None, b2: torch.Tensor | None, activation: int, alpha: float,
-    limit: float, views_key: int, out: torch.Tensor,
+    gate_up_bias: torch.Tensor | None, activation: int, alpha: float, limit: float,
+    views_key: int, out: torch.Tensor,
 ) -> None:  # fmt: skip
-    """out = the rows, sorted by expert, through their experts: expert e has the next
-    ``counts[e]`` rows, which the host reads (a sync), so the shapes follow the routing. Each
-    expert's products write its contiguous slice of one buffer, and the activation runs once
-    over all of them (elementwise, so no row sees another): two launches an expert, where a
-    product, the activation and a copy an expert took five (SwiGLU) to eleven (gpt-oss'
-    clamped one). Only experts with rows are split out: with few tokens most have none."""
+    """out = the rows, sorted by expert, through their experts (the down bias left to the
+    caller): expert e has the next ``counts[e]`` rows, which the host reads (a sync), so the
+    shapes follow the routing; ``gate_up_bias``: each row's expert's gate/up bias. Each
+    expert's products write its contiguous slice of one buffer, and the bias and activation
+    run once over all of them (elementwise, so no row sees another): two launches an expert,
+    where a product, the activation and a copy an expert took five (SwiGLU) to eleven
+    (gpt-oss' clamped one). Only experts with rows are split out: with few tokens most have
+    none."""
     live = [(expert, count) for expert, count in enumerate(counts.tolist()) if count]
     experts, sizes = [e for e, _ in live], [c for _, c in live]
-    gate_up = _products(rows, _expert_views(views_key, 0, w13, b13), experts, sizes)
+    gate_up = _products(rows, _expert_views(views_key, 0, w13), experts, sizes)
+    if gate_up_bias is not None:
+        gate_up += gate_up_bias
     act = reference.moe_activation(gate_up, _ACTIVATIONS[activation], alpha, limit)
-    _products(act, _expert_views(views_key, 1, w2, b2), experts, sizes, out=out)
+    _products(act, _expert_views(views_key, 1, w2), experts, sizes, out=out)
 
 
 # The native loop's per-expert weight views, made on a layer's first forward and dropped with
@@ -204,39 +217,33 @@ def _forget_views(key: int) -> None:
         _EXPERT_VIEWS.pop((key, product), None)
 
 
-def _expert_views(
-    key: int, product: int, w: torch.Tensor, b: torch.Tensor | None
-) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...] | None]:
-    """Each expert's weight, transposed, and bias, as views: kept under ``key`` (when it is
-    not -1) while the weights are the same tensors in the same memory."""
-    stamp = (w.data_ptr(), w.shape, w.dtype, None if b is None else b.data_ptr())
+def _expert_views(key: int, product: int, w: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Each expert's weight, transposed, as views: kept under ``key`` (when it is not -1)
+    while the weights are the same tensor in the same memory."""
+    stamp = (w.data_ptr(), w.shape, w.dtype)
     cached = _EXPERT_VIEWS.get((key, product))
     if cached is not None and cached[0] == stamp:
         return cached[1]
-    views = (w.transpose(1, 2).unbind(0), None if b is None else b.unbind(0))
+    views = w.transpose(1, 2).unbind(0)
     if key != -1:
         _EXPERT_VIEWS[(key, product)] = (stamp, views)
     return views
 
 
 def _products(
-    x: torch.Tensor, experts: tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...] | None],
-    ids: list[int], sizes: list[int], out: torch.Tensor | None = None,
+    x: torch.Tensor, weights: tuple[torch.Tensor, ...], ids: list[int], sizes: list[int],
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:  # fmt: skip
-    """F.linear(rows, w[e], b[e]) for each expert ``ids[i]``'s ``sizes[i]`` consecutive rows
-    of x (the sizes cover x), each written into its slice of one output (``out``, else a new
-    one; ``mm`` / ``addmm`` with ``out=``: no copy); ``experts``: each w[e] transposed and b[e]
-    (``_expert_views``). The rows' and the output's per-expert views come from one ``split``
-    each: on CUDA this loop is bound by the host's per-op cost, and indexing every view
-    separately took ~40% of it (a ``.t()`` an expert ~20% of the rest, on the CPU machine)."""
-    wts, bs = experts
+    """rows @ w[e].T for each expert ``ids[i]``'s ``sizes[i]`` consecutive rows of x (the
+    sizes cover x), each written into its slice of one output (``out``, else a new one;
+    ``mm`` with ``out=``: no copy); ``weights``: each w[e] transposed (``_expert_views``).
+    The rows' and the output's per-expert views come from one ``split`` each: on CUDA this
+    loop is bound by the host's per-op cost, and indexing every view separately took ~40% of
+    it (a ``.t()`` an expert ~20% of the rest, on the CPU machine)."""
     if out is None:
-        out = x.new_empty(x.shape[0], wts[0].shape[1])
+        out = x.new_empty(x.shape[0], weights[0].shape[1])
     for expert, xs, outs in zip(ids, x.split(sizes), out.split(sizes)):
-        if bs is None:
-            torch.mm(xs, wts[expert], out=outs)
-        else:
-            torch.addmm(bs[expert], xs, wts[expert], out=outs)
+        torch.mm(xs, weights[expert], out=outs)
     return out
 
 
@@ -293,8 +300,16 @@ class MoE(nn.Module):
             self.w13_scales = packed(num_experts, 2 * inter, hidden // 32)
             self.w2_scales = packed(num_experts, hidden, inter // 32)
         else:
-            self.w13 = nn.Parameter(torch.empty(num_experts, 2 * inter, hidden))
-            self.w2 = nn.Parameter(torch.empty(num_experts, hidden, inter))
+
+            def dense(*shape: int) -> nn.Parameter:
+                if backend.graph_safe:
+                    return nn.Parameter(torch.empty(*shape))
+                # the native loop multiplies each expert's rows by its weight transposed: held
+                # [E, K, N] in memory, those products are NN GEMMs
+                return nn.Parameter(torch.empty(shape[0], shape[2], shape[1]).transpose(1, 2))
+
+            self.w13 = dense(num_experts, 2 * inter, hidden)
+            self.w2 = dense(num_experts, hidden, inter)
             self.w13_scales = self.w2_scales = None
         self.w13_bias = nn.Parameter(torch.empty(num_experts, 2 * inter)) if gpt_oss else None
         self.w2_bias = nn.Parameter(torch.empty(num_experts, hidden)) if gpt_oss else None
