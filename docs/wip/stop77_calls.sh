@@ -4,15 +4,16 @@
 #   bash docs/wip/stop77_calls.sh pin $OUT/p   # ~4 min, any H100/H200: is gpt-oss-20b's
 #     bimodal native prefill (whole runs 1.5x slower in both arms, stops 76 and 77) the bench
 #     process's host placement? The host's CPUs and governor, then `bench prefill` at 256
-#     (native MoE, breakable beside eager) pinned to one core (`taskset -c $CORE`) as committed
-#     and with native_experts_nn.patch + native_bias_rows.patch, A B B A B A, and as committed
-#     unpinned twice: if pinned runs agree with each other where unpinned ones do not, the
-#     patches' A/B is read from the pinned runs only
+#     (native MoE, breakable beside eager) pinned to one core (`taskset -c $CORE`) with the
+#     native loop before bbab7b7 (`base`) and with its NN products without bias (`both`: stop
+#     76's native_experts_nn.patch + native_bias_rows.patch, run at 322c009 and landed as
+#     bbab7b7; the script now gets `base` by reversing native_nn_mm_landed.patch), A B B A B A,
+#     and `base` unpinned twice: if pinned runs agree with each other where unpinned ones do
+#     not, the A/B is read from the pinned runs only
 set -uo pipefail
 stage=$1 out=$(mkdir -p "$2" && cd "$2" && pwd)
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,power.limit --format=csv > "$out/gpu.txt"
-patches=(docs/wip/native_experts_nn.patch docs/wip/native_bias_rows.patch)
 args=(prefill --models gpt-oss-20b --lengths 256 --arms breakable --moe-backend torch_native
   --peer-lengths '' --repeats 15 --eager-beside)
 run() {  # run NAME [taskset args]: one bench process; prints its paired ratio
@@ -27,13 +28,16 @@ case $stage in
       > "$out/host.txt" 2>&1
     grep -E "^(Model name|CPU\(s\)|NUMA|Thread)" "$out/host.txt"
     core=${CORE:-4} n=0
+    old=docs/wip/native_nn_mm_landed.patch
     for arm in base both both base both base; do
-      if [ $arm = both ]; then for f in "${patches[@]}"; do git apply "$f"; done; fi
+      if [ $arm = base ]; then git apply -R $old; fi
       run "pinned_${arm}_$((++n))" taskset -c "$core"
-      if [ $arm = both ]; then for f in "${patches[@]}"; do git apply -R "$f"; done; fi
+      if [ $arm = base ]; then git apply $old; fi
     done
+    git apply -R $old
     run unpinned_base_7
     run unpinned_base_8
+    git apply $old
     python3 - "$out" <<'PY'
 import json, pathlib, statistics, sys
 for f in sorted(pathlib.Path(sys.argv[1]).glob("*_[0-9].json"), key=lambda f: f.stem[-1]):
