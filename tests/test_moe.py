@@ -225,6 +225,24 @@ def test_native_moe_matches_float64(case):
     torch.testing.assert_close(native, expected, atol=2e-4, rtol=2e-4)
 
 
+def test_native_experts_are_held_for_nn_products():
+    """The native backend's dense experts are [E, N, K] views of [E, K, N] memory, so each
+    expert's weight transposed (what its rows are multiplied by) is contiguous: NN products.
+    The triton backend keeps them [E, N, K] in memory, as its kernels read them."""
+    from nanograph.models import moe
+
+    config = ModelConfig.from_hf_dict({**TINY["gpt_oss"], "intermediate_size": 24})
+    native = moe.MoE(config, get_moe_backend("torch_native", CPU))
+    triton_layout = moe.MoE(config, get_moe_backend("triton", CPU))
+    e, h = config.num_experts, config.hidden_size
+    for layer in (native, triton_layout):
+        assert layer.w13.shape == (e, 48, h) and layer.w2.shape == (e, h, 24)
+    for w in (native.w13, native.w2):
+        assert not w.is_contiguous() and w.transpose(1, 2).is_contiguous()
+        assert all(v.is_contiguous() for v in moe._expert_views(-1, 0, w))
+    assert triton_layout.w13.is_contiguous() and triton_layout.w2.is_contiguous()
+
+
 def test_native_moe_keeps_a_layers_expert_views_while_its_weights_stay():
     """A native layer's per-expert weight views are made once and dropped with the layer; a
     weight replaced between forwards is what the next forward uses."""
