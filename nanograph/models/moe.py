@@ -9,10 +9,11 @@ Invariants:
   its tensors load as transposed views of ours, no copy). With ``mxfp4_experts`` (gpt-oss)
   ``w13`` / ``w2`` hold MXFP4 codes ``[E, N, K / 2]`` uint8 and ``w13_scales`` / ``w2_scales``
   their scales ``[E, N, K / 32]`` (``kernels.moe``'s layout, the checkpoint's pairs as they
-  are); only the triton backend runs them. The native backend's dense ``w13`` / ``w2`` are
-  those shapes as transposed views of ``[E, H, 2I]`` / ``[E, I, H]`` memory, so its per-expert
-  products (rows times a weight transposed) are NN GEMMs (on the H100 8% less GPU time over
-  gpt-oss-20b's two products than the TN ones of the triton layout).
+  are); only the triton backend runs them. Each backend makes its dense experts
+  (``MoEBackend.empty_experts``): the native one's are those shapes as transposed views of
+  ``[E, H, 2I]`` / ``[E, I, H]`` memory, so its per-expert products (rows times a weight
+  transposed) are NN GEMMs (on the H100 8% less GPU time over gpt-oss-20b's two products than
+  the TN ones of the triton layout).
 - ``triton`` is graph-safe (no host reads, static shapes): captured inline by every graph
   backend. ``torch_native`` is the plain per-expert loop: the host reads how many tokens each
   expert got, so it is a ``split_op``: an eager break under ``breakable``, a split point under
@@ -61,6 +62,11 @@ class MoEBackend(ABC):
         variant this backend's experts can launch; [] when it compiles none."""
         return []
 
+    def empty_experts(self, experts: int, n: int, k: int) -> nn.Parameter:
+        """A dense expert weight ``[E, N, K]`` (uninitialised), in the memory layout this
+        backend's products read: contiguous, as ``kernels.moe`` reads it."""
+        return nn.Parameter(torch.empty(experts, n, k))
+
 
 class TritonMoE(MoEBackend):
     name = "triton"
@@ -104,6 +110,11 @@ class TorchNativeMoE(MoEBackend):
             x, layer.w13, layer.w2, layer.w13_bias, layer.w2_bias, weights, ids,
             layer.activation_id, layer.alpha, layer.limit, layer.views_key,
         )  # fmt: skip
+
+    def empty_experts(self, experts: int, n: int, k: int) -> nn.Parameter:
+        """``[E, N, K]`` as a transposed view of ``[E, K, N]`` memory: the loop multiplies each
+        expert's rows by its weight transposed, which is then contiguous (NN products)."""
+        return nn.Parameter(torch.empty(experts, k, n).transpose(1, 2))
 
 
 def get_moe_backend(name: str, device: torch.device) -> MoEBackend:
@@ -300,16 +311,8 @@ class MoE(nn.Module):
             self.w13_scales = packed(num_experts, 2 * inter, hidden // 32)
             self.w2_scales = packed(num_experts, hidden, inter // 32)
         else:
-
-            def dense(*shape: int) -> nn.Parameter:
-                if backend.graph_safe:
-                    return nn.Parameter(torch.empty(*shape))
-                # the native loop multiplies each expert's rows by its weight transposed: held
-                # [E, K, N] in memory, those products are NN GEMMs
-                return nn.Parameter(torch.empty(shape[0], shape[2], shape[1]).transpose(1, 2))
-
-            self.w13 = dense(num_experts, 2 * inter, hidden)
-            self.w2 = dense(num_experts, hidden, inter)
+            self.w13 = backend.empty_experts(num_experts, 2 * inter, hidden)
+            self.w2 = backend.empty_experts(num_experts, hidden, inter)
             self.w13_scales = self.w2_scales = None
         self.w13_bias = nn.Parameter(torch.empty(num_experts, 2 * inter)) if gpt_oss else None
         self.w2_bias = nn.Parameter(torch.empty(num_experts, hidden)) if gpt_oss else None
