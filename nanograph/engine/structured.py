@@ -28,6 +28,7 @@ Invariants:
 from __future__ import annotations
 
 import json
+import re
 import warnings
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING, Any
@@ -40,6 +41,15 @@ if TYPE_CHECKING:
     from nanograph.loader.tokenizer import Tokenizer
 
 INSTALL = "pip install 'nanograph[structured]' (xgrammar)"
+
+
+# xgrammar's C++ errors begin with its log line's time and source place ("[02:06:17]
+# /project/cpp/json_schema_converter.cc:5082: "), which say nothing to the user
+_LOG_PREFIX = re.compile(r"^\[\d\d:\d\d:\d\d\] \S+:\d+: ")
+
+
+def _compile_error(e: Exception) -> str:
+    return f"structured_outputs could not be compiled: {_LOG_PREFIX.sub('', str(e)).strip()}"
 
 
 class Grammars:
@@ -81,7 +91,7 @@ class Grammars:
         try:
             grammar = _parse(xgrammar, form)
         except Exception as e:  # xgrammar's parse errors: the user's form
-            return f"structured_outputs could not be compiled: {e}"
+            return _compile_error(e)
         self._xgrammar = xgrammar
         if self._pool is None:  # one worker: xgrammar's compiler runs its own threads
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="nanograph-grammar")
@@ -117,7 +127,7 @@ class Grammars:
             try:
                 grammar = future.result()
             except Exception as e:  # what parsing let through: the user's form still
-                done.append((request, f"structured_outputs could not be compiled: {e}"))
+                done.append((request, _compile_error(e)))
                 continue
             self._matchers[request_id] = self._xgrammar.GrammarMatcher(
                 grammar, override_stop_tokens=self.end_ids or None
