@@ -124,6 +124,18 @@ def test_bad_requests_fail_alone_and_engine_keeps_serving(tiny):
     assert llm.generate(good, GREEDY)[0].token_ids == ref[0]
 
 
+def test_sampling_params_of_the_wrong_kind_are_refused_before_any_request(tiny):
+    llm = make_llm(tiny)
+    good = prompts(2, seed=5)
+    with pytest.raises(TypeError, match=r"got dict: build SamplingParams\(\*\*params\)"):
+        llm.generate(good, {"max_tokens": 4, "temperature": 0.0})  # not its keys as a list
+    with pytest.raises(TypeError, match="or a list of them"):
+        llm.generate(good, 4)
+    outs = llm.generate(good, [GREEDY, {"max_tokens": 4}])
+    assert outs[0].ok and outs[1].error == "sampling params must be a SamplingParams, got dict"
+    assert_pages_back(llm)
+
+
 def test_unknown_engine_argument(tiny):
     with pytest.raises(TypeError, match="unknown engine argument"):
         LLM(str(tiny), not_a_flag=1)

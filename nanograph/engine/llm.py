@@ -153,6 +153,12 @@ class LLM:
     ) -> list[RequestOutput]:  # fmt: skip
         """``template``: ``prompt_token_ids``' chat template options (``chat`` gives them)."""
         params = SamplingParams() if sampling_params is None else sampling_params
+        if not isinstance(params, SamplingParams | list | tuple):  # a dict would list its keys
+            raise TypeError(
+                "sampling_params must be a SamplingParams or a list of them (one per prompt), "
+                f"got {type(params).__name__}"
+                + (": build SamplingParams(**params)" if isinstance(params, dict) else "")
+            )
         params_list = [params] * len(batch) if isinstance(params, SamplingParams) else list(params)
         if len(params_list) != len(batch):
             raise ValueError(
