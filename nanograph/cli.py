@@ -84,7 +84,7 @@ ENGINE_HELP = {
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
-    from nanograph.engine.config import ALIASES, EAGER_SWITCHES, EngineConfig
+    from nanograph.engine.config import ALIASES, EAGER_SWITCHES, NEGATED_ALIASES, EngineConfig
 
     group = parser.add_argument_group("engine")
     for f in dataclasses.fields(EngineConfig):
@@ -101,6 +101,12 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
             kind = _int_list
         group.add_argument(*flags, dest=f.name, type=kind, default=f.default,
                            help=f"{help_text} [{f.default}]")  # fmt: skip
+    for alias, name in NEGATED_ALIASES.items():
+        group.add_argument(
+            _flag(alias),
+            action=argparse.BooleanOptionalAction,
+            help=f"vLLM's switch; --no-{_flag(alias)[2:]} is {_flag(name)}",
+        )
     group.add_argument(*map(_flag, EAGER_SWITCHES), dest="enforce_eager", action="store_true",
                        help="no CUDA graphs on any path (vLLM's and SGLang's flags for "
                        "none on every --*-cuda-graph)")  # fmt: skip
@@ -121,9 +127,14 @@ def _int_list(text: str) -> tuple[int, ...]:
 
 
 def engine_config_from(args: argparse.Namespace):
-    from nanograph.engine.config import EngineConfig, resolve_aliases
+    from nanograph.engine.config import NEGATED_ALIASES, EngineConfig, resolve_aliases
 
     values = {k: getattr(args, k) for k in EngineConfig.field_names() if hasattr(args, k)}
+    for alias, name in NEGATED_ALIASES.items():
+        if getattr(args, alias, None) is not None:  # given: it decides, unless ours was given too
+            values[alias] = getattr(args, alias)
+            if values.get(name) == getattr(EngineConfig, name):  # its default: not given
+                del values[name]
     values["progress"] = not args.quiet
     values["enforce_eager"] = getattr(args, "enforce_eager", False)
     return EngineConfig(**resolve_aliases(values))

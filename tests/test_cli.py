@@ -6,6 +6,7 @@ import dataclasses
 import subprocess
 import sys
 
+import pytest
 from conftest import requires_smollm2
 
 from nanograph.cli import ENGINE_HELP, build_parser, main
@@ -43,6 +44,13 @@ def test_vllm_and_sglang_flag_names_set_our_settings(capsys, tiny_model_dir):
                    "--block-size", "8", "--disable-radix-cache", "--random-seed", "5")  # fmt: skip
     assert (named.tensor_parallel_size, named.max_model_len, named.max_num_seqs, named.page_size,
             named.disable_prefix_caching, named.seed) == (2, 64, 3, 8, True, 5)  # fmt: skip
+    # vLLM's negated switch: given, it decides; given against ours, an error
+    assert not config().disable_prefix_caching
+    assert not config("--enable-prefix-caching").disable_prefix_caching
+    assert config("--no-enable-prefix-caching").disable_prefix_caching
+    assert config("--no-enable-prefix-caching", "--disable-radix-cache").disable_prefix_caching
+    with pytest.raises(ValueError, match="is the opposite of disable_prefix_caching"):
+        config("--enable-prefix-caching", "--disable-prefix-caching")
     paths = ("decode_cuda_graph", "prefill_cuda_graph", "speculative_draft_cuda_graph")
     for switch in ("--enforce-eager", "--disable-cuda-graph"):
         assert [getattr(config(switch), p) for p in paths] == ["none"] * 3

@@ -141,6 +141,13 @@ def test_unknown_engine_argument(tiny):
         LLM(str(tiny), not_a_flag=1)
 
 
+def test_vllm_enable_prefix_caching_is_ours_negated(tiny):
+    assert LLM(str(tiny), enable_prefix_caching=False).engine.config.disable_prefix_caching
+    assert not LLM(str(tiny), enable_prefix_caching=True).engine.config.disable_prefix_caching
+    with pytest.raises(ValueError, match="disagree"):
+        LLM(str(tiny), enable_prefix_caching=True, disable_prefix_caching=True)
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_random_workloads_match_a_big_pool(tiny, seed):
     """Random prompt lengths, max_tokens, chunk sizes, seat limits and tight pools: every

@@ -384,21 +384,28 @@ ALIASES = {
     "prompt_lookup_min": "speculative_ngram_min_match_window_size",  # vLLM
     "prompt_lookup_max": "speculative_ngram_max_match_window_size",  # vLLM
 }
+# vLLM's switches that are ours negated (vLLM: on by default, as ours are off by default)
+NEGATED_ALIASES = {"enable_prefix_caching": "disable_prefix_caching"}
 EAGER_SWITCHES = ("enforce_eager", "disable_cuda_graph")
+ENGINE_ARG_ALIASES = (*ALIASES, *NEGATED_ALIASES, *EAGER_SWITCHES)
 
 
 def resolve_aliases(args: dict[str, Any]) -> dict[str, Any]:
-    """``args`` with vLLM's / SGLang's names replaced by ours (``ALIASES``, the eager switches
-    as every graph path "none"); a ValueError where an alias and our name disagree."""
-    out = {k: v for k, v in args.items() if k not in ALIASES and k not in EAGER_SWITCHES}
-    for alias, name in ALIASES.items():
+    """``args`` with vLLM's / SGLang's names replaced by ours (``ALIASES``, ``NEGATED_ALIASES``
+    inverted, the eager switches as every graph path "none"); a ValueError where an alias and
+    our name disagree."""
+    out = {k: v for k, v in args.items() if k not in ENGINE_ARG_ALIASES}
+    for alias, name, value, says in [
+        *((a, n, args.get(a), "is") for a, n in ALIASES.items()),
+        *((a, n, not args.get(a), "is the opposite of") for a, n in NEGATED_ALIASES.items()),
+    ]:
         if alias in args:
-            if name in out and out[name] != args[alias]:
+            if name in out and out[name] != value:
                 raise ValueError(
                     f"{alias} ({args[alias]}) and {name} ({out[name]}) disagree: give one "
-                    f"({alias} is {name} under vLLM's or SGLang's name)"
+                    f"({alias} {says} {name} under vLLM's or SGLang's name)"
                 )
-            out[name] = args[alias]
+            out[name] = value
     switch = next((k for k in EAGER_SWITCHES if args.get(k)), None)
     if switch is not None:
         for path in GRAPH_PATHS:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from nanograph.engine.config import ALIASES, EAGER_SWITCHES, EngineConfig, resolve_aliases
+from nanograph.engine.config import ENGINE_ARG_ALIASES, EngineConfig, resolve_aliases
 from nanograph.engine.engine import Engine
 from nanograph.engine.logprobs import TokenLogprob
 from nanograph.engine.prompts import (
@@ -86,14 +86,14 @@ class RequestOutput:
 class LLM:
     def __init__(self, model: str = "smollm2-135m", **engine_args: Any) -> None:
         """``engine_args``: ``EngineConfig``'s fields, or vLLM's / SGLang's names for them
-        (``gpu_memory_utilization``, ``mem_fraction_static``, ``enforce_eager``,
-        ``disable_cuda_graph``: see ``config.ALIASES``)."""
-        unknown = set(engine_args) - EngineConfig.field_names() - set(ALIASES) - set(EAGER_SWITCHES)
+        (``gpu_memory_utilization``, ``mem_fraction_static``, ``enable_prefix_caching``,
+        ``enforce_eager``, ``disable_cuda_graph``: see ``config.ENGINE_ARG_ALIASES``)."""
+        unknown = set(engine_args) - EngineConfig.field_names() - set(ENGINE_ARG_ALIASES)
         if unknown:
             raise TypeError(
                 f"unknown engine argument(s) {sorted(unknown)}; "
                 f"valid: {sorted(EngineConfig.field_names() - {'model'})}, and vLLM's / "
-                f"SGLang's {sorted([*ALIASES, *EAGER_SWITCHES])}"
+                f"SGLang's {sorted(ENGINE_ARG_ALIASES)}"
             )
         self.engine = Engine(EngineConfig(model=model, **resolve_aliases(engine_args)))
 
