@@ -3,7 +3,8 @@ engine's loop in a thread, and in a child process): an internal error fails one 
 full queue answers 503, and arbitrary request bodies mixed with valid ones (hypothesis) leave
 valid requests with the tokens they get alone and the KV pool as it was. Then the fronts alone:
 abort frees pages at once (read through the stats), stop with requests in flight, and for the
-process front, a child that fails or dies at start-up or while serving.
+process front, a child that fails or dies at start-up or while serving (a dead one ends the
+server with status 1).
 """
 
 from __future__ import annotations
@@ -11,9 +12,11 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -26,6 +29,7 @@ from serving import (  # noqa: E402
     ADD_POISON,
     POISON,
     ROOT,
+    ServerProcess,
     dead_engine,
     faulty_engine,
     free_port,
@@ -309,7 +313,7 @@ def test_stop_finishes_or_aborts_requests_in_flight(tiny, reference, kind):
         front.close()
     assert short.finish_reason == "length" and long.finish_reason == "abort"
     assert "shut down" in long.error
-    assert not front.running
+    assert not front.running and not front.failed  # asked to stop: no failure
     assert front.stats.kv_pages_available == front.stats.kv_pages_total
     if kind == "process":
         assert front._process.exitcode == 0
@@ -336,6 +340,33 @@ def test_process_front_child_death_fails_live_streams(tiny):
         front.close()
     assert last.finished and last.finish_reason == "error"
     assert "engine process ended" in last.error
+    assert front.failed  # and it stays so after close's stop
+
+
+def test_the_server_exits_1_when_its_engine_process_dies(tiny):
+    """A stream in flight gets an error event, then the server shuts down by itself with
+    status 1 (a supervisor's cue to start it again), as vLLM's and SGLang's do."""
+    server = ServerProcess("--model", tiny, "--max-num-seqs", "2", "--quiet")
+    try:
+        body = {"prompt": [4, 5, 6], "max_tokens": 4000, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", f"{server.base}/v1/completions", json=body, timeout=60) as r:
+            lines = r.iter_lines()
+            next(line for line in lines if line.startswith("data: "))
+            os.kill(_engine_process(server.proc.pid), signal.SIGKILL)
+            events = [line[6:] for line in lines if line.startswith("data: ")]
+        error = json.loads(events[-2] if events[-1] == "[DONE]" else events[-1])
+        assert "engine process ended" in json.dumps(error)
+        assert server.proc.wait(30) == 1
+        assert "the engine stopped serving: shutting the server down" in server.output()
+    finally:
+        server.stop()
+
+
+def _engine_process(server: int) -> int:
+    """The server's spawned child that runs the engine (not multiprocessing's tracker)."""
+    children = Path(f"/proc/{server}/task/{server}/children").read_text().split()
+    return next(int(c) for c in children
+                if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes())  # fmt: skip
 
 
 def test_process_front_reports_a_child_that_dies_at_start_up(tiny):

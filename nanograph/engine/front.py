@@ -21,6 +21,8 @@ Invariants (both fronts; the loop's own are in ``serving_loop``):
   touches the engine.
 - ``stop(timeout)`` takes no new request, lets the live ones finish for ``timeout`` seconds,
   aborts the rest and ends the loop; ``close()`` also releases the engine.
+- ``failed`` turns True, and stays so, when the loop ends without ``stop`` (its process died,
+  its thread raised): the server then shuts down, as vLLM's and SGLang's do.
 """
 
 from __future__ import annotations
@@ -119,6 +121,7 @@ class Front(abc.ABC):
         self._published: tuple[FrontStats, int] = (stats, 0)  # (snapshot, adds the loop saw)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = False
+        self.failed = False  # the loop ended without ``stop``
 
     @property
     def stats(self) -> FrontStats:
@@ -193,10 +196,14 @@ class EngineFront(Front):
 
     def start(self) -> None:
         super().start()
-        self._thread = threading.Thread(
-            target=self._serving.run, name="nanograph-engine", daemon=True
-        )
+        self._thread = threading.Thread(target=self._serve, name="nanograph-engine", daemon=True)
         self._thread.start()
+
+    def _serve(self) -> None:
+        try:
+            self._serving.run()
+        finally:  # an exception goes on to the thread's excepthook, which logs it
+            self.failed = not self._stopping
 
     def stop(self, timeout: float) -> None:
         """Takes no new request, lets the live ones finish for up to ``timeout`` seconds, aborts

@@ -192,6 +192,7 @@ class ProcessFront(Front):
                 self._emitted(updates, stats)
         except (EOFError, OSError):
             pass
+        self.failed = not self._stopping
         self._ended = True
         self._process.join(EXIT_WAIT_S)
         code = self._process.exitcode

@@ -64,16 +64,19 @@ from nanograph.serve.tool_calls import (
 
 logger = logging.getLogger("nanograph")
 RETRY_AFTER_S = 1  # what a 503 (queue full) tells the client to wait
+ENGINE_WATCH_S = 0.5  # how often the lifespan looks whether the engine's loop has failed
 
 
 def build_app(
     front: Front, model_name: str, api_key: str | None = None, shutdown_timeout: float = 10,
     tool_call_parser: str | None = None, reasoning_parser: str | None = None,
+    on_engine_failure: Callable[[], None] | None = None,
 ) -> FastAPI:  # fmt: skip
     """``tool_call_parser``: the format tool calls are read in (``TOOL_CALL_PARSERS``); None
     refuses requests that offer the model tools. ``reasoning_parser``: how chat answers'
     reasoning is split from their content (``REASONING_PARSERS``); None leaves it in the
-    content."""
+    content. ``on_engine_failure``: called once if the engine's loop ends by itself (the
+    server's shutdown; until then /health answers 503 and requests get 503)."""
     for kind, name, known in (("tool-call", tool_call_parser, TOOL_CALL_PARSERS),
                               ("reasoning", reasoning_parser, REASONING_PARSERS)):  # fmt: skip
         if name is not None and name not in known:
@@ -83,8 +86,17 @@ def build_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         front.start()
+        watch = None if on_engine_failure is None else asyncio.create_task(watch_engine())
         yield
+        if watch is not None:
+            watch.cancel()
         await asyncio.to_thread(front.stop, shutdown_timeout)
+
+    async def watch_engine() -> None:
+        while not front.failed:
+            await asyncio.sleep(ENGINE_WATCH_S)
+        logger.error("the engine stopped serving: shutting the server down")
+        on_engine_failure()
 
     app = FastAPI(title="nanograph", lifespan=lifespan)
 

@@ -3,7 +3,9 @@
 Shutdown: uvicorn stops accepting connections, waits up to ``--shutdown-timeout`` seconds for
 the answers in progress (then cancels them, which aborts their requests), and the app's
 lifespan stops the engine's loop (its child process, or with ``--no-engine-process`` its thread).
-The process then exits 0. The server talks to the engine only through its front.
+The process then exits 0. If the engine's loop ends by itself (its process died), the server
+shuts down the same way and exits 1, so that a supervisor can start it again (vLLM's and
+SGLang's servers exit then too). The server talks to the engine only through its front.
 """
 
 from __future__ import annotations
@@ -43,7 +45,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     name = args.served_model_name or engine_config.model
     app = build_app(front, name, args.api_key, args.shutdown_timeout, args.tool_call_parser,
-                    args.reasoning_parser)  # fmt: skip
+                    args.reasoning_parser,
+                    on_engine_failure=lambda: setattr(server, "should_exit", True))  # fmt: skip
     config = uvicorn.Config(
         app,
         host=args.host,
@@ -62,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
         server.run()
     finally:  # also when uvicorn exits (a port in use): the engine's process must not outlive us
         front.close()  # the engine (and its process or background capture thread), if still up
-    return 0 if server.started else 1
+    return 0 if server.started and not front.failed else 1
 
 
 def _front(config: EngineConfig, args: argparse.Namespace) -> Front:
