@@ -136,6 +136,23 @@ def faulty_engine(config):
     return engine
 
 
+def breaking_engine(config):
+    """An Engine whose forward on a batch holding POISON fails as a tensor-parallel step that
+    lost a rank does: it raises and leaves the engine ``broken``."""
+    engine = faulty_engine(config)
+    forward = engine.runner.forward
+
+    def breaking_forward(batch, in_flight=None):
+        try:
+            return forward(batch, in_flight)
+        except RuntimeError:
+            engine.tp.broken = "rank 1 exited (injected)"
+            raise
+
+    engine.runner.forward = breaking_forward
+    return engine
+
+
 def dead_engine(config):
     """A child that dies at start-up without a word (as a crash or the OOM killer would)."""
     os._exit(3)

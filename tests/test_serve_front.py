@@ -30,6 +30,7 @@ from serving import (  # noqa: E402
     POISON,
     ROOT,
     ServerProcess,
+    breaking_engine,
     dead_engine,
     faulty_engine,
     free_port,
@@ -341,6 +342,35 @@ def test_process_front_child_death_fails_live_streams(tiny):
     assert last.finished and last.finish_reason == "error"
     assert "engine process ended" in last.error
     assert front.failed  # and it stays so after close's stop
+
+
+@pytest.mark.parametrize("kind", FRONTS)
+def test_a_broken_engine_ends_the_loop_and_the_front_fails(kind, tiny):
+    """A step that leaves the engine ``broken`` (a tensor-parallel rank lost) fails the live
+    requests and ends the loop, instead of failing every later request."""
+    front = _front(kind, tiny, breaking_engine)
+
+    async def break_while_serving():
+        front.start()
+        live = front.submit([4, 5, 6], LONG)
+        await live.admitted()
+        await anext(live.updates())
+        poisoned = front.submit([1, *POISON], LONG)
+        ends = [[u async for u in s.updates()][-1] for s in (live, poisoned)]
+        await asyncio.to_thread(wait_until, lambda: front.failed, 30, "the front to fail")
+        with pytest.raises(ShuttingDown):
+            front.submit([1], LONG)
+        return ends
+
+    try:
+        ends = asyncio.run(asyncio.wait_for(break_while_serving(), 120))
+    finally:
+        front.close()
+    live, poisoned = ends
+    assert poisoned.finish_reason == "error" and "injected fault" in poisoned.error
+    assert live.finish_reason == "error"  # its step ran well alone: the engine's state ended it
+    assert live.error == "the engine cannot serve any more: rank 1 exited (injected)"
+    assert front.failed and not front.running
 
 
 def test_the_server_exits_1_when_its_engine_process_dies(tiny):

@@ -275,6 +275,7 @@ def test_worker_that_dies_fails_the_engine(tiny_model_dir):
     outs = llm.generate(prompts(2), GREEDY)
     assert all(o.finish_reason == "error" for o in outs)
     assert "rank 1" in outs[0].error and "restart the engine" in outs[0].error
+    assert "rank 1" in llm.engine.broken  # what ends a server's loop (test_serve_front.py)
     llm.close()
 
 

@@ -383,6 +383,13 @@ class Engine:
         )  # fmt: skip
 
     @property
+    def broken(self) -> str | None:
+        """Why no step can run any more (a tensor-parallel rank died or a step failed midway
+        through its collectives), or None: a front's loop then ends instead of failing every
+        later request."""
+        return self.tp.peer_failure or self.tp.broken
+
+    @property
     def num_waiting(self) -> int:
         """Requests admitted and not yet running: the scheduler's queue and the structured
         outputs still compiling."""

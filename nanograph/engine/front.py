@@ -172,6 +172,10 @@ class Front(abc.ABC):
         if updates and not self._loop.is_closed():  # closed: nobody is left to read them
             self._loop.call_soon_threadsafe(self._deliver, updates)
 
+    def _fail_all(self, error: str) -> None:
+        """The loop is gone: every stream not finished yet ends with ``error``."""
+        self._deliver([(key, Update([], True, "error", error)) for key in self._streams])
+
     def _deliver(self, updates: Updates) -> None:
         for key, update in updates:
             stream = self._streams.get(key)
@@ -204,6 +208,10 @@ class EngineFront(Front):
             self._serving.run()
         finally:  # an exception goes on to the thread's excepthook, which logs it
             self.failed = not self._stopping
+            if self.failed and not self._loop.is_closed():  # adds the loop never took
+                self._loop.call_soon_threadsafe(
+                    self._fail_all, "internal error: the engine stopped"
+                )
 
     def stop(self, timeout: float) -> None:
         """Takes no new request, lets the live ones finish for up to ``timeout`` seconds, aborts

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING
 from nanograph.engine.engine import Engine
 from nanograph.engine.front import Front
 from nanograph.engine.process_wire import Reader, enlarge, from_wire, to_wire, write_message
-from nanograph.engine.serving_loop import FrontStats, ServingLoop, Update
+from nanograph.engine.serving_loop import FrontStats, ServingLoop
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
@@ -201,10 +201,6 @@ class ProcessFront(Front):
         error = f"internal error: the engine process ended (exit code {code})"
         if not self._loop.is_closed():
             self._loop.call_soon_threadsafe(self._fail_all, error)
-
-    def _fail_all(self, error: str) -> None:
-        """The child is gone: every stream not finished yet ends with ``error``."""
-        self._deliver([(key, Update([], True, "error", error)) for key in self._streams])
 
 
 # ---- the child process ---------------------------------------------------------------------

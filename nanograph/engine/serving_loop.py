@@ -25,7 +25,9 @@ Invariants:
 - Stop: adds after it are rejected; the live requests may finish for ``timeout_s``, the rest are
   aborted; ``run`` returns once none is live.
 - An exception from ``Engine.step`` fails every live request (``finish_reason == "error"``) and
-  the loop goes on serving the next ones.
+  the loop goes on serving the next ones. Once the engine says it is ``broken`` (no step can
+  run any more) every live request fails and ``run`` returns; the front reports its loop
+  failed.
 - Stats are a fresh immutable snapshot after every turn; ``waiting`` counts the requests
   admitted and not yet running (the scheduler's queue and the structured outputs still
   compiling), and ``adds_seen`` the add commands taken so far, from which the caller counts the adds
@@ -164,7 +166,14 @@ class ServingLoop:
                 logger.exception("engine step failed")
                 for key in list(self._live):
                     self._abort(key, "error", f"internal error: {e!r}")
+            broken = engine.broken
+            if broken is not None:  # no later step can run: end what is live, and the loop
+                logger.error("the engine cannot serve any more: %s", broken)
+                for key in list(self._live):
+                    self._abort(key, "error", f"the engine cannot serve any more: {broken}")
             self._emit(self._publish(), (self.snapshot(), self._adds_seen))
+            if broken is not None:
+                return
             if deadline is not None and not self._live:
                 return
 
