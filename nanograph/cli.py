@@ -98,7 +98,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
             continue
         kind = {"int": int, "float": float, "int | None": int}.get(str(f.type), str)
         if f.type == "tuple[int, ...] | None":
-            kind = _int_list
+            kind = int_list
         group.add_argument(*flags, dest=f.name, type=kind, default=f.default,
                            help=f"{help_text} [{f.default}]")  # fmt: skip
     for alias, name in NEGATED_ALIASES.items():
@@ -117,7 +117,8 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def _int_list(text: str) -> tuple[int, ...]:
+def int_list(text: str) -> tuple[int, ...]:
+    """argparse's ``type`` for comma-separated integers ("1,8,32"; "" is none)."""
     try:
         return tuple(int(t) for t in text.split(",") if t.strip())
     except ValueError:

@@ -103,6 +103,21 @@ def test_cuda_only_benches_refuse_on_cpu_in_one_line(bench, capsys, tmp_path):
     assert not out.exists()
 
 
+LISTS = [("decode", "--batches"), ("prefill", "--lengths"), ("prefill", "--peer-lengths"),
+         ("spec", "--batches"), ("floor", "--lengths"), ("build", "--tokens")]  # fmt: skip
+
+
+@pytest.mark.parametrize("bench, flag", LISTS)
+def test_a_list_that_is_not_integers_is_refused_naming_its_flag(bench, flag, capsys, tmp_path):
+    out = tmp_path / "out.json"
+    with pytest.raises(SystemExit) as e:
+        main(["bench", bench, flag, "256,abc", "--out", str(out)])
+    assert e.value.code == 2 and not out.exists()
+    assert f"argument {flag}: expected comma-separated integers, got '256,abc'" in (
+        capsys.readouterr().err
+    )
+
+
 def test_roofline_divides_by_the_bandwidth_it_is_given():
     assert roofline_tok_s(weights_bytes=2_000, bandwidth_bytes_s=10_000.0) == 5.0
 

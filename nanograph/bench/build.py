@@ -17,6 +17,7 @@ from nanograph.bench.common import (
     require_cuda,
     write,
 )
+from nanograph.cli import int_list
 
 BACKENDS = ("full", "breakable", "tc_piecewise")
 
@@ -51,11 +52,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", default="qwen3-0.6b")
     parser.add_argument("--backends", default=",".join(BACKENDS))
     parser.add_argument("--chunk", type=int, default=8192)
-    parser.add_argument("--tokens", default="", help="ladder override (default: ~40 buckets)")
+    parser.add_argument(
+        "--tokens", type=int_list, default="", help="ladder override (default: ~40 buckets)"
+    )
     parser.add_argument("--out", default=default_out("build.json"))
     args = parser.parse_args(argv)
     require_cuda("build")  # it times graph capture
-    tokens = tuple(int(t) for t in args.tokens.split(",")) if args.tokens else None
+    tokens = args.tokens or None
     report = {"bench": "build", "env": environment(), "config": vars(args), "models": {}}
     for model in args.models.split(","):
         entry = report["models"][model] = {}

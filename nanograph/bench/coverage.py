@@ -31,6 +31,7 @@ from nanograph.bench.common import (
     timed,
     write,
 )
+from nanograph.cli import int_list
 
 GRAPH_BACKENDS = ("full", "breakable", "tc_piecewise")
 PATHS = ("decode", "prefill")
@@ -215,9 +216,12 @@ def main(argv: list[str] | None = None) -> int:
         help="mxfp4: gpt-oss' experts kept 4-bit (give --models gpt-oss-* --moe-backends triton)",
     )  # fmt: skip
     parser.add_argument("--backends", default=",".join(GRAPH_BACKENDS))
-    parser.add_argument("--decode-batches", default="1,4", help="decode shapes captured")
+    parser.add_argument(
+        "--decode-batches", type=int_list, default="1,4", help="decode shapes captured"
+    )
     parser.add_argument(
         "--mixed-lengths",
+        type=int_list,
         default="7,100,31,118",
         help="the mixed batch (one prefill forward, then a decode batch); its lengths add up to "
         "--prefill-tokens",
@@ -244,8 +248,6 @@ def main(argv: list[str] | None = None) -> int:
             "on CPU, tests/test_moe.py checks both MoE backends against transformers"
         )
     args.backends = args.backends.split(",")
-    args.decode_batches = [int(b) for b in args.decode_batches.split(",")]
-    args.mixed_lengths = [int(n) for n in args.mixed_lengths.split(",")]
     if sum(args.mixed_lengths) != args.prefill_tokens:
         # a padded forward runs other GEMM shapes than eager's, which round differently in
         # bf16: at b4436f2, with 198 tokens in the 256-token shape, qwen3-8b's first token

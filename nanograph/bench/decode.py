@@ -50,6 +50,7 @@ from nanograph.bench.common import (
     timed,
     write,
 )
+from nanograph.cli import int_list
 
 MODIFIERS = ("serial", "cublas", "unfused", "fused", *TP_MODIFIERS)
 
@@ -190,7 +191,7 @@ def transformers_generate(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="nanograph bench decode", description=__doc__)
     parser.add_argument("--models", default="qwen3-0.6b,qwen3-8b")
-    parser.add_argument("--batches", default="1,8,32,128")
+    parser.add_argument("--batches", type=int_list, default="1,8,32,128")
     parser.add_argument(
         "--arms", default=None,
         help=f"decode graph backends, of {', '.join(ARMS)} ('none' = eager) [all on CUDA, "
@@ -214,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     if forced and not torch.cuda.is_available():
         raise Unavailable(f"bench decode: {', '.join(forced)} force the fused layers' Triton "
                           "kernels, which need a CUDA device; drop :fused here")  # fmt: skip
-    batches = [int(x) for x in args.batches.split(",")]
+    batches = list(args.batches)
     report = {"bench": "decode", "env": environment(), "config": vars(args), "models": {}}
     bandwidth = report["copy_bandwidth_bytes_s"] = measure_copy_bandwidth(device())
     print(f"{report['env']['device']}: copy bandwidth {bandwidth / 1e9:.1f} GB/s (measured)")

@@ -39,6 +39,7 @@ from nanograph.bench.common import (
     sync,
     write,
 )
+from nanograph.cli import int_list
 
 
 def step_batch(
@@ -219,7 +220,7 @@ def _top(ms: dict[str, float], count: int, digits: int = 2) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="nanograph bench floor", description=__doc__)
     parser.add_argument("--model", default="qwen3-0.6b")
-    parser.add_argument("--lengths", default="256,2048")
+    parser.add_argument("--lengths", type=int_list, default="256,2048")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument(
         "--decode-batch",
@@ -272,7 +273,7 @@ def _run(args: argparse.Namespace) -> int:
     from nanograph import LLM
 
     flag = graph_flag(args.graph)
-    lengths = [int(n) for n in args.lengths.split(",")]
+    lengths = list(args.lengths)
     llm = LLM(
         args.model, load_format="dummy",
         decode_cuda_graph=flag if args.decode_batch else "none",

@@ -47,6 +47,7 @@ from nanograph.bench.common import (
     require_cuda,
     write,
 )
+from nanograph.cli import int_list
 
 
 def projections(c) -> dict[str, tuple[int, int, int]]:
@@ -192,7 +193,7 @@ def few_rows(args: argparse.Namespace, report: dict) -> None:
             entry = report["models"][model] = {"rows": {}}
             products = projections(config)
             products["down"] = products.pop("silu_down")  # the activation is gate/up's here
-            for rows in (int(r) for r in args.rows.split(",")):
+            for rows in args.rows:
                 for library in libraries:
                     torch.backends.cuda.preferred_blas_library(library)
                     results, step = {}, {"cublas": 0.0, "triton": 0.0}
@@ -391,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sweep", action="store_true", help="also try other tile shapes")
     parser.add_argument("--rep-ms", type=int, default=100, help="sampling time per measurement")
     parser.add_argument(
-        "--rows", default=None, metavar="N,N",
+        "--rows", type=int_list, default=None, metavar="N,N",
         help="time these row counts (few-row kernel vs cuBLAS) instead of one row (e.g. 5,8)",
     )  # fmt: skip
     parser.add_argument(

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from nanograph.bench.common import DEFAULT_OUT_DIR, environment, require_cuda
+from nanograph.cli import int_list
 from nanograph.graph import eager_on_graph, get_backend, new_pool, split_op
 
 BACKENDS = ("eager", "full", "breakable", "tc_piecewise")
@@ -187,7 +188,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--layers", type=int, default=28)
     p.add_argument("--hidden", type=int, default=1024)
     p.add_argument("--heads", type=int, default=16)
-    p.add_argument("--rows", type=lambda s: [int(r) for r in s.split(",")], default=[1, 64, 2048])
+    p.add_argument("--rows", type=int_list, default="1,64,2048")
     p.add_argument("--backends", type=lambda s: s.split(","), default=list(BACKENDS))
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--breaks", type=int, default=64, help="empty breaks in the overhead chain")

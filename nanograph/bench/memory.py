@@ -23,6 +23,7 @@ from nanograph.bench.common import (
     require_cuda,
     write,
 )
+from nanograph.cli import int_list
 from nanograph.runners.shapes import prefill_token_buckets
 
 
@@ -64,11 +65,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", default="qwen3-0.6b")
     parser.add_argument("--backend", default="breakable")
     parser.add_argument("--chunk", type=int, default=8192)
-    parser.add_argument("--ceilings", default="1024,2048,4096,8192")
+    parser.add_argument("--ceilings", type=int_list, default="1024,2048,4096,8192")
     parser.add_argument("--out", default=default_out("memory.json"))
     args = parser.parse_args(argv)
     require_cuda("memory")  # CUDA graph pools and the CUDA allocator's peak
-    ceilings = [int(c) for c in args.ceilings.split(",")]
+    ceilings = list(args.ceilings)
     report = {"bench": "memory", "env": environment(), "config": vars(args), "models": {}}
     for model in args.models.split(","):
         baseline = measure(model, args.backend, args.chunk, None)

@@ -54,6 +54,7 @@ from nanograph.bench.common import (
     timed,
     write,
 )
+from nanograph.cli import int_list
 
 PEER = "transformers"
 PEER_ATTENTION = "sdpa"  # flash_attention_2 would need the flash-attn package
@@ -166,7 +167,7 @@ def measure(calls: dict[str, Callable], lengths: dict[str, list[int]], vocab: in
 def measure_model(model: str, args: argparse.Namespace, lengths: list[int]) -> dict:
     """Every arm, and the peer: on CPU beside the eager arm (one engine, samples alternating),
     on CUDA after the last arm (the engine holds most of the device memory)."""
-    peer_lengths = [int(x) for x in args.peer_lengths.split(",")] if args.peer_lengths else []
+    peer_lengths = list(args.peer_lengths)
     beside = bool(peer_lengths) and not torch.cuda.is_available()
     entry: dict = {"arms": {}}
     hf_state = None
@@ -228,14 +229,14 @@ def measure_model(model: str, args: argparse.Namespace, lengths: list[int]) -> d
 def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="nanograph bench prefill", description=__doc__)
     parser.add_argument("--models", default="qwen3-0.6b,qwen3-8b")
-    parser.add_argument("--lengths", default="256,512,1024,2048,4096,8192")
+    parser.add_argument("--lengths", type=int_list, default="256,512,1024,2048,4096,8192")
     parser.add_argument(
         "--arms", default=None,
         help=f"comma-separated, of {', '.join(ARMS)} ('none' = eager) [all on CUDA, eager on "
         "CPU]; graph arms need CUDA",
     )  # fmt: skip
     parser.add_argument(
-        "--peer-lengths", default=None,
+        "--peer-lengths", type=int_list, default=None,
         help="lengths for the transformers peer ('' = skip it) [256,2048 on CUDA, where each "
         "length compiles for ~40 s; every --lengths on CPU]",
     )  # fmt: skip
@@ -269,13 +270,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         raise SystemExit("bench prefill: the transformers peer takes dense weights; with "
                          "--quantization give --peer-lengths ''")  # fmt: skip
     if args.peer_lengths is None:
-        args.peer_lengths = "" if args.quantization else "256,2048" if cuda else args.lengths
+        args.peer_lengths = () if args.quantization else (256, 2048) if cuda else args.lengths
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    lengths = [int(x) for x in args.lengths.split(",")]
+    lengths = list(args.lengths)
     report = {"bench": "prefill", "env": environment(), "config": vars(args), "models": {}}
     for model in args.models.split(","):
         entry = report["models"][model] = measure_model(model, args, lengths)

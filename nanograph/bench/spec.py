@@ -59,6 +59,7 @@ from nanograph.bench.common import (
     timed,
 )
 from nanograph.bench.common import write as write_json
+from nanograph.cli import int_list
 from nanograph.runners.decode_runner import DecodeRunner
 from nanograph.runners.forward_batch import ForwardBatch
 from nanograph.runners.model_runner import ModelRunner
@@ -318,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target", default="qwen3-8b")
     parser.add_argument("--drafter", default="qwen3-0.6b")
     parser.add_argument("--arms", default="off,ngram:2,ngram:4,ngram:8,draft:4,self:4")
-    parser.add_argument("--batches", default="1,4,16,64")
+    parser.add_argument("--batches", type=int_list, default="1,4,16,64")
     parser.add_argument("--prompt-len", type=int, default=512)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
@@ -327,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     arms = args.arms.split(",")
     for arm in arms:
         parse_arm(arm)  # refuse a bad name before loading anything
-    batches = [int(b) for b in args.batches.split(",")]
+    batches = list(args.batches)
     report = {"bench": "spec", "env": environment(), "config": vars(args), "arms": {}}
     for arm in arms:
         report["arms"][arm] = measure_arm(args, arm, batches)

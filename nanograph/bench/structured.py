@@ -29,6 +29,7 @@ from nanograph.bench.common import (
     median,
     write,
 )
+from nanograph.cli import int_list
 
 SMOKE = dict(model="smollm2-135m", load_format="auto", batches="1,2", tokens=8, repeats=1)
 
@@ -52,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="nanograph bench structured", description=__doc__)
     parser.add_argument("--model", default="qwen3-0.6b")
     parser.add_argument("--load-format", default="dummy")
-    parser.add_argument("--batches", default="1,16")
+    parser.add_argument("--batches", type=int_list, default="1,16")
     parser.add_argument("--tokens", type=int, default=64, help="new tokens a request")
     parser.add_argument("--prompt", type=int, default=32, help="prompt tokens a request")
     parser.add_argument("--repeats", type=int, default=5)
@@ -73,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
                                 structured_outputs={"regex": f"[a-z]{{{args.tokens}}}"}),
     }  # fmt: skip
     report = {"bench": "structured", "env": environment(), "config": vars(args), "batches": {}}
-    batches = [int(b) for b in args.batches.split(",")]
+    batches = list(args.batches)
     for batch in batches:
         prompts = [[(7 * i + j) % 200 + 20 for j in range(args.prompt)] for i in range(batch)]
         result = report["batches"][str(batch)] = {}
