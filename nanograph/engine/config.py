@@ -384,7 +384,8 @@ ALIASES = {
     "prompt_lookup_min": "speculative_ngram_min_match_window_size",  # vLLM
     "prompt_lookup_max": "speculative_ngram_max_match_window_size",  # vLLM
 }
-# vLLM's switches that are ours negated (vLLM: on by default, as ours are off by default)
+# vLLM's switches that say the opposite of ours (its enable_prefix_caching is on by default,
+# as our disable_prefix_caching is off)
 NEGATED_ALIASES = {"enable_prefix_caching": "disable_prefix_caching"}
 EAGER_SWITCHES = ("enforce_eager", "disable_cuda_graph")
 ENGINE_ARG_ALIASES = (*ALIASES, *NEGATED_ALIASES, *EAGER_SWITCHES)

@@ -172,9 +172,7 @@ class ServingLoop:
                 for key in list(self._live):
                     self._abort(key, "error", f"the engine cannot serve any more: {broken}")
             self._emit(self._publish(), (self.snapshot(), self._adds_seen))
-            if broken is not None:
-                return
-            if deadline is not None and not self._live:
+            if broken is not None or (deadline is not None and not self._live):
                 return
 
     def _add(self, key: Hashable, prompt_ids: list[int], params, stopping: bool):
