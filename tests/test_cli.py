@@ -128,7 +128,9 @@ def test_serve_hands_the_parsers_to_the_app(monkeypatch):
     class Built(Exception):
         pass
 
-    def build_app(front, name, api_key, shutdown_timeout, tool_call_parser, reasoning_parser):
+    def build_app(front, name, api_key, shutdown_timeout, tool_call_parser, reasoning_parser,
+                  on_engine_failure):  # fmt: skip
+        assert callable(on_engine_failure)  # what shuts the server down if the engine dies
         raise Built(f"{tool_call_parser} {reasoning_parser}")
 
     monkeypatch.setattr(nanograph.serve.app, "build_app", build_app)
