@@ -36,6 +36,8 @@ ENGINE_HELP = {
     "quantization": "mxfp4: keep gpt-oss' experts MXFP4 in memory (~4.25 bits a weight; the "
     "fused MoE kernels decode them; dummy weights too) | unset: the model's dtype (MXFP4 "
     "checkpoints dequantized as they load)",
+    "chat_template": "a Jinja chat template, or a file holding one, in place of the model's "
+    "own (for a model without one, or to change it)",
     "seed": "engine seed (sampling of requests without their own seed)",
     "decode_cuda_graph": "full | breakable | tc_piecewise | none | auto (full on CUDA, or "
     "breakable with a host-planned attention/MoE backend; none on CPU)",

@@ -44,6 +44,8 @@ def test_vllm_and_sglang_flag_names_set_our_settings(capsys, tiny_model_dir):
                    "--block-size", "8", "--disable-radix-cache", "--random-seed", "5")  # fmt: skip
     assert (named.tensor_parallel_size, named.max_model_len, named.max_num_seqs, named.page_size,
             named.disable_prefix_caching, named.seed) == (2, 64, 3, 8, True, 5)  # fmt: skip
+    assert config("--max-num-batched-tokens", "96").chunked_prefill_size == 96  # vLLM's name
+    assert config("--chat-template", "t.jinja").chat_template == "t.jinja"
     # vLLM's negated switch: given, it decides; given against ours, an error
     assert not config().disable_prefix_caching
     assert not config("--enable-prefix-caching").disable_prefix_caching

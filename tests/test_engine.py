@@ -136,6 +136,28 @@ def test_sampling_params_of_the_wrong_kind_are_refused_before_any_request(tiny):
     assert_pages_back(llm)
 
 
+def test_a_chat_template_given_replaces_the_models(tiny_with_tokenizer, tiny, tmp_path):
+    """``chat_template`` (vLLM's and SGLang's --chat-template): a file or the template's text;
+    what does not parse, a path that is no file, or a model without a tokenizer: refused."""
+    from nanograph.loader.errors import ModelLoadError
+
+    template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+    path = tmp_path / "chat.jinja"
+    path.write_text(template)
+    conversation = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    for given in (str(path), template):
+        llm = make_llm(tiny_with_tokenizer, chat_template=given)
+        out = llm.chat(conversation, SamplingParams(max_tokens=1))[0]
+        expected = llm.engine.tokenizer.encode("<user>hi\n<assistant>yo\n", False)
+        assert out.prompt_token_ids == expected
+    for given, message in ((str(tmp_path / "none.jinja"), "no such file"),
+                           ("{% for m in messages %}", "does not parse")):  # fmt: skip
+        with pytest.raises(ModelLoadError, match=message):
+            make_llm(tiny_with_tokenizer, chat_template=given)
+    with pytest.raises(ModelLoadError, match="needs the model's tokenizer"):
+        make_llm(tiny, chat_template=str(path))
+
+
 def test_unknown_engine_argument(tiny):
     with pytest.raises(TypeError, match="unknown engine argument"):
         LLM(str(tiny), not_a_flag=1)

@@ -66,6 +66,8 @@ class EngineConfig:
     # weights kept quantized in memory: mxfp4 (gpt-oss' experts, as its checkpoints hold them,
     # decoded by the fused MoE kernels); None = the model's dtype (MXFP4 checkpoints dequantized)
     quantization: str | None = None
+    # a Jinja chat template, or the path of a file holding one, in place of the model's own
+    chat_template: str | None = None
     seed: int = 0
     progress: bool = True
     # off: the host reads each step's tokens before it schedules the next step (SGLang's flag);
@@ -380,6 +382,7 @@ ALIASES = {
     "max_running_requests": "max_num_seqs",  # SGLang
     "block_size": "page_size",  # vLLM
     "disable_radix_cache": "disable_prefix_caching",  # SGLang
+    "max_num_batched_tokens": "chunked_prefill_size",  # vLLM
     "random_seed": "seed",  # SGLang
     "prompt_lookup_min": "speculative_ngram_min_match_window_size",  # vLLM
     "prompt_lookup_max": "speculative_ngram_max_match_window_size",  # vLLM

@@ -31,6 +31,7 @@ from nanograph.engine.config import EngineConfig, parse_graph_memory
 from nanograph.engine.kv_cache import KVCache, bytes_per_token
 from nanograph.engine.memory import MemoryReport
 from nanograph.engine.speculative import load_draft_model
+from nanograph.loader.errors import ModelLoadError
 from nanograph.models import build_model, get_moe_backend
 from nanograph.runners.decode_runner import DecodeRunner, DraftRunner
 from nanograph.runners.graph_budget import GraphBudget
@@ -132,13 +133,21 @@ class Startup:
             get_moe_backend(config.moe_backend, self.device) if self.model_config.is_moe else None
         )
         self.graph_backends = self._graph_backends()  # refuse bad combinations before loading
+        # the tokenizer (and a chat template given in its place) before the weights: its
+        # mistakes come back in a second
+        has_tokenizer = self.source.has_tokenizer and self.tp.is_driver
+        self.tokenizer = self.source.tokenizer() if has_tokenizer else None
+        if config.chat_template is not None and not self.source.has_tokenizer:
+            raise ModelLoadError(
+                "chat_template needs the model's tokenizer, and this model has none: leave it out"
+            )
+        if config.chat_template is not None and self.tokenizer is not None:
+            self.tokenizer.set_chat_template(config.chat_template)
         self.model = build_model(self.model_config, self.dtype, self.device, self.moe, self.tp)
         if self.source.kind == "dummy":
             init_dummy_weights(self.model, seed=config.seed)
         else:
             load_weights(self.model, self.source.weights(), progress=config.progress)
-        has_tokenizer = self.source.has_tokenizer and self.tp.is_driver
-        self.tokenizer = self.source.tokenizer() if has_tokenizer else None
 
     def _graph_backends(self) -> dict[str, str]:
         """Resolved graph backend per path, refusing combinations that cannot capture."""

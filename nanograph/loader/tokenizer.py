@@ -86,6 +86,23 @@ class Tokenizer:
     def has_chat_template(self) -> bool:
         return bool(self.hf.chat_template)
 
+    def set_chat_template(self, template: str) -> None:
+        """The model's chat template replaced by ``template``: the template's text, or the
+        path of a file holding it (as vLLM's and SGLang's ``--chat-template`` take it). A
+        template that does not parse is refused here, not at the first chat request."""
+        import jinja2
+
+        path = Path(template).expanduser()
+        if path.is_file():
+            template = path.read_text()
+        elif not any(c in template for c in "{}\n"):  # meant as a path: no template is so bare
+            raise ModelLoadError(f"chat_template: no such file {template!r}")
+        try:
+            jinja2.Environment().parse(template)
+        except jinja2.TemplateSyntaxError as e:
+            raise ModelLoadError(f"chat_template does not parse: {e} (line {e.lineno})") from None
+        self.hf.chat_template = template
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of ``text``; ``add_special_tokens`` adds BOS if the tokenizer asks for it."""
         return list(self.hf.encode(text, add_special_tokens=add_special_tokens))
