@@ -12,6 +12,7 @@ import json
 import logging
 import sys
 import time
+from pathlib import Path
 
 from nanograph import __version__
 from nanograph.loader.presets import PRESETS
@@ -117,6 +118,19 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
 
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
+
+
+def model_list(text: str) -> tuple[str, ...]:
+    """argparse's ``type`` for comma-separated models, each a preset or an existing path: a
+    typo in the last of several is refused before the first one runs for minutes."""
+    models = tuple(m.strip() for m in text.split(",") if m.strip())
+    for model in models:
+        if model not in PRESETS and not Path(model).expanduser().exists():
+            raise argparse.ArgumentTypeError(
+                f"unknown model {model!r}: not a preset ({', '.join(PRESETS)}) and no such "
+                "file or folder"
+            )
+    return models
 
 
 def int_list(text: str) -> tuple[int, ...]:

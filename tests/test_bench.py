@@ -70,8 +70,9 @@ def test_eager_arm_has_one_name():
 )
 def test_graph_arms_are_refused_on_cpu_in_one_line(argv, capsys, tmp_path):
     out = tmp_path / "out.json"
-    model_flag = "--models" if argv[0] in ("prefill", "decode") else "--model"
-    assert main(["bench", *argv, model_flag, "no-such-model", "--out", str(out)]) == 2
+    # --models must name real models (checked first); --model is only read when it loads
+    models = ["--models", "qwen3-0.6b"] if argv[0] in ("prefill", "decode") else ["--model", "x"]
+    assert main(["bench", *argv, *models, "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
     assert f"bench {argv[0]}" in err and "CUDA" in err and f"{argv[1]} eager" in err
@@ -80,7 +81,7 @@ def test_graph_arms_are_refused_on_cpu_in_one_line(argv, capsys, tmp_path):
 
 @needs_no_cuda
 @pytest.mark.parametrize(
-    "argv", [["decode", "--models", "x", "--arms", "none:fused"], ["floor", "--model", "x",
+    "argv", [["decode", "--models", "qwen3-0.6b", "--arms", "none:fused"], ["floor", "--model", "x",
              "--graph", "eager", "--fused-decode", "always"]],
 )  # fmt: skip
 def test_forcing_the_fused_layer_is_refused_on_cpu_in_one_line(argv, capsys, tmp_path):
@@ -116,6 +117,15 @@ def test_a_list_that_is_not_integers_is_refused_naming_its_flag(bench, flag, cap
     assert f"argument {flag}: expected comma-separated integers, got '256,abc'" in (
         capsys.readouterr().err
     )
+
+
+@pytest.mark.parametrize("bench", ["decode", "prefill", "coverage", "memory", "build", "gemv"])
+def test_a_typo_in_the_last_model_is_refused_before_the_first_runs(bench, capsys, tmp_path):
+    out = tmp_path / "out.json"
+    with pytest.raises(SystemExit) as e:
+        main(["bench", bench, "--models", "qwen3-0.6b,qwen3-06b", "--out", str(out)])
+    assert e.value.code == 2 and not out.exists()
+    assert "argument --models: unknown model 'qwen3-06b': not a preset" in capsys.readouterr().err
 
 
 def test_roofline_divides_by_the_bandwidth_it_is_given():

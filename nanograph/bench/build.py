@@ -17,7 +17,7 @@ from nanograph.bench.common import (
     require_cuda,
     write,
 )
-from nanograph.cli import int_list
+from nanograph.cli import int_list, model_list
 
 BACKENDS = ("full", "breakable", "tc_piecewise")
 
@@ -49,7 +49,7 @@ def measure(model: str, backend: str, chunk: int, tokens: tuple[int, ...] | None
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="nanograph bench build", description=__doc__)
-    parser.add_argument("--models", default="qwen3-0.6b")
+    parser.add_argument("--models", type=model_list, default="qwen3-0.6b")
     parser.add_argument("--backends", default=",".join(BACKENDS))
     parser.add_argument("--chunk", type=int, default=8192)
     parser.add_argument(
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     require_cuda("build")  # it times graph capture
     tokens = args.tokens or None
     report = {"bench": "build", "env": environment(), "config": vars(args), "models": {}}
-    for model in args.models.split(","):
+    for model in args.models:
         entry = report["models"][model] = {}
         for backend in args.backends.split(","):
             entry[backend] = measure(model, backend, args.chunk, tokens)

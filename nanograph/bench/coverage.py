@@ -31,7 +31,7 @@ from nanograph.bench.common import (
     timed,
     write,
 )
-from nanograph.cli import int_list
+from nanograph.cli import int_list, model_list
 
 GRAPH_BACKENDS = ("full", "breakable", "tc_piecewise")
 PATHS = ("decode", "prefill")
@@ -209,7 +209,7 @@ def figure(report: dict, path: Path) -> Path | None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="nanograph bench coverage", description=__doc__)
-    parser.add_argument("--models", default="qwen3-8b,qwen3-30b-a3b,gpt-oss-20b")
+    parser.add_argument("--models", type=model_list, default="qwen3-8b,qwen3-30b-a3b,gpt-oss-20b")
     parser.add_argument("--moe-backends", default="triton,torch_native")
     parser.add_argument(
         "--quantization", default=None,
@@ -262,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     from nanograph.loader import resolve_model
 
     report = {"bench": "coverage", "env": environment(), "config": vars(args), "models": {}}
-    for model in args.models.split(","):
+    for model in args.models:
         is_moe = resolve_model(model, "dummy").config.is_moe
         for moe in args.moe_backends.split(",") if is_moe else [DENSE]:
             run_model(model, moe, args, report)

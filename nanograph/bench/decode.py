@@ -50,7 +50,7 @@ from nanograph.bench.common import (
     timed,
     write,
 )
-from nanograph.cli import int_list
+from nanograph.cli import int_list, model_list
 
 MODIFIERS = ("serial", "cublas", "unfused", "fused", *TP_MODIFIERS)
 
@@ -190,7 +190,7 @@ def transformers_generate(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="nanograph bench decode", description=__doc__)
-    parser.add_argument("--models", default="qwen3-0.6b,qwen3-8b")
+    parser.add_argument("--models", type=model_list, default="qwen3-0.6b,qwen3-8b")
     parser.add_argument("--batches", type=int_list, default="1,8,32,128")
     parser.add_argument(
         "--arms", default=None,
@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {"bench": "decode", "env": environment(), "config": vars(args), "models": {}}
     bandwidth = report["copy_bandwidth_bytes_s"] = measure_copy_bandwidth(device())
     print(f"{report['env']['device']}: copy bandwidth {bandwidth / 1e9:.1f} GB/s (measured)")
-    for model in args.models.split(","):
+    for model in args.models:
         entry = report["models"][model] = {"arms": {}}
         for arm in args.arms:
             entry["arms"][arm] = measure_arm(

@@ -47,7 +47,7 @@ from nanograph.bench.common import (
     require_cuda,
     write,
 )
-from nanograph.cli import int_list
+from nanograph.cli import int_list, model_list
 
 
 def projections(c) -> dict[str, tuple[int, int, int]]:
@@ -186,7 +186,7 @@ def few_rows(args: argparse.Namespace, report: dict) -> None:
     libraries = args.blas.split(",")
     before = torch.backends.cuda.preferred_blas_library()
     try:
-        for model in args.models.split(","):
+        for model in args.models:
             config = resolve_model(model, "dummy").config
             if config.is_moe:
                 raise SystemExit(f"--rows times dense products; {model} is a MoE model")
@@ -223,7 +223,7 @@ def one_row(args: argparse.Namespace, report: dict) -> None:
     """Each model's one-row products: cuBLAS against the Triton GEMV (and the swept tiles)."""
     from nanograph.loader import resolve_model
 
-    for model in args.models.split(","):
+    for model in args.models:
         entry = report["models"][model] = {"products": {}}
         step = {"cublas": 0.0, "triton": 0.0, "best": 0.0}
         config = resolve_model(model, "dummy").config
@@ -388,7 +388,7 @@ ROUTINGS = 32
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="nanograph bench gemv", description=__doc__)
-    parser.add_argument("--models", default="qwen3-8b,qwen3-0.6b")
+    parser.add_argument("--models", type=model_list, default="qwen3-8b,qwen3-0.6b")
     parser.add_argument("--sweep", action="store_true", help="also try other tile shapes")
     parser.add_argument("--rep-ms", type=int, default=100, help="sampling time per measurement")
     parser.add_argument(

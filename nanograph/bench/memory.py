@@ -23,7 +23,7 @@ from nanograph.bench.common import (
     require_cuda,
     write,
 )
-from nanograph.cli import int_list
+from nanograph.cli import int_list, model_list
 from nanograph.runners.shapes import prefill_token_buckets
 
 
@@ -62,7 +62,7 @@ def measure(model: str, backend: str, chunk: int, ceiling: int | None) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="nanograph bench memory", description=__doc__)
-    parser.add_argument("--models", default="qwen3-0.6b")
+    parser.add_argument("--models", type=model_list, default="qwen3-0.6b")
     parser.add_argument("--backend", default="breakable")
     parser.add_argument("--chunk", type=int, default=8192)
     parser.add_argument("--ceilings", type=int_list, default="1024,2048,4096,8192")
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     require_cuda("memory")  # CUDA graph pools and the CUDA allocator's peak
     ceilings = list(args.ceilings)
     report = {"bench": "memory", "env": environment(), "config": vars(args), "models": {}}
-    for model in args.models.split(","):
+    for model in args.models:
         baseline = measure(model, args.backend, args.chunk, None)
         entry = report["models"][model] = {"no_graph": baseline, "ceilings": {}}
         print(f"{model} no graphs: peak {baseline['peak_bytes'] / 2**30:.2f} GiB, activation "

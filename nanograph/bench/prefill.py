@@ -54,7 +54,7 @@ from nanograph.bench.common import (
     timed,
     write,
 )
-from nanograph.cli import int_list
+from nanograph.cli import int_list, model_list
 
 PEER = "transformers"
 PEER_ATTENTION = "sdpa"  # flash_attention_2 would need the flash-attn package
@@ -228,7 +228,7 @@ def measure_model(model: str, args: argparse.Namespace, lengths: list[int]) -> d
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="nanograph bench prefill", description=__doc__)
-    parser.add_argument("--models", default="qwen3-0.6b,qwen3-8b")
+    parser.add_argument("--models", type=model_list, default="qwen3-0.6b,qwen3-8b")
     parser.add_argument("--lengths", type=int_list, default="256,512,1024,2048,4096,8192")
     parser.add_argument(
         "--arms", default=None,
@@ -278,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     lengths = list(args.lengths)
     report = {"bench": "prefill", "env": environment(), "config": vars(args), "models": {}}
-    for model in args.models.split(","):
+    for model in args.models:
         entry = report["models"][model] = measure_model(model, args, lengths)
         write(args.out, report)
         series = {arm: (lengths, [d["median_ms"][n] for n in lengths])
