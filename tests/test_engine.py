@@ -141,7 +141,11 @@ def test_a_chat_template_given_replaces_the_models(tiny_with_tokenizer, tiny, tm
     what does not parse, a path that is no file, or a model without a tokenizer: refused."""
     from nanograph.loader.errors import ModelLoadError
 
-    template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+    # loop controls and {% generation %}: transformers' own template tags parse too
+    template = (
+        "{% for m in messages %}<{{ m['role'] }}>{% generation %}{{ m['content'] }}"
+        "{% endgeneration %}{{ '\\n' }}{% if loop.last %}{% break %}{% endif %}{% endfor %}"
+    )
     path = tmp_path / "chat.jinja"
     path.write_text(template)
     conversation = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]

@@ -137,12 +137,14 @@ class Startup:
         # mistakes come back in a second
         has_tokenizer = self.source.has_tokenizer and self.tp.is_driver
         self.tokenizer = self.source.tokenizer() if has_tokenizer else None
-        if config.chat_template is not None and not self.source.has_tokenizer:
-            raise ModelLoadError(
-                "chat_template needs the model's tokenizer, and this model has none: leave it out"
-            )
-        if config.chat_template is not None and self.tokenizer is not None:
-            self.tokenizer.set_chat_template(config.chat_template)
+        if config.chat_template is not None:
+            if not self.source.has_tokenizer:
+                raise ModelLoadError(
+                    "chat_template needs the model's tokenizer, and this model has none: "
+                    "leave it out"
+                )
+            if self.tokenizer is not None:  # other tensor-parallel ranks hold none
+                self.tokenizer.set_chat_template(config.chat_template)
         self.model = build_model(self.model_config, self.dtype, self.device, self.moe, self.tp)
         if self.source.kind == "dummy":
             init_dummy_weights(self.model, seed=config.seed)

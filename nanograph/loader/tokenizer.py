@@ -92,13 +92,16 @@ class Tokenizer:
         template that does not parse is refused here, not at the first chat request."""
         import jinja2
 
+        # what apply_chat_template compiles with (its loopcontrols and {% generation %} tags)
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+
         path = Path(template).expanduser()
         if path.is_file():
             template = path.read_text()
         elif not any(c in template for c in "{}\n"):  # meant as a path: no template is so bare
             raise ModelLoadError(f"chat_template: no such file {template!r}")
         try:
-            jinja2.Environment().parse(template)
+            _compile_jinja_template(template)
         except jinja2.TemplateSyntaxError as e:
             raise ModelLoadError(f"chat_template does not parse: {e} (line {e.lineno})") from None
         self.hf.chat_template = template
