@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from nanograph import __version__
-from nanograph.loader.presets import PRESETS
+from nanograph.loader.presets import PRESETS, unknown_model
 from nanograph.serve.reasoning import REASONING_PARSERS
 from nanograph.serve.tool_calls import TOOL_CALL_PARSERS
 
@@ -126,10 +126,7 @@ def model_list(text: str) -> tuple[str, ...]:
     models = tuple(m.strip() for m in text.split(",") if m.strip())
     for model in models:
         if model not in PRESETS and not Path(model).expanduser().exists():
-            raise argparse.ArgumentTypeError(
-                f"unknown model {model!r}: not a preset ({', '.join(PRESETS)}) and no such "
-                "file or folder"
-            )
+            raise argparse.ArgumentTypeError(str(unknown_model(model)))
     return models
 
 

@@ -326,9 +326,14 @@ def _resolve_path(model: str) -> ModelSource:
             f"{model!r} is neither a GGUF file nor a Hugging Face folder (a directory with "
             f"config.json and *.safetensors){hint}"
         )
+    raise unknown_model(model)
+
+
+def unknown_model(model: str) -> ModelLoadError:
+    """The error for a name that is neither a preset nor an existing path."""
     looks_like_hub_id = "/" in model and not model.startswith((".", "/", "~"))
     hint = "; nanograph never downloads, so pass a local folder" if looks_like_hub_id else ""
-    raise ModelLoadError(
+    return ModelLoadError(
         f"unknown model {model!r}: not a preset ({', '.join(PRESETS)}) and no such file or "
         f"folder{hint}"
     )

@@ -44,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     name = args.served_model_name or engine_config.model
+    # ``server`` is made below, from the app; the callback runs only once it serves
     app = build_app(front, name, args.api_key, args.shutdown_timeout, args.tool_call_parser,
                     args.reasoning_parser,
                     on_engine_failure=lambda: setattr(server, "should_exit", True))  # fmt: skip
